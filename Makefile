@@ -1,0 +1,35 @@
+# `make demo` and `make test` each create .venv if missing and install everything from this repo's files.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.convalue-installed
+export RAY_USAGE_STATS_ENABLED ?= 0
+export HF_HUB_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: install demo test lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt requirements-nodeps.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install -q --no-deps -c constraints.txt -r requirements-nodeps.txt
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/convalue run examples/demo.yaml
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+bench: $(STAMP)
+	$(PY) bench/solvers.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

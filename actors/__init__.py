@@ -1,0 +1,1 @@
+"""Ray actors and tasks: thin shells around engine/ and solvers/."""

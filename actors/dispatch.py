@@ -1,0 +1,43 @@
+"""Keep a pool of actors busy with a bounded window of calls; yield results as they finish (ray.wait)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import ray
+
+
+def windowed(workers: list, payloads: list[Any], call: Callable[[Any, Any], Any],
+             max_in_flight: int) -> Iterator[tuple[Any, Any]]:
+    """Yield (payload, result) in completion order, never more than max_in_flight calls outstanding.
+
+    call(worker, payload) must return an ObjectRef. Each new call goes to the worker with the
+    fewest outstanding calls. A failed call raises with its payload named (nothing is skipped).
+    """
+    pending = list(reversed(payloads))
+    inflight: dict[Any, tuple[Any, int]] = {}
+    load = [0] * len(workers)
+    while pending or inflight:
+        while pending and len(inflight) < max_in_flight:
+            w = min(range(len(workers)), key=lambda i: load[i])
+            payload = pending.pop()
+            inflight[call(workers[w], payload)] = (payload, w)
+            load[w] += 1
+        [done], _ = ray.wait(list(inflight), num_returns=1)
+        payload, w = inflight.pop(done)
+        load[w] -= 1
+        try:
+            result = ray.get(done)
+        except Exception as exc:
+            for ref in inflight:
+                ray.cancel(ref)
+            raise RuntimeError(f"work item {describe(payload)} failed: {exc}") from exc
+        yield payload, result
+
+
+def describe(payload: Any) -> str:
+    """Short description of a payload (group names for gradient blocks)."""
+    if isinstance(payload, (list, tuple)) and payload and hasattr(payload[0], "name"):
+        return "[" + ", ".join(p.name for p in payload) + "]"
+    return repr(payload)[:200]

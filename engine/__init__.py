@@ -1,0 +1,1 @@
+"""convalue engine: configuration, data, gradients, projection, store, Gram, selection, fine-tune, reports, driver."""

@@ -1,0 +1,88 @@
+"""Command line: `convalue run CONFIG`, `convalue solve RUN_DIR`, `convalue config-reference`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="convalue", description="Value candidate datasets for a target task (KMM in gradient space).")
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run a valuation from a YAML config")
+    r.add_argument("config", help="run config (YAML)")
+    r.add_argument("--address", help="join this Ray cluster (else RAY_ADDRESS, else ray.address, else embedded)")
+    r.add_argument("--out", help="parent folder of the run folder (overrides `out`)")
+    r.add_argument("--name", help="run name (overrides `name`)")
+    r.add_argument("--overwrite", action="store_true", help="replace stored vectors made with other settings")
+    s = sub.add_parser("solve", help="re-solve a finished run from its gram.npy/beta.npy and rewrite its scores")
+    s.add_argument("run_dir")
+    g = s.add_mutually_exclusive_group()
+    g.add_argument("--gamma", type=float, help="penalised form with this gamma")
+    g.add_argument("--budget", type=float, help="budget form ||w||_1 <= BUDGET")
+    s.add_argument("--method", choices=["auto", "cvxpy"])
+    s.add_argument("--normalize", choices=["none", "cosine"])
+    sub.add_parser("config-reference", help="print the config reference (Markdown)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `convalue` console script."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s convalue %(levelname)s %(message)s",
+                        datefmt="%H:%M:%S", stream=sys.stderr)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models come from local folders; never reach for a hub
+    from engine.config import ConfigError, config_from_dict, load_config, reference_markdown
+    from engine.data import DataError
+    from engine.models import ModelError
+    from engine.store import StoreError
+    from solvers import KMMInputError, KMMSolveError
+
+    if args.command == "config-reference":
+        print(reference_markdown())
+        return 0
+    try:
+        if args.command == "run":
+            from engine.pipeline import run
+            from engine.report import format_finetune
+
+            cfg = load_config(args.config)
+            if args.out or args.name:
+                data = cfg.to_dict() | {k: v for k, v in (("out", args.out), ("name", args.name)) if v}
+                cfg = config_from_dict(data, file=args.config)
+            summary = run(cfg, address=args.address)
+            run_dir = Path(cfg.out).expanduser() / cfg.name
+            print("\n".join(summary["ranking"]))
+            print(f"\nselected (top-{cfg.select.k} with positive score): {', '.join(summary['selected']) or 'none'}")
+            print(format_finetune(summary["finetune"]))
+            sol = summary["solver"]
+            print(f"\nsolver: {sol['method']} {sol['form']} "
+                  f"({'gamma=' + str(sol['gamma']) if sol['gamma'] is not None else 'budget=' + str(sol['budget'])}, "
+                  f"normalize={sol['normalize']}) status={sol['status']} kkt={sol['kkt']:.2e}")
+            print("timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in summary["timings_s"].items()))
+            print(f"outputs: {run_dir}/")
+            return 0
+        if args.command == "solve":
+            from engine.pipeline import resolve
+
+            summary = resolve(Path(args.run_dir), gamma=args.gamma, budget=args.budget, method=args.method,
+                              normalize=args.normalize)
+            print("\n".join(summary["ranking"]))
+            sol = summary["solver"]
+            print(f"\nselected: {', '.join(summary['selected']) or 'none'}; solver {sol['method']} "
+                  f"{sol['form']} status={sol['status']} kkt={sol['kkt']:.2e}")
+            if summary.get("finetune_stale"):
+                print(f"note: {summary['finetune_stale']}")
+            return 0
+    except (ConfigError, DataError, ModelError, StoreError, KMMInputError, KMMSolveError,
+            FileNotFoundError) as exc:
+        print(f"convalue: error: {exc}", file=sys.stderr)
+        return 2
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,390 @@
+"""The run configuration: typed sections, each field documented, validated from YAML with field-level errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+BUILTIN_MODELS = ("smollm2-135m-instruct",)
+
+
+class ConfigError(ValueError):
+    """A configuration problem, naming the file, the field and the bad value."""
+
+    def __init__(self, message: str, *, file: str | None = None, field: str | None = None,
+                 value: Any = dataclasses.MISSING):
+        self.file, self.field, self.value, self.reason = file, field, value, message
+        where = ": ".join(x for x in (file, field) if x)
+        shown = "" if value is dataclasses.MISSING else f" (got {value!r})"
+        super().__init__(f"{where}: {message}{shown}" if where else f"{message}{shown}")
+
+
+def opt(default: Any = dataclasses.MISSING, help: str = "", factory: Any = None) -> Any:
+    """A dataclass field with its documentation attached."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """The base model theta_0."""
+
+    source: str = opt("smollm2-135m-instruct",
+                      "A built-in model name (`smollm2-135m-instruct`) or a local Hugging Face model folder.")
+    max_length: int = opt(128, "Tokens per example after chat formatting; longer examples are cut on the right.")
+    dtype: Literal["float32", "bfloat16"] = opt("float32", "Compute dtype of the model weights (bfloat16: autocast on CUDA).")
+    batch_size: int = opt(8, "Examples per forward/backward pass while featurising.")
+    cache_dir: str = opt("~/.cache/convalue/models",
+                         "Where built-in models are converted once to safetensors (keyed by transformers version).")
+
+    def validate(self) -> None:
+        if self.batch_size <= 0:
+            raise ConfigError("must be > 0", field="batch_size", value=self.batch_size)
+        if self.max_length < 8:
+            raise ConfigError("must be >= 8", field="max_length", value=self.max_length)
+        if self.source not in BUILTIN_MODELS:
+            path = Path(self.source).expanduser()
+            if not path.is_dir():
+                raise ConfigError(
+                    f"is neither a built-in model {list(BUILTIN_MODELS)} nor an existing local folder",
+                    field="source", value=self.source)
+            if not (path / "config.json").is_file():
+                raise ConfigError("folder has no config.json: not a Hugging Face model folder",
+                                  field="source", value=self.source)
+
+
+@dataclass(kw_only=True)
+class LoraConfig:
+    """The LoRA adapter whose parameters are featurised and fine-tuned."""
+
+    r: int = opt(8, "LoRA rank.")
+    alpha: int = opt(16, "LoRA scaling alpha (the update is alpha/r * B A).")
+    target_modules: list[str] = opt(help="Module names that get adapters.",
+                                    factory=lambda: ["q_proj", "v_proj"])
+    dropout: float = opt(0.0, "LoRA dropout during fine-tuning (always off while featurising).")
+    init_seed: int = opt(0, "Seed of the adapter's A initialisation; identical in every worker.")
+
+    def validate(self) -> None:
+        if self.r <= 0:
+            raise ConfigError("must be > 0", field="r", value=self.r)
+        if self.alpha <= 0:
+            raise ConfigError("must be > 0", field="alpha", value=self.alpha)
+        if not self.target_modules:
+            raise ConfigError("must name at least one module", field="target_modules", value=self.target_modules)
+        if not 0 <= self.dropout < 1:
+            raise ConfigError("must be in [0, 1)", field="dropout", value=self.dropout)
+
+
+@dataclass(kw_only=True)
+class SourceConfig:
+    """One data source: the built-in chatterbot corpus, a JSONL or Parquet file, or a folder of files."""
+
+    kind: Literal["chatterbot", "jsonl", "parquet", "folder"] = opt(
+        help="`chatterbot` (built-in multilingual dialogs), `jsonl`, `parquet`, or `folder` (one group per file).")
+    path: str | None = opt(None, "File or folder (not used by `chatterbot`).")
+    group_by: str | None = opt(
+        None, "chatterbot: `language` or `language/topic`. Files: the column holding the group name "
+        "(absent: the whole file is one group named after the file).")
+    include: list[str] | None = opt(None, "Keep only these groups.")
+    exclude: list[str] = opt(help="Drop these groups.", factory=list)
+    prompt_field: str = opt("prompt", "Column with the user prompt.")
+    response_field: str = opt("response", "Column with the reference response.")
+    messages_field: str = opt("messages", "Column with a chat `messages` list (used when present instead of prompt/response).")
+
+    def validate(self) -> None:
+        if self.kind == "chatterbot":
+            if self.group_by not in (None, "language", "language/topic"):
+                raise ConfigError("must be `language` or `language/topic` for chatterbot",
+                                  field="group_by", value=self.group_by)
+            if self.path is not None:
+                raise ConfigError("is not used by the chatterbot source", field="path", value=self.path)
+        else:
+            if not self.path:
+                raise ConfigError(f"is required for kind `{self.kind}`", field="path", value=self.path)
+            p = Path(self.path).expanduser()
+            if self.kind == "folder" and not p.is_dir():
+                raise ConfigError("is not an existing folder", field="path", value=self.path)
+            if self.kind != "folder" and not p.is_file():
+                raise ConfigError("is not an existing file", field="path", value=self.path)
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    """Target task and candidate pool."""
+
+    target: SourceConfig = opt(help="Source of the target task; it must resolve to exactly one group.")
+    candidates: list[SourceConfig] = opt(help="Sources of the candidate groups.", factory=list)
+    preview_size: int = opt(8, "m: examples per candidate group used for its gradient (the preview).")
+    target_preview_size: int | None = opt(None, "Examples of the target's train split used for g_tar (default: preview_size).")
+    val_fraction: float = opt(0.3, "Share of the target held out for validation (never used for scoring).")
+    small_groups: Literal["error", "skip", "keep"] = opt(
+        "error", "A candidate with fewer than m usable examples: `error`, `skip` it (with a warning), or `keep` it with all it has.")
+    seed: int = opt(0, "Seed of the target split and the preview sampling.")
+
+    def validate(self) -> None:
+        if not self.candidates:
+            raise ConfigError("must list at least one source", field="candidates", value=self.candidates)
+        if self.preview_size <= 0:
+            raise ConfigError("must be > 0", field="preview_size", value=self.preview_size)
+        if self.target_preview_size is not None and self.target_preview_size <= 0:
+            raise ConfigError("must be > 0", field="target_preview_size", value=self.target_preview_size)
+        if not 0 < self.val_fraction < 1:
+            raise ConfigError("must be in (0, 1)", field="val_fraction", value=self.val_fraction)
+
+
+@dataclass(kw_only=True)
+class ProjectionConfig:
+    """The seeded random projection applied to every gradient."""
+
+    kind: Literal["countsketch", "rademacher", "identity"] = opt(
+        "countsketch", "`countsketch` (sparse JL, O(d) per vector), `rademacher` (dense, applied in blocks), `identity`.")
+    dim: int = opt(8192, "p: projected dimension (ignored by `identity`).")
+    seed: int = opt(0, "Projection seed; the same seed gives the same vectors in any worker or process.")
+
+    def validate(self) -> None:
+        if self.dim <= 0:
+            raise ConfigError("must be > 0", field="dim", value=self.dim)
+
+
+@dataclass(kw_only=True)
+class SolverConfig:
+    """The KMM quadratic program."""
+
+    gamma: float | None = opt(None, "l1 penalty of the penalised form (paper eq. kmm_l1_penalized).")
+    budget: float | None = opt(None, "k of the budget form ||w||_1 <= k (paper eq. kmm_qp).")
+    method: Literal["auto", "cvxpy"] = opt("auto", "Solver; `cvxpy` is the CVXPY + OSQP reference.")
+    normalize: Literal["none", "cosine"] = opt(
+        "none", "`cosine` divides K_ij by sqrt(K_ii K_jj) and beta_i by sqrt(K_ii), removing gradient norms.")
+
+    def validate(self) -> None:
+        if (self.gamma is None) == (self.budget is None):
+            raise ConfigError("give exactly one of `gamma` or `budget`", field="gamma",
+                              value={"gamma": self.gamma, "budget": self.budget})
+        if self.gamma is not None and (not math.isfinite(self.gamma) or self.gamma < 0):
+            raise ConfigError("must be a finite number >= 0", field="gamma", value=self.gamma)
+        if self.budget is not None and (not math.isfinite(self.budget) or self.budget <= 0):
+            raise ConfigError("must be a finite number > 0", field="budget", value=self.budget)
+
+
+@dataclass(kw_only=True)
+class SelectConfig:
+    """Which candidates are bought."""
+
+    k: int = opt(3, "Select the top-k candidates with a positive score.")
+
+    def validate(self) -> None:
+        if self.k <= 0:
+            raise ConfigError("must be > 0", field="k", value=self.k)
+
+
+@dataclass(kw_only=True)
+class FinetuneConfig:
+    """The fixed-compute fine-tune that shows what a selection is worth (paper Alg. 1)."""
+
+    enabled: bool = opt(True, "Run the fine-tune jobs.")
+    steps: int = opt(30, "T: optimizer steps, the same for every compared run.")
+    rho: float = opt(0.5, "Probability that a step draws a target batch (otherwise an auxiliary batch).")
+    batch_size: int = opt(4, "Examples per optimizer step.")
+    lr: float = opt(1e-4, "AdamW learning rate (cosine schedule, 3% warm-up).")
+    max_grad_norm: float = opt(1.0, "Gradient clipping norm.")
+    eval_batch_size: int = opt(8, "Batch size of the validation-loss evaluation.")
+    seed: int = opt(0, "Seed of batch sampling and the Bernoulli(rho) draws.")
+    baselines: list[Literal["target_only", "alignment"]] = opt(
+        help="Comparison runs with the same step budget: `target_only` (rho = 1) and `alignment` "
+        "(target + top-k by beta alone, the one-step baseline).", factory=lambda: ["target_only"])
+
+    def validate(self) -> None:
+        if self.steps <= 0:
+            raise ConfigError("must be > 0", field="steps", value=self.steps)
+        if not 0 <= self.rho <= 1:
+            raise ConfigError("must be in [0, 1]", field="rho", value=self.rho)
+        if self.batch_size <= 0:
+            raise ConfigError("must be > 0", field="batch_size", value=self.batch_size)
+        if self.eval_batch_size <= 0:
+            raise ConfigError("must be > 0", field="eval_batch_size", value=self.eval_batch_size)
+        if not self.lr > 0:
+            raise ConfigError("must be > 0", field="lr", value=self.lr)
+
+
+@dataclass(kw_only=True)
+class RayConfig:
+    """Where and how wide the run goes."""
+
+    address: str | None = opt(None, "Existing cluster (`auto`, `ray://…` or host:port); absent: an embedded local cluster. "
+                              "`--address` and RAY_ADDRESS override it.")
+    workers: int = opt(2, "W: gradient-worker actors, each holding one model replica.")
+    cpus_per_worker: int = opt(1, "CPUs (and torch threads) per worker.")
+    gpus_per_worker: float = opt(0.0, "GPUs per worker (0: CPU).")
+    max_in_flight: int = opt(2, "Calls in flight per worker (backpressure).")
+    groups_per_call: int = opt(2, "Groups featurised per actor call (one returned block).")
+    object_store_memory_mb: int | None = opt(None, "Object store size of the embedded cluster (default: Ray's).")
+    dashboard: bool = opt(False, "Start the Ray dashboard with the embedded cluster (about 0.9 GB more memory).")
+
+    def validate(self) -> None:
+        for name in ("workers", "cpus_per_worker", "max_in_flight", "groups_per_call"):
+            if getattr(self, name) <= 0:
+                raise ConfigError("must be > 0", field=name, value=getattr(self, name))
+        if self.gpus_per_worker < 0:
+            raise ConfigError("must be >= 0", field="gpus_per_worker", value=self.gpus_per_worker)
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    """A whole valuation run."""
+
+    name: str = opt("run", "Run name; outputs go to `<out>/<name>/`.")
+    out: str = opt("runs", "Parent folder of run folders.")
+    model: ModelConfig = opt(help="Base model.", factory=ModelConfig)
+    lora: LoraConfig = opt(help="LoRA adapter.", factory=LoraConfig)
+    data: DataConfig = opt(help="Target and candidates.")
+    projection: ProjectionConfig = opt(help="Gradient projection.", factory=ProjectionConfig)
+    solver: SolverConfig = opt(help="KMM solver.", factory=lambda: SolverConfig(gamma=0.05))
+    select: SelectConfig = opt(help="Selection.", factory=SelectConfig)
+    finetune: FinetuneConfig = opt(help="Evaluation fine-tunes.", factory=FinetuneConfig)
+    ray: RayConfig = opt(help="Ray cluster and workers.", factory=RayConfig)
+
+    def validate(self) -> None:
+        if not self.name or "/" in self.name or self.name in (".", ".."):
+            raise ConfigError("must be a plain folder name", field="name", value=self.name)
+
+    def to_dict(self) -> dict:
+        """The config as plain data (for summary.json and for sending to actors)."""
+        return dataclasses.asdict(self)
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
+
+
+def _coerce(tp: Any, value: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(inner[0], value, path)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"must be one of {list(args)}", field=path, value=value)
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError("must be a list", field=path, value=value)
+        return [_coerce(args[0], v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, path)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError("must be true or false", field=path, value=value)
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError("must be an integer", field=path, value=value)
+        return value
+    if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads `1e-4` as a string
+            try:
+                value = float(value)
+            except ValueError:
+                raise ConfigError("must be a number", field=path, value=value) from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError("must be a number", field=path, value=value)
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError("must be a string", field=path, value=value)
+        return value
+    raise TypeError(f"unsupported config type {_type_name(tp)} at {path}")
+
+
+def _build(cls: type, data: Any, path: str) -> Any:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError("must be a mapping", field=path or "<top level>", value=data)
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"unknown field; known fields are {sorted(names)}",
+                          field=f"{path}.{unknown[0]}" if path else unknown[0], value=data[unknown[0]])
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        sub = f"{path}.{f.name}" if path else f.name
+        if f.name in data:
+            kwargs[f.name] = _coerce(hints[f.name], data[f.name], sub)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError("is required", field=sub)
+    obj = cls(**kwargs)
+    validate = getattr(obj, "validate", None)
+    if validate is not None:
+        try:
+            validate()
+        except ConfigError as exc:
+            if exc.field is not None and exc.file is None and not exc.field.startswith(path + ".") and path:
+                raise ConfigError(exc.reason, field=f"{path}.{exc.field}", value=exc.value) from None
+            raise
+    return obj
+
+
+def config_from_dict(data: Any, *, file: str | None = None) -> RunConfig:
+    """Validate plain data into a RunConfig; errors name the file, field and value."""
+    try:
+        return _build(RunConfig, data, "")
+    except ConfigError as exc:
+        if file is None:
+            raise
+        raise ConfigError(exc.reason, file=file, field=exc.field, value=exc.value) from None
+
+
+def load_config(path: str | Path) -> RunConfig:
+    """Read and validate a YAML run config."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("config file not found", file=str(path))
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"malformed YAML: {exc}", file=str(path)) from None
+    if data is None:
+        raise ConfigError("config file is empty", file=str(path))
+    return config_from_dict(data, file=str(path))
+
+
+def reference_markdown() -> str:
+    """The config reference (every section and field with type, default and help) as Markdown."""
+    lines: list[str] = []
+
+    def section(cls: type, prefix: str) -> None:
+        hints = typing.get_type_hints(cls)
+        lines.append(f"### `{prefix or 'top level'}` — {cls.__doc__.strip()}\n")
+        lines.append("| field | type | default | meaning |\n| --- | --- | --- | --- |")
+        nested = []
+        for f in dataclasses.fields(cls):
+            tp = hints[f.name]
+            inner = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)]
+            if dataclasses.is_dataclass(tp) or inner:
+                nested.append((tp if dataclasses.is_dataclass(tp) else inner[0], f"{prefix}.{f.name}".strip(".")))
+            if f.default is not dataclasses.MISSING:
+                default = f"`{f.default!r}`" if f.default is not None else "—"
+            elif f.default_factory is not dataclasses.MISSING and not dataclasses.is_dataclass(tp):
+                default = f"`{f.default_factory()!r}`"
+            else:
+                default = "required" if f.default_factory is dataclasses.MISSING else "(section)"
+            tname = str(tp).replace("typing.", "").replace("engine.config.", "").replace("|", "or")
+            lines.append(f"| `{f.name}` | {tname} | {default} | {f.metadata.get('help', '')} |")
+        lines.append("")
+        for cls2, p in nested:
+            section(cls2, p)
+
+    section(RunConfig, "")
+    return "\n".join(lines)

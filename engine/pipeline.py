@@ -1,0 +1,284 @@
+"""The driver: orchestrates one valuation run on Ray (data → gradients → Gram → KMM → select → fine-tune)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import ray
+
+from actors.dispatch import windowed
+from actors.finetune_job import finetune_task
+from actors.gradient_worker import GradientWorker
+from actors.solver import SolverActor
+from engine.config import RunConfig
+from engine.featurize import WorkItem
+from engine.gram import GramReducer, cosine
+from engine.models import load_tokenizer, resolve_model_dir
+from engine.prepare import TARGET_KEY, PreparedData, prepare, preview_key
+from engine.report import (
+    format_finetune,
+    format_ranking,
+    package_versions,
+    scores_table,
+    write_json,
+    write_npy,
+    write_parquet,
+)
+from engine.select import select_top_k
+from engine.store import VectorStore
+from engine.tokenize import tokenize_examples
+from solvers import solve_kmm
+
+log = logging.getLogger("convalue")
+RESULT_FILES = ("scores.parquet", "gram.npy", "beta.npy", "summary.json")
+WORKER_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+class Timer:
+    """Wall time per named stage."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        log.info("stage %s ...", name)
+        try:
+            yield
+        finally:
+            self.seconds[name] = round(time.perf_counter() - t0, 3)
+            log.info("stage %s done in %.1f s", name, self.seconds[name])
+
+
+def connect(cfg: RunConfig, address: str | None) -> bool:
+    """Join RAY_ADDRESS/--address/ray.address, or start an embedded cluster; True if this call started Ray."""
+    if ray.is_initialized():
+        return False
+    addr = address or os.environ.get("RAY_ADDRESS") or cfg.ray.address
+    if addr:
+        ray.init(address=addr, runtime_env={"env_vars": WORKER_ENV})
+        return True
+    need = cfg.ray.workers * cfg.ray.cpus_per_worker
+    kwargs = {}
+    if cfg.ray.object_store_memory_mb:
+        kwargs["object_store_memory"] = cfg.ray.object_store_memory_mb * 2**20
+    ray.init(num_cpus=max(os.cpu_count() or 1, need), include_dashboard=cfg.ray.dashboard,
+             log_to_driver=False, runtime_env={"env_vars": WORKER_ENV}, **kwargs)
+    return True
+
+
+def fingerprint(cfg: RunConfig, model_dir: Path) -> dict:
+    """What stored vectors depend on besides each group's preview (that is in the per-group key)."""
+    import transformers
+
+    return {
+        "representation": "one_step",
+        "parameters": "lora_B",
+        "model": cfg.model.source,
+        "model_dir": model_dir.name,
+        "transformers": transformers.__version__,
+        "dtype": cfg.model.dtype,
+        "max_length": cfg.model.max_length,
+        "lora": asdict(cfg.lora) | {"dropout": 0.0},
+        "projection": asdict(cfg.projection),
+    }
+
+
+def _worker_spec(cfg: RunConfig, model_dir: Path, pad_id: int) -> dict:
+    return {"model_dir": str(model_dir), "dtype": cfg.model.dtype, "lora": asdict(cfg.lora),
+            "projection": asdict(cfg.projection), "pad_id": pad_id, "batch_size": cfg.model.batch_size,
+            "threads": cfg.ray.cpus_per_worker, "device": "cuda" if cfg.ray.gpus_per_worker > 0 else "cpu",
+            "finetune": asdict(cfg.finetune)}
+
+
+def featurize(cfg: RunConfig, spec: dict, data: PreparedData, store: VectorStore,
+              reducer: GramReducer) -> tuple[np.ndarray, dict]:
+    """Compute (or reuse from the store) every group's projected gradient; returns g_tar and stats."""
+    items = [data.target_item] + data.items
+    keys = {it.name: preview_key(it) for it in items}
+    done = store.done()
+    todo = [it for it in items if done.get(it.name) != keys[it.name]]
+    reused = [it.name for it in items if done.get(it.name) == keys[it.name]]
+    if reused:
+        X, _ = store.load(reused)
+        reducer.add(reused, X)
+        log.info("resumed %d stored group vectors", len(reused))
+    stats = {"groups_computed": len(todo), "groups_reused": len(reused), "tokens": 0, "compute_seconds": 0.0}
+    if todo:
+        size = cfg.ray.groups_per_call
+        blocks = [todo[i : i + size] for i in range(0, len(todo), size)]
+        n_workers = min(cfg.ray.workers, len(blocks))
+        opts = {"num_cpus": cfg.ray.cpus_per_worker, "num_gpus": cfg.ray.gpus_per_worker}
+        workers = [GradientWorker.options(name=f"convalue-grad-{i}-{os.getpid()}", **opts).remote(spec)
+                   for i in range(n_workers)]
+        info = ray.get(workers[0].info.remote())
+        stats |= {"workers": n_workers, "dim_in": info["dim_in"], "dim_out": info["dim_out"]}
+        log.info("%d gradient workers; %d featurised parameters (lora_B) -> projected to %d",
+                 n_workers, info["dim_in"], info["dim_out"])
+        t0 = time.perf_counter()
+        finished = 0
+        try:
+            for block, (names, X, st) in windowed(workers, blocks, lambda w, b: w.featurize.remote(b),
+                                                  cfg.ray.max_in_flight * n_workers):
+                store.write_block(names, [keys[n] for n in names], [len(it.examples) for it in block],
+                                  [sum(len(e) for e in it.examples) for it in block], X)
+                reducer.add(names, X)
+                stats["tokens"] += st["tokens"]
+                stats["compute_seconds"] += st["seconds"]
+                finished += len(names)
+                log.info("featurised %d/%d groups (%s)", finished, len(todo), ", ".join(names))
+        finally:
+            for w in workers:
+                ray.kill(w)
+        wall = time.perf_counter() - t0
+        stats["wall_seconds"] = round(wall, 3)
+        stats["tokens_per_second"] = round(stats["tokens"] / wall, 1) if wall > 0 else None
+    store.mark_complete([it.name for it in items])
+    g_tar, _ = store.load([TARGET_KEY])
+    return g_tar[0], stats
+
+
+def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, selected: list[str],
+               by_alignment: list[str]) -> list[dict]:
+    groups = {g.name: g for g in data.candidates}
+
+    def aux(names: list[str]) -> dict:
+        return {n: tokenize_examples(tokenizer, groups[n].examples, cfg.model.max_length) for n in names}
+
+    jobs = []
+    opts = {"num_cpus": cfg.ray.cpus_per_worker, "num_gpus": cfg.ray.gpus_per_worker}
+    train, val = data.target_train, data.target_val
+    runs = [(f"target + KMM top-{cfg.select.k}", selected)]
+    if "target_only" in cfg.finetune.baselines:
+        runs.append(("target only", []))
+    if "alignment" in cfg.finetune.baselines:
+        runs.append((f"target + alignment top-{cfg.select.k}", by_alignment))
+    for i, (label, names) in enumerate(runs):
+        aux_data = {n: [t for t in toks if t.n_response > 0] for n, toks in aux(names).items()}
+        jobs.append(finetune_task.options(**opts).remote(spec, label, train, aux_data, val, i == 0))
+    return [r.to_dict() for r in ray.get(jobs)]
+
+
+def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) -> dict:
+    """Run the whole valuation; returns the summary (also written to <out>/<name>/summary.json)."""
+    timer = Timer()
+    t_start = time.perf_counter()
+    with timer.stage("model"):
+        model_dir = resolve_model_dir(cfg.model)
+        tokenizer = load_tokenizer(model_dir)
+    with timer.stage("data"):
+        data = prepare(cfg.data, tokenizer, cfg.model.max_length)
+    run_dir = Path(cfg.out).expanduser() / cfg.name
+    store = VectorStore(run_dir / "vectors", fingerprint(cfg, model_dir), overwrite=overwrite)
+    for f in RESULT_FILES:  # results of an earlier run in this folder are replaced, never mixed
+        (run_dir / f).unlink(missing_ok=True)
+    summary: dict = {"status": "running", "config": cfg.to_dict(), "packages": package_versions(),
+                     "data": {"target": data.target.name, "target_train": len(data.target_train),
+                              "target_val": len(data.target_val), "target_preview": len(data.target_item.examples),
+                              "candidates": len(data.items), "warnings": data.warnings}}
+    started = False
+    stage = "ray_init"
+    try:
+        with timer.stage("ray_init"):
+            started = connect(cfg, address)
+        spec = _worker_spec(cfg, model_dir, tokenizer.pad_token_id)
+        reducer = GramReducer()
+        stage = "featurize"
+        with timer.stage("featurize"):
+            g_tar, fstats = featurize(cfg, spec, data, store, reducer)
+        summary["featurize"] = fstats
+        stage = "gram"
+        names = data.names()
+        with timer.stage("gram"):
+            K, beta = reducer.result(names, g_tar)
+        summary["order"] = names  # row order of gram.npy / beta.npy
+        summary["g_tar_norm"] = float(np.linalg.norm(g_tar))
+        stage = "solve"
+        settings = {"gamma": cfg.solver.gamma, "budget": cfg.solver.budget, "method": cfg.solver.method,
+                    "normalize": cfg.solver.normalize}
+        with timer.stage("solve"):
+            solver = SolverActor.remote()
+            try:
+                sol = ray.get(solver.solve.remote(ray.put(K), ray.put(beta), settings))
+            finally:
+                ray.kill(solver)
+        summary["solver"] = sol.summary() | {"normalize": cfg.solver.normalize}
+        w = sol.w
+        selected = select_top_k(w, beta, cfg.select.k)
+        by_alignment = [int(i) for i in np.argsort(-beta, kind="stable")[: cfg.select.k]]
+        n_examples = [len(g.examples) for g in data.candidates]
+        table = scores_table(names, n_examples, [len(it.examples) for it in data.items], w, beta,
+                             cosine(beta, K, g_tar), selected)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_npy(K, run_dir / "gram.npy")
+        write_npy(beta, run_dir / "beta.npy")
+        write_parquet(table, run_dir / "scores.parquet")
+        summary["selected"] = [names[i] for i in selected]
+        summary["ranking"] = format_ranking(table).splitlines()
+        stage = "finetune"
+        results: list[dict] = []
+        if cfg.finetune.enabled:
+            with timer.stage("finetune"):
+                results = _finetunes(cfg, spec, tokenizer, data, [names[i] for i in selected],
+                                     [names[i] for i in by_alignment])
+        summary["finetune"] = results
+        summary["status"] = "complete"
+    except BaseException as exc:
+        summary["status"] = "failed"
+        summary["failed_stage"] = stage
+        summary["error"] = f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        summary["timings_s"] = timer.seconds | {"total": round(time.perf_counter() - t_start, 3)}
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json(summary, run_dir / "summary.json")
+        if started:
+            ray.shutdown()
+    return summary
+
+
+def resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method: str | None,
+            normalize: str | None) -> dict:
+    """Re-solve a saved run from gram.npy/beta.npy (no gradients recomputed); rewrites its scores."""
+    summary_path = run_dir / "summary.json"
+    if not summary_path.is_file() or not (run_dir / "gram.npy").is_file():
+        raise FileNotFoundError(f"{run_dir}: not a finished run folder (summary.json and gram.npy needed)")
+    summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    old = summary.get("solver") or {}
+    if gamma is None and budget is None:
+        gamma, budget = old.get("gamma"), old.get("budget")
+    normalize = normalize or old.get("normalize", "none")
+    K = np.load(run_dir / "gram.npy")
+    beta = np.load(run_dir / "beta.npy")
+    sol = solve_kmm(K, beta, gamma=gamma, budget=budget, method=method or "auto", normalize=normalize)
+    prev = pq.read_table(run_dir / "scores.parquet").to_pylist()
+    if len(prev) != len(beta):
+        raise ValueError(f"{run_dir}: scores.parquet has {len(prev)} rows but beta.npy has {len(beta)}")
+    # scores.parquet is sorted by rank; gram.npy follows the run order recorded in the summary's data section
+    names = summary["order"]
+    by_name = {r["group"]: r for r in prev}
+    k = summary["config"]["select"]["k"]
+    selected = select_top_k(sol.w, beta, k)
+    g_norm = summary["g_tar_norm"]
+    cos = beta / (np.sqrt(np.diag(K)) * g_norm)
+    table = scores_table(names, [by_name[n]["n_examples"] for n in names], [by_name[n]["n_preview"] for n in names],
+                         sol.w, beta, cos, selected)
+    write_parquet(table, run_dir / "scores.parquet")
+    summary["solver"] = sol.summary() | {"normalize": normalize}
+    summary["selected"] = [names[i] for i in selected]
+    summary["ranking"] = format_ranking(table).splitlines()
+    if summary.get("finetune") and [r["groups"] for r in summary["finetune"]][0] != sorted(summary["selected"]):
+        summary["finetune_stale"] = "the re-solve changed the selection; fine-tune results are for the old one"
+    summary["resolved"] = True
+    write_json(summary, summary_path)
+    return summary

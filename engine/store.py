@@ -1,0 +1,122 @@
+"""Projected vectors persisted as checksummed Parquet blocks under a manifest (exact resume)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+FORMAT = 1
+
+
+class StoreError(RuntimeError):
+    """The vector store is inconsistent with the run asking for it."""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _atomic_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class VectorStore:
+    """A folder of Parquet blocks (group, key, n_examples, n_tokens, vector) and manifest.json.
+
+    The manifest holds the fingerprint (model, LoRA, projection, preview settings) and, per block, its
+    file, its groups with their preview keys, and its sha256; a group is done when a checksummed block
+    holds it with the same preview key. Reopening with another fingerprint is an error.
+    """
+
+    def __init__(self, root: Path, fingerprint: dict, *, overwrite: bool = False):
+        self.root = Path(root)
+        self.fingerprint = json.loads(json.dumps(fingerprint, sort_keys=True))
+        self.manifest_path = self.root / "manifest.json"
+        self.manifest: dict = {"format": FORMAT, "fingerprint": self.fingerprint, "blocks": []}
+        if self.manifest_path.exists():
+            old = json.loads(self.manifest_path.read_text(encoding="utf-8"))
+            if old.get("fingerprint") != self.fingerprint:
+                if not overwrite:
+                    diff = sorted(k for k in set(old.get("fingerprint", {})) | set(self.fingerprint)
+                                  if old.get("fingerprint", {}).get(k) != self.fingerprint.get(k))
+                    raise StoreError(f"{self.manifest_path}: stored vectors were made with other settings "
+                                     f"(differs in {diff}); use another run name/--out, or --overwrite")
+                for b in old.get("blocks", []):
+                    (self.root / b["file"]).unlink(missing_ok=True)
+            else:
+                self.manifest = old
+                self.manifest["blocks"] = [b for b in old.get("blocks", []) if self._valid(b)]
+        self.root.mkdir(parents=True, exist_ok=True)
+        _atomic_json(self.manifest_path, self.manifest)
+
+    def _valid(self, block: dict) -> bool:
+        path = self.root / block["file"]
+        return path.is_file() and _sha256(path) == block["sha256"]
+
+    def done(self) -> dict[str, str]:
+        """Group name -> preview key of every group already stored."""
+        return {g: k for b in self.manifest["blocks"] for g, k in zip(b["groups"], b["keys"])}
+
+    def write_block(self, names: list[str], keys: list[str], n_examples: list[int], n_tokens: list[int],
+                    vectors: np.ndarray) -> None:
+        """Persist one block and record it in the manifest (atomically)."""
+        vectors = np.asarray(vectors, dtype=np.float32)
+        if vectors.ndim != 2 or vectors.shape[0] != len(names):
+            raise StoreError(f"block has {vectors.shape} vectors for {len(names)} groups")
+        if not np.all(np.isfinite(vectors)):
+            raise StoreError(f"non-finite gradient values in groups {names}")
+        p = vectors.shape[1]
+        dim = self.manifest.setdefault("dim", p)
+        if dim != p:
+            raise StoreError(f"block dimension {p} differs from the store's {dim}")
+        idx = max((int(b["file"][6:12]) for b in self.manifest["blocks"]), default=-1) + 1
+        name = f"block-{idx:06d}.parquet"
+        table = pa.table({
+            "group": pa.array(names, pa.string()),
+            "key": pa.array(keys, pa.string()),
+            "n_examples": pa.array(n_examples, pa.int32()),
+            "n_tokens": pa.array(n_tokens, pa.int64()),
+            "vector": pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1), pa.float32()), p),
+        })
+        tmp = self.root / (name + ".tmp")
+        pq.write_table(table, tmp)
+        os.replace(tmp, self.root / name)
+        self.manifest["blocks"].append({"file": name, "groups": list(names), "keys": list(keys),
+                                        "sha256": _sha256(self.root / name)})
+        _atomic_json(self.manifest_path, self.manifest)
+
+    def load(self, names: list[str]) -> tuple[np.ndarray, dict[str, int]]:
+        """Vectors for `names` in that order ([N, p] float32) and their n_examples; checksums verified."""
+        rows: dict[str, np.ndarray] = {}
+        counts: dict[str, int] = {}
+        for b in self.manifest["blocks"]:
+            if not self._valid(b):
+                raise StoreError(f"{self.root / b['file']}: checksum mismatch; the block was changed or truncated")
+            t = pq.read_table(self.root / b["file"])
+            p = t.schema.field("vector").type.list_size
+            vec = t.column("vector").combine_chunks().flatten().to_numpy(zero_copy_only=False).reshape(-1, p)
+            for i, g in enumerate(t.column("group").to_pylist()):
+                rows[g] = vec[i]
+                counts[g] = t.column("n_examples")[i].as_py()
+        missing = [n for n in names if n not in rows]
+        if missing:
+            raise StoreError(f"{self.root}: no stored vector for groups {missing[:10]}")
+        return np.stack([rows[n] for n in names]), {n: counts[n] for n in names}
+
+    def mark_complete(self, names: list[str]) -> None:
+        """Record that the store holds every group of the run."""
+        self.manifest["complete"] = True
+        self.manifest["groups"] = list(names)
+        _atomic_json(self.manifest_path, self.manifest)

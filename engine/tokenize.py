@@ -1,0 +1,70 @@
+"""Chat-template formatting and tokenisation with labels on response (assistant) tokens only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.data import Example
+
+IGNORE = -100
+
+
+@dataclass(frozen=True)
+class TokenizedExample:
+    """Token ids and labels (IGNORE outside assistant turns)."""
+
+    input_ids: tuple[int, ...]
+    labels: tuple[int, ...]
+
+    @property
+    def n_response(self) -> int:
+        """Number of labelled (response) tokens."""
+        return sum(1 for x in self.labels if x != IGNORE)
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def _render(tokenizer, chat: list[dict], *, generation_prompt: bool) -> str:
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=generation_prompt)
+    # plain fallback for tokenizers without a chat template
+    text = "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in chat)
+    return text + ("Assistant: " if generation_prompt else "")
+
+
+def response_spans(tokenizer, example: Example) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and the character spans of its assistant turns (through end-of-turn)."""
+    chat = example.as_chat()
+    full = _render(tokenizer, chat, generation_prompt=False)
+    spans = []
+    for i, m in enumerate(chat):
+        if m["role"] != "assistant":
+            continue
+        before = _render(tokenizer, chat[:i], generation_prompt=True)
+        upto = _render(tokenizer, chat[: i + 1], generation_prompt=False)
+        if not full.startswith(upto) or not upto.startswith(before):
+            raise ValueError("the chat template is not prefix-stable; cannot locate the response tokens")
+        end = len(upto.rstrip())
+        spans.append((len(before), end))
+    return full, spans
+
+
+def tokenize_example(tokenizer, example: Example, max_length: int) -> TokenizedExample:
+    """Tokenise one example; labels cover assistant tokens only; cut on the right at max_length."""
+    text, spans = response_spans(tokenizer, example)
+    if all(not c.strip() for r, c in example.messages if r == "assistant"):
+        spans = []  # an empty response teaches only end-of-turn: treat it as no response at all
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids = enc["input_ids"][:max_length]
+    offsets = enc["offset_mapping"][:max_length]
+    labels = []
+    for tok, (start, end) in zip(ids, offsets):
+        inside = any(s <= start < e and end > start for s, e in spans)
+        labels.append(tok if inside else IGNORE)
+    return TokenizedExample(tuple(ids), tuple(labels))
+
+
+def tokenize_examples(tokenizer, examples: list[Example], max_length: int) -> list[TokenizedExample]:
+    """Tokenise a list of examples (order kept)."""
+    return [tokenize_example(tokenizer, ex, max_length) for ex in examples]

@@ -20,12 +20,10 @@ from actors.finetune_job import finetune_task
 from actors.gradient_worker import GradientWorker
 from actors.solver import SolverActor
 from engine.config import RunConfig
-from engine.featurize import WorkItem
 from engine.gram import GramReducer, cosine
 from engine.models import load_tokenizer, resolve_model_dir
 from engine.prepare import TARGET_KEY, PreparedData, prepare, preview_key
 from engine.report import (
-    format_finetune,
     format_ranking,
     package_versions,
     scores_table,

@@ -7,7 +7,14 @@ import logging
 from dataclasses import dataclass, field
 
 from engine.config import DataConfig
-from engine.data import DataError, Group, preview_indices, resolve_groups, sample_order, split_target
+from engine.data import (
+    DataError,
+    Group,
+    preview_indices,
+    resolve_groups,
+    sample_order,
+    split_target,
+)
 from engine.featurize import WorkItem
 from engine.tokenize import TokenizedExample, tokenize_examples
 

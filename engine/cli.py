@@ -23,7 +23,7 @@ def _parser() -> argparse.ArgumentParser:
     g = s.add_mutually_exclusive_group()
     g.add_argument("--gamma", type=float, help="penalised form with this gamma")
     g.add_argument("--budget", type=float, help="budget form ||w||_1 <= BUDGET")
-    s.add_argument("--method", choices=["auto", "cvxpy"])
+    s.add_argument("--method", choices=["auto", "active_set", "cvxpy", "cvxpy_paper"])
     s.add_argument("--normalize", choices=["none", "cosine"])
     sub.add_parser("config-reference", help="print the config reference (Markdown)")
     return p

@@ -160,7 +160,9 @@ class SolverConfig:
 
     gamma: float | None = opt(None, "l1 penalty of the penalised form (paper eq. kmm_l1_penalized).")
     budget: float | None = opt(None, "k of the budget form ||w||_1 <= k (paper eq. kmm_qp).")
-    method: Literal["auto", "cvxpy"] = opt("auto", "Solver; `cvxpy` is the CVXPY + OSQP reference.")
+    method: Literal["auto", "active_set", "cvxpy", "cvxpy_paper"] = opt(
+        "auto", "`auto`/`active_set`: convalue's exact active-set solver; `cvxpy`: the CVXPY + OSQP reference "
+        "(tight tolerances); `cvxpy_paper`: CVXPY + OSQP called as the paper does.")
     normalize: Literal["none", "cosine"] = opt(
         "none", "`cosine` divides K_ij by sqrt(K_ii K_jj) and beta_i by sqrt(K_ii), removing gradient norms.")
 
@@ -261,7 +263,18 @@ class RunConfig:
 
 
 def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
+    """Human-readable type for error messages and the reference."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        inner = [_type_name(a) for a in args if a is not type(None)]
+        return " or ".join(inner) + (" or null" if type(None) in args else "")
+    if origin is Literal:
+        return " / ".join(f"`{a}`" for a in args)
+    if origin is list:
+        return f"list of {_type_name(args[0])}"
+    if dataclasses.is_dataclass(tp):
+        return "section"
+    return {str: "string", int: "int", float: "number", bool: "bool"}.get(tp, getattr(tp, "__name__", str(tp)))
 
 
 def _coerce(tp: Any, value: Any, path: str) -> Any:
@@ -363,9 +376,14 @@ def load_config(path: str | Path) -> RunConfig:
 def reference_markdown() -> str:
     """The config reference (every section and field with type, default and help) as Markdown."""
     lines: list[str] = []
+    seen: dict[type, str] = {}
 
     def section(cls: type, prefix: str) -> None:
         hints = typing.get_type_hints(cls)
+        if cls in seen:
+            lines.append(f"### `{prefix}` — each item has the fields of `{seen[cls]}`.\n")
+            return
+        seen[cls] = prefix
         lines.append(f"### `{prefix or 'top level'}` — {cls.__doc__.strip()}\n")
         lines.append("| field | type | default | meaning |\n| --- | --- | --- | --- |")
         nested = []
@@ -380,8 +398,7 @@ def reference_markdown() -> str:
                 default = f"`{f.default_factory()!r}`"
             else:
                 default = "required" if f.default_factory is dataclasses.MISSING else "(section)"
-            tname = str(tp).replace("typing.", "").replace("engine.config.", "").replace("|", "or")
-            lines.append(f"| `{f.name}` | {tname} | {default} | {f.metadata.get('help', '')} |")
+            lines.append(f"| `{f.name}` | {_type_name(tp)} | {default} | {f.metadata.get('help', '')} |")
         lines.append("")
         for cls2, p in nested:
             section(cls2, p)

@@ -1,16 +1,21 @@
 """Kernel Mean Matching solvers for dataset valuation; no models, no Ray."""
 
-from solvers.api import KMMSolution, solve_kmm, solve_problem
+from solvers.api import METHODS, KMMSolution, solve_kmm, solve_kmm_gradients, solve_problem
 from solvers.kkt import kkt_violation
+from solvers.path import KMMPath, kmm_path
 from solvers.problem import KMMInputError, KMMProblem, KMMSolveError, make_problem
 
 __all__ = [
+    "METHODS",
     "KMMInputError",
+    "KMMPath",
     "KMMProblem",
     "KMMSolution",
     "KMMSolveError",
     "kkt_violation",
+    "kmm_path",
     "make_problem",
     "solve_kmm",
+    "solve_kmm_gradients",
     "solve_problem",
 ]

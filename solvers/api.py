@@ -1,4 +1,4 @@
-"""Public entry point: solve_kmm and its certified result."""
+"""Public entry points: solve_kmm (from K), solve_kmm_gradients (from G, K never formed), and the certified result."""
 
 from __future__ import annotations
 
@@ -7,11 +7,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from solvers.active_set import kkt_of, solve_budget, solve_penalised
 from solvers.kkt import kkt_violation
-from solvers.problem import KMMProblem, make_problem
+from solvers.operators import GradientOperator, GramOperator
+from solvers.problem import KMMInputError, KMMProblem, KMMSolveError, make_problem
 from solvers.reference import solve_cvxpy
 
-METHODS = ("auto", "cvxpy")
+METHODS = ("auto", "active_set", "cvxpy", "cvxpy_paper")
+KKT_TOL = 1e-6
 
 
 @dataclass(frozen=True)
@@ -42,31 +45,63 @@ class KMMSolution:
             "kkt": self.kkt,
             "iterations": self.iterations,
             "time_s": self.time_s,
-            "nnz": int(np.count_nonzero(np.abs(self.w) > 1e-9)),
+            "nnz": int(np.count_nonzero(self.w)),
             "l1": float(np.abs(self.w).sum()),
-        }
+        } | {k: v for k, v in self.info.items() if k in ("fallback", "multiplier", "binding")}
+
+
+def _scaled(op, c: np.ndarray | None):
+    """The operator of the unit-cost problem in v = c * w: K / (c c^T), beta / c."""
+    if c is None:
+        return op
+    if isinstance(op, GradientOperator):
+        return GradientOperator(op.G / c[:, None], op.g)
+    return GramOperator(op.K / np.outer(c, c), op.beta / c)
+
+
+def _active_set(op, problem_like: KMMProblem) -> tuple[np.ndarray, dict]:
+    c = problem_like.costs
+    inner = _scaled(op, c)
+    if problem_like.gamma is not None:
+        v, info = solve_penalised(inner, problem_like.gamma)
+        info["multiplier"] = problem_like.gamma
+    else:
+        v, info = solve_budget(inner, problem_like.budget)
+        info["multiplier"] = info["gamma"]
+    w = v if c is None else v / c
+    return w, info
+
+
+def _status(kkt: float, beta: np.ndarray, converged: bool) -> str:
+    ok = kkt <= KKT_TOL * max(1.0, float(np.abs(beta).max()))
+    return "optimal" if ok and converged else "inaccurate"
 
 
 def solve_problem(problem: KMMProblem, *, method: str = "auto") -> KMMSolution:
-    """Solve a validated KMMProblem with the named method."""
+    """Solve a validated KMMProblem with the named method; raise KMMSolveError if it does not converge."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     t0 = time.perf_counter()
-    w, info = solve_cvxpy(problem, tolerance="tight")
+    if method in ("cvxpy", "cvxpy_paper"):
+        w, info = solve_cvxpy(problem, tolerance="paper" if method == "cvxpy_paper" else "tight")
+        status = info["status"]
+        name = info["method"]
+        iters = info.get("iterations")
+    else:
+        w, info = _active_set(GramOperator(problem.K, problem.beta), problem)
+        name = "active_set"
+        iters = info["iterations"]
+        status = None
     elapsed = time.perf_counter() - t0
-    return KMMSolution(
-        w=w,
-        objective=problem.objective(w),
-        status=info["status"],
-        kkt=kkt_violation(problem, w),
-        form=problem.form,
-        gamma=problem.gamma,
-        budget=problem.budget,
-        method=info["method"],
-        iterations=info.get("iterations"),
-        time_s=elapsed,
-        info=info,
-    )
+    kkt = kkt_violation(problem, w)
+    if status is None:
+        status = _status(kkt, problem.beta, info.get("converged", True))
+        if status != "optimal":
+            raise KMMSolveError(f"active-set KMM solver did not converge: KKT violation {kkt:.3g} "
+                                f"after {iters} iterations (try solver.method: cvxpy)")
+    return KMMSolution(w=w, objective=problem.objective(w), status=status, kkt=kkt, form=problem.form,
+                       gamma=problem.gamma, budget=problem.budget, method=name, iterations=iters,
+                       time_s=elapsed, info=info)
 
 
 def solve_kmm(
@@ -75,9 +110,53 @@ def solve_kmm(
     *,
     gamma: float | None = None,
     budget: float | None = None,
+    costs: np.ndarray | None = None,
     method: str = "auto",
     normalize: str = "none",
 ) -> KMMSolution:
-    """Solve KMM (paper eq. kmm_l1_penalized with gamma, or eq. kmm_qp with ||w||_1 <= budget)."""
-    problem = make_problem(K, beta, gamma=gamma, budget=budget, normalize=normalize)
+    """Solve KMM (paper eq. kmm_l1_penalized with gamma, eq. kmm_qp with budget; costs weight the l1 term)."""
+    problem = make_problem(K, beta, gamma=gamma, budget=budget, costs=costs, normalize=normalize)
     return solve_problem(problem, method=method)
+
+
+def solve_kmm_gradients(
+    G: np.ndarray,
+    g_tar: np.ndarray,
+    *,
+    gamma: float | None = None,
+    budget: float | None = None,
+    costs: np.ndarray | None = None,
+) -> KMMSolution:
+    """Solve KMM from the gradients themselves (N x p rows): K = G G^T is formed only on the active set."""
+    G = np.asarray(G, dtype=np.float64)
+    g_tar = np.asarray(g_tar, dtype=np.float64)
+    if G.ndim != 2 or g_tar.ndim != 1 or G.shape[1] != g_tar.shape[0]:
+        raise KMMInputError(f"G must be N x p and g_tar of length p, got {G.shape} and {g_tar.shape}")
+    if not (np.all(np.isfinite(G)) and np.all(np.isfinite(g_tar))):
+        raise KMMInputError("G or g_tar contains NaN or inf")
+    op = GradientOperator(G, g_tar)
+    zero = np.flatnonzero(op.diag <= 0)
+    if zero.size:
+        raise KMMInputError(f"{zero.size} candidate(s) have a zero-norm gradient, first at index {int(zero[0])}")
+    # validate the settings on a 1 x 1 stand-in (no N x N matrix is formed)
+    make_problem(np.ones((1, 1)), np.ones(1), gamma=gamma, budget=budget)
+    shell = KMMProblem(K=np.empty((0, 0)), beta=op.beta, gamma=gamma, budget=budget,
+                       costs=None if costs is None else np.asarray(costs, dtype=np.float64))
+    if shell.costs is not None and (shell.costs.shape != op.beta.shape or np.any(shell.costs <= 0)):
+        raise KMMInputError("costs must be a positive vector of length N")
+    t0 = time.perf_counter()
+    w, info = _active_set(op, shell)
+    elapsed = time.perf_counter() - t0
+    c = np.ones(op.n) if shell.costs is None else shell.costs
+    inner = _scaled(op, shell.costs)
+    lam = info["multiplier"]
+    kkt = kkt_of(inner, lam, w * c) if (gamma is not None or info.get("binding")) else kkt_of(inner, 0.0, w * c)
+    support = np.flatnonzero(w)
+    Kw = op.apply(support, w[support])
+    objective = 0.5 * float(w @ Kw) - float(op.beta @ w) + (gamma * float((c * np.abs(w)).sum()) if gamma else 0.0)
+    status = _status(kkt, op.beta, info.get("converged", True))
+    if status != "optimal":
+        raise KMMSolveError(f"gradient-space KMM solver did not converge: KKT violation {kkt:.3g}")
+    form = "penalised" if gamma is not None else ("budget" if costs is None else "cost_budget")
+    return KMMSolution(w=w, objective=objective, status=status, kkt=kkt, form=form, gamma=gamma, budget=budget,
+                       method="active_set_gradients", iterations=info["iterations"], time_s=elapsed, info=info)

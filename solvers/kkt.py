@@ -14,7 +14,8 @@ def kkt_violation(problem: KMMProblem, w: np.ndarray, *, zero_tol: float = 1e-10
     Budget form: the same with gamma replaced by the multiplier lambda >= 0 of ||w||_1 <= k,
     plus primal feasibility and complementary slackness lambda (k - ||w||_1) = 0.
     """
-    w = np.asarray(w, dtype=np.float64)
+    problem, c = problem.unit_cost()  # costs: check the equivalent problem in v = c * w
+    w = np.asarray(w, dtype=np.float64) * c
     r = problem.K @ w - problem.beta
     scale = max(float(np.abs(w).max()), 1.0) * zero_tol
     support = np.abs(w) > scale

@@ -17,17 +17,27 @@ class KMMSolveError(RuntimeError):
 
 @dataclass(frozen=True)
 class KMMProblem:
-    """min_w 0.5 w'Kw - beta'w + gamma ||w||_1 (penalised) or s.t. ||w||_1 <= budget (budget form)."""
+    """min_w 0.5 w'Kw - beta'w + gamma sum_i c_i |w_i| (penalised) or s.t. sum_i c_i |w_i| <= budget.
+
+    costs c default to 1 (the paper's ||w||_1); with prices it is the marketplace's cost-weighted budget.
+    """
 
     K: np.ndarray
     beta: np.ndarray
     gamma: float | None = None
     budget: float | None = None
+    costs: np.ndarray | None = None
 
     @property
     def form(self) -> str:
-        """'penalised' or 'budget'."""
-        return "penalised" if self.gamma is not None else "budget"
+        """'penalised', 'budget' or 'cost_budget'."""
+        if self.gamma is not None:
+            return "penalised"
+        return "budget" if self.costs is None else "cost_budget"
+
+    def l1(self, w: np.ndarray) -> float:
+        """sum_i c_i |w_i|."""
+        return float(np.abs(w).sum() if self.costs is None else (self.costs * np.abs(w)).sum())
 
     @property
     def n(self) -> int:
@@ -38,8 +48,15 @@ class KMMProblem:
         """Objective value at w (the l1 term is included only in the penalised form)."""
         quad = 0.5 * float(w @ (self.K @ w)) - float(self.beta @ w)
         if self.gamma is not None:
-            quad += self.gamma * float(np.abs(w).sum())
+            quad += self.gamma * self.l1(w)
         return quad
+
+    def unit_cost(self) -> tuple[KMMProblem, np.ndarray]:
+        """The equivalent unit-cost problem in v = c * w, and c (ones when there are no costs)."""
+        if self.costs is None:
+            return self, np.ones(self.n)
+        c = self.costs
+        return KMMProblem(K=self.K / np.outer(c, c), beta=self.beta / c, gamma=self.gamma, budget=self.budget), c
 
 
 def make_problem(
@@ -48,9 +65,11 @@ def make_problem(
     *,
     gamma: float | None = None,
     budget: float | None = None,
+    costs: np.ndarray | None = None,
     normalize: str = "none",
     sym_tol: float = 1e-6,
     psd_tol: float = 1e-6,
+    check_psd: bool = True,
 ) -> KMMProblem:
     """Validate K, beta and settings and return a float64 KMMProblem (optionally cosine-normalised)."""
     if (gamma is None) == (budget is None):
@@ -85,7 +104,14 @@ def make_problem(
             f"{zero.size} candidate(s) have a zero-norm gradient (K_ii = 0), first at index {int(zero[0])}; "
             "drop them or check that their examples have response tokens"
         )
-    lam_min = float(np.linalg.eigvalsh(K)[0])
+    if costs is not None:
+        costs = np.asarray(costs, dtype=np.float64)
+        if costs.shape != beta.shape:
+            raise KMMInputError(f"costs must be a vector of length N={beta.shape[0]}, got shape {costs.shape}")
+        if not np.all(np.isfinite(costs)) or np.any(costs <= 0):
+            bad = int(np.flatnonzero(~np.isfinite(costs) | (costs <= 0))[0])
+            raise KMMInputError(f"costs must be finite and > 0, got {costs[bad]!r} at index {bad}")
+    lam_min = float(np.linalg.eigvalsh(K)[0]) if check_psd else 0.0
     if lam_min < -psd_tol * scale:
         raise KMMInputError(
             f"K is not positive semidefinite: most negative eigenvalue {lam_min:.3g} (tolerance {-psd_tol * scale:.3g})"
@@ -95,4 +121,4 @@ def make_problem(
         K = K / np.outer(d, d)
         beta = beta / d
     return KMMProblem(K=K, beta=beta, gamma=None if gamma is None else float(gamma),
-                      budget=None if budget is None else float(budget))
+                      budget=None if budget is None else float(budget), costs=costs)

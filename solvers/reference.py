@@ -30,13 +30,15 @@ def solve_cvxpy(problem: KMMProblem, *, tolerance: str = "tight") -> tuple[np.nd
     if tolerance not in OSQP_SETTINGS:
         raise ValueError(f"tolerance must be one of {sorted(OSQP_SETTINGS)}, got {tolerance!r}")
     w = cp.Variable(problem.n)
-    # psd_wrap: K was checked PSD in make_problem; skip CVXPY's own eigen-check, which rejects
-    # Gram matrices that are PSD only up to round-off.
-    quad = 0.5 * cp.quad_form(w, cp.psd_wrap(problem.K)) - problem.beta @ w
+    # "paper": the paper's call verbatim (CVXPY checks K's PSD-ness itself). "tight": K was checked
+    # PSD in make_problem, so psd_wrap skips CVXPY's eigen-check, which rejects round-off negatives.
+    Kq = problem.K if tolerance == "paper" else cp.psd_wrap(problem.K)
+    quad = 0.5 * cp.quad_form(w, Kq) - problem.beta @ w
+    l1 = cp.norm1(w) if problem.costs is None else cp.norm1(cp.multiply(problem.costs, w))
     if problem.gamma is not None:
-        prob = cp.Problem(cp.Minimize(quad + problem.gamma * cp.norm1(w)))
+        prob = cp.Problem(cp.Minimize(quad + problem.gamma * l1))
     else:
-        prob = cp.Problem(cp.Minimize(quad), [cp.norm1(w) <= problem.budget])
+        prob = cp.Problem(cp.Minimize(quad), [l1 <= problem.budget])
     t0 = time.perf_counter()
     try:
         prob.solve(solver=cp.OSQP, **OSQP_SETTINGS[tolerance])
@@ -55,3 +57,4 @@ def solve_cvxpy(problem: KMMProblem, *, tolerance: str = "tight") -> tuple[np.nd
         "time_s": elapsed,
         "method": f"cvxpy-osqp-{tolerance}",
     }
+

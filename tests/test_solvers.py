@@ -138,3 +138,75 @@ def test_kkt_detects_a_wrong_solution():
 def test_bad_input_is_a_clear_error(K, beta, kw, match):
     with pytest.raises(KMMInputError, match=match):
         solve_kmm(K, beta, **kw)
+
+
+# --- fast solver vs the CVXPY+OSQP reference; cost-weighted budget; path; gradient space ---------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31), n=st.integers(2, 14), p=st.integers(1, 10), dup=st.booleans(),
+       log_gamma=st.floats(-4, 0))
+def test_active_set_matches_reference(seed, n, p, dup, log_gamma):
+    K, beta = random_problem(seed, n, p, dup)  # rank-deficient whenever n > p
+    gamma = 10**log_gamma
+    fast = solve_kmm(K, beta, gamma=gamma, method="active_set")
+    ref = solve_kmm(K, beta, gamma=gamma, method="cvxpy")
+    assert fast.status == "optimal" and fast.kkt <= 1e-6 * max(1.0, float(np.abs(beta).max()))
+    assert fast.objective <= ref.objective + 1e-6 * max(1.0, abs(ref.objective))
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31), n=st.integers(2, 12), p=st.integers(1, 8), dup=st.booleans(),
+       budget=st.floats(0.05, 3.0), priced=st.booleans())
+def test_budget_and_cost_budget_match_reference(seed, n, p, dup, budget, priced):
+    K, beta = random_problem(seed, n, p, dup)
+    costs = np.random.default_rng(seed).uniform(0.5, 3.0, size=n) if priced else None
+    fast = solve_kmm(K, beta, budget=budget, costs=costs)
+    ref = solve_kmm(K, beta, budget=budget, costs=costs, method="cvxpy")
+    spent = float(np.abs(fast.w).sum() if costs is None else (costs * np.abs(fast.w)).sum())
+    assert spent <= budget * (1 + 1e-6)
+    assert fast.objective <= ref.objective + 1e-6 * max(1.0, abs(ref.objective))
+    assert fast.form == ("cost_budget" if priced else "budget")
+
+
+def test_costs_change_the_choice():
+    K, beta = example()
+    cheap3 = solve_kmm(K, beta, budget=0.5, costs=np.array([1.0, 1.0, 0.1]))
+    dear3 = solve_kmm(K, beta, budget=0.5, costs=np.array([1.0, 1.0, 10.0]))
+    assert cheap3.w[2] > 0.5 and abs(dear3.w[2]) < abs(cheap3.w[2])
+    with pytest.raises(KMMInputError, match="costs must be finite and > 0"):
+        solve_kmm(K, beta, budget=1.0, costs=np.array([1.0, 0.0, 1.0]))
+
+
+def test_path_gives_exact_solutions_and_every_top_k():
+    from solvers import kmm_path
+
+    K, beta = random_problem(5, 30, 12, True)
+    path = kmm_path(K, beta, n_gammas=25)
+    assert np.all(path.kkt < 1e-8)
+    assert np.all(np.diff(path.l1) >= -1e-9)  # ||w||_1 grows as gamma falls
+    mid = 12
+    ref = solve_kmm(K, beta, gamma=float(path.gammas[mid]), method="cvxpy")
+    assert make_problem(K, beta, gamma=float(path.gammas[mid])).objective(path.W[mid]) <= ref.objective + 1e-9
+    sel = path.selections([1, 2, 3])
+    assert [len(v) for v in sel.values()] == [1, 2, 3]
+    assert sel[1][0] in sel[3]
+
+
+def test_gradient_space_solver_matches_gram_solver():
+    from solvers import solve_kmm_gradients
+
+    rng = np.random.default_rng(11)
+    G = rng.normal(size=(40, 15))  # N > p: rank-deficient K
+    g = rng.normal(size=15)
+    for kw in ({"gamma": 0.5}, {"gamma": 0.02}, {"budget": 2.0}):
+        a = solve_kmm_gradients(G, g, **kw)
+        b = solve_kmm(G @ G.T, G @ g, **kw, method="cvxpy")
+        assert a.status == "optimal"
+        assert a.objective <= b.objective + 1e-6 * max(1.0, abs(b.objective)), kw
+
+
+def test_reference_paper_setting_runs():
+    K, beta = example()
+    sol = solve_kmm(K, beta, gamma=1e-3, method="cvxpy_paper")
+    assert sol.method == "cvxpy-osqp-paper" and sol.w.shape == (3,)

@@ -1,0 +1,20 @@
+"""Clustered, redundant, unit-norm synthetic gradients (the regime of clustered candidate pools)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def clustered_gradients(n: int, p: int = 4096, *, cluster_size: int = 20, spread: float = 0.35,
+                        seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(G [n, p] float32 unit rows, g_tar [p]): n // cluster_size clusters of near-duplicate gradients."""
+    rng = np.random.default_rng(seed)
+    n_clusters = max(2, n // cluster_size)
+    centers = rng.standard_normal((n_clusters, p)).astype(np.float32)
+    centers /= np.linalg.norm(centers, axis=1, keepdims=True)
+    labels = rng.integers(0, n_clusters, size=n)
+    G = centers[labels] + spread * rng.standard_normal((n, p)).astype(np.float32) / np.sqrt(p)
+    G /= np.linalg.norm(G, axis=1, keepdims=True)
+    mix = rng.standard_normal(min(8, n_clusters)).astype(np.float32)
+    g_tar = mix @ centers[: len(mix)] + 0.5 * rng.standard_normal(p).astype(np.float32) / np.sqrt(p)
+    return G, (g_tar / np.linalg.norm(g_tar)).astype(np.float32)

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Submit a valuation to a running Ray cluster as a Ray job and follow its logs.
+#   cluster/submit.sh http://HEAD:8265 examples/demo.yaml [extra `convalue run` args]
+# Token auth (Ray >= 2.59 default): the client must send the cluster's token. Either export
+# RAY_AUTH_TOKEN=<token>, or keep it in ~/.ray/auth_token and let this script set RAY_AUTH_MODE=token.
+set -euo pipefail
+if [ $# -lt 2 ]; then
+  echo "usage: $0 DASHBOARD_ADDRESS CONFIG.yaml [convalue run args...]" >&2
+  exit 2
+fi
+address=$1; config=$2; shift 2
+if [ -z "${RAY_AUTH_TOKEN:-}" ] && [ -z "${RAY_AUTH_MODE:-}" ] && [ -f "$HOME/.ray/auth_token" ]; then
+  export RAY_AUTH_MODE=token
+fi
+cd "$(dirname "$0")/.."
+exec ray job submit --address "$address" --working-dir . \
+  --runtime-env-json '{"excludes": [".venv", "runs", ".git"], "env_vars": {"HF_HUB_OFFLINE": "1"}}' \
+  -- python -m engine run "$config" "$@"

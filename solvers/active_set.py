@@ -1,0 +1,367 @@
+"""Fast exact KMM solver: primal-dual active set (semi-smooth Newton) with gamma continuation.
+
+For a support A with signs s the penalised optimum solves K_AA w_A = beta_A - gamma s_A
+(paper eq. kmm_l1_penalized, KKT on the support). Each iteration picks A and s from the
+coordinate-wise fixed point w_i = soft(w_i + d_i / K_ii, gamma / K_ii), d = beta - K w, and solves
+that system exactly with a Cholesky factor. A fixed point of the iteration satisfies every KKT
+condition, so the result is exact up to the linear solve, not up to an iteration tolerance.
+Continuation (gamma from max|beta| down to the target) keeps each step's active-set change small.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.linalg as sla
+
+
+def _solve_support(Kaa: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+    """Solve K_AA x = rhs: Cholesky, or the minimum-norm least-squares solution if K_AA is singular."""
+    scale = float(np.max(np.diag(Kaa))) if Kaa.size else 1.0
+    try:
+        c, low = sla.cho_factor(Kaa, lower=True, check_finite=False)
+        if float(np.min(np.abs(np.diag(c)))) ** 2 > 1e-11 * scale:
+            return sla.cho_solve((c, low), rhs, check_finite=False)
+    except np.linalg.LinAlgError:
+        pass
+    # rank-deficient support (duplicated candidates, N > p): any solution is optimal; take the min-norm one
+    return sla.lstsq(Kaa, rhs, cond=1e-12, lapack_driver="gelsd", check_finite=False)[0]
+
+
+def _objective(w: np.ndarray, r: np.ndarray, beta: np.ndarray, gamma: float) -> float:
+    # with r = K w - beta: 0.5 w'Kw - beta'w = 0.5 w'(r + beta) - beta'w
+    return 0.5 * float(w @ (r - beta)) + gamma * float(np.abs(w).sum())
+
+
+def _kkt_from(w: np.ndarray, r: np.ndarray, gamma: float) -> float:
+    on = w != 0
+    v1 = np.abs(r[on] + gamma * np.sign(w[on])).max(initial=0.0)
+    v2 = (np.abs(r[~on]) - gamma).max(initial=0.0)
+    return float(max(v1, v2, 0.0))
+
+
+def _pdas_plain(op, gamma: float, w: np.ndarray, max_iter: int, scale: float) -> tuple[np.ndarray, int, bool]:
+    """Plain PDAS (full Newton jumps); stops at a KKT point, on a cycle, or at max_iter; returns the best iterate."""
+    beta = op.beta
+    diag = np.maximum(op.diag, 1e-300)
+    support = np.flatnonzero(w)
+    r = op.apply(support, w[support]) - beta
+    best_w, best_f = w, _objective(w, r, beta, gamma)
+    seen: set[bytes] = set()
+    for it in range(1, max_iter + 1):
+        if _kkt_from(w, r, gamma) <= scale:
+            return w, it - 1, True
+        u = diag * w - r
+        A = np.flatnonzero(np.abs(u) > gamma)
+        s = np.sign(u[A])
+        key = A.tobytes() + s.tobytes()
+        if key in seen:
+            break
+        seen.add(key)
+        w = np.zeros_like(w)
+        if A.size:
+            w[A] = _solve_support(op.sub(A), beta[A] - gamma * s)
+        r = op.apply(A, w[A]) - beta
+        f = _objective(w, r, beta, gamma)
+        if f < best_f:
+            best_w, best_f = w, f
+    converged = _kkt_from(w, r, gamma) <= scale
+    return (w if converged else best_w), max_iter, converged
+
+
+def _orthant_newton(op, gamma: float, w: np.ndarray, max_iter: int, scale: float) -> tuple[np.ndarray, int, bool]:
+    """Orthant-projected Newton with Armijo backtracking (monotone; many coordinates may leave per step).
+
+    The orthant xi keeps the signs of the support and opens zero coordinates whose pseudo-gradient
+    allows descent; the Newton point solves the support system on xi's support; the trial points
+    P_xi(w + t (z - w)) clamp coordinates that would change sign to zero.
+    """
+    beta = op.beta
+    support = np.flatnonzero(w)
+    r = op.apply(support, w[support]) - beta
+    f = _objective(w, r, beta, gamma)
+    lipschitz = float(np.maximum(op.diag, 0).sum())
+    for it in range(1, max_iter + 1):
+        if _kkt_from(w, r, gamma) <= scale:
+            return w, it - 1, True
+        pg = np.where(w > 0, r + gamma, np.where(w < 0, r - gamma,
+                      np.where(r + gamma < 0, r + gamma, np.where(r - gamma > 0, r - gamma, 0.0))))
+        xi = np.where(w != 0, np.sign(w), -np.sign(pg))
+        W = np.flatnonzero(xi)
+        z = np.zeros_like(w)
+        z[W] = _solve_support(op.sub(W), beta[W] - gamma * xi[W])
+        t, accepted = 1.0, False
+        for _ in range(30):
+            trial = w + t * (z - w)
+            trial[np.sign(trial) != xi] = 0.0
+            moved = np.flatnonzero(trial != w)
+            if moved.size == 0:
+                break
+            r_trial = r + op.apply(moved, (trial - w)[moved])
+            f_trial = _objective(trial, r_trial, beta, gamma)
+            if f_trial <= f + 1e-4 * float(pg @ (trial - w)):
+                accepted = True
+                break
+            t *= 0.5
+        if not accepted:  # no descent along the Newton arc: one proximal-gradient step
+            x = w - r / lipschitz
+            trial = np.sign(x) * np.maximum(np.abs(x) - gamma / lipschitz, 0.0)
+            moved = np.flatnonzero(trial != w)
+            if moved.size == 0:
+                return w, it, _kkt_from(w, r, gamma) <= scale
+            r_trial = r + op.apply(moved, (trial - w)[moved])
+            f_trial = _objective(trial, r_trial, beta, gamma)
+        w, r, f = trial, r_trial, f_trial
+        if it % 20 == 0:  # refresh r against drift from the incremental updates
+            support = np.flatnonzero(w)
+            r = op.apply(support, w[support]) - beta
+    return w, max_iter, _kkt_from(w, r, gamma) <= scale
+
+
+def pdas(op, gamma: float, w: np.ndarray, max_iter: int = 200, tol: float = 1e-10) -> tuple[np.ndarray, int, bool]:
+    """Active-set solve at one gamma from a warm start w; (w, iterations, converged).
+
+    Phase 1, plain PDAS: jump to the Newton point of the support chosen by the fixed-point rule
+    (superlinear near the solution, but it may cycle). Phase 2, from phase 1's best iterate if
+    it stalled: orthant-projected Newton with Armijo backtracking, which cannot cycle.
+    """
+    w = np.asarray(w, dtype=np.float64).copy()
+    scale = tol * max(1.0, float(np.abs(op.beta).max()))
+    w, n_plain, ok = _pdas_plain(op, gamma, w, min(max_iter, 15), scale)
+    if ok:
+        return w, n_plain, True
+    w, n_newton, ok = _orthant_newton(op, gamma, w, max_iter, scale)
+    return w, n_plain + n_newton, ok
+
+
+def coordinate_descent(op, gamma: float, w: np.ndarray, *, max_sweeps: int = 10_000,
+                       tol: float = 1e-12) -> tuple[np.ndarray, int]:
+    """Cyclic coordinate descent (the slow, always-convergent fallback); needs op.K or forms columns."""
+    w = np.asarray(w, dtype=np.float64).copy()
+    support = np.flatnonzero(w)
+    r = op.apply(support, w[support]) - op.beta  # r = K w - beta
+    diag = op.diag
+    for sweep in range(1, max_sweeps + 1):
+        biggest = 0.0
+        for i in range(op.n):
+            if diag[i] <= 0:
+                continue
+            z = w[i] - r[i] / diag[i]
+            new = np.sign(z) * max(abs(z) - gamma / diag[i], 0.0)
+            delta = new - w[i]
+            if delta != 0.0:
+                r += delta * op.apply(np.array([i]), np.array([1.0]))
+                w[i] = new
+                biggest = max(biggest, abs(delta))
+        if biggest <= tol * max(1.0, float(np.abs(w).max())):
+            return w, sweep
+    return w, max_sweeps
+
+
+def kkt_of(op, gamma: float, w: np.ndarray) -> float:
+    """Largest KKT violation of the penalised problem at w (computed through the operator)."""
+    support = np.flatnonzero(w)
+    r = op.apply(support, w[support]) - op.beta
+    on = np.abs(r[support] + gamma * np.sign(w[support]))
+    off = np.delete(np.abs(r), support) - gamma
+    return float(max(on.max(initial=0.0), off.max(initial=0.0), 0.0))
+
+
+def _admm_polish(op, gamma: float, w0: np.ndarray, scale: float, *, rho: float = 0.3, alpha: float = 1.6,
+                 max_iter: int = 2000) -> tuple[np.ndarray, int, bool]:
+    """ADMM on w = z (K + rho I factored once), polished every few iterations by an exact support solve.
+
+    The OSQP strategy specialised to a dense PSD K: the ADMM iterate identifies the support and
+    signs, and the polish (plain PDAS from it) makes the answer exact once they are right.
+    """
+    n = op.n
+    rho = rho * float(np.mean(op.diag))
+    solve = op.shifted_solver(rho)
+    z = np.asarray(w0, dtype=np.float64).copy()
+    u = np.zeros(n)  # scaled dual variable
+    it, next_polish = 0, 15
+    while it < max_iter:
+        w = solve(op.beta + rho * (z - u))
+        x = alpha * w + (1 - alpha) * z + u
+        z_old = z
+        z = np.sign(x) * np.maximum(np.abs(x) - gamma / rho, 0.0)
+        u = x - z
+        it += 1
+        if it % 50 == 0:
+            # residual balancing (as OSQP adapts rho): keep primal and dual residuals comparable
+            primal = float(np.linalg.norm(w - z))
+            dual = rho * float(np.linalg.norm(z - z_old))
+            if primal > 10 * dual or dual > 10 * primal:
+                factor = 5.0 if primal > dual else 0.2
+                rho *= factor
+                u /= factor
+                solve = op.shifted_solver(rho)
+        if it == next_polish:
+            next_polish = int(next_polish * 1.6) + 5
+            wp, k, ok = _pdas_plain(op, gamma, z, 3, scale)
+            if ok:
+                return wp, it + k, True
+            if it >= 200:  # singular supports (duplicates, N > p): polish by NNLS on the equicorrelation set
+                wp, ok = _nnls_polish(op, gamma, z, scale)
+                if ok:
+                    return wp, it, True
+    return z, it, False
+
+
+def _nnls_polish(op, gamma: float, w: np.ndarray, scale: float) -> tuple[np.ndarray, bool]:
+    """Exact solution on the (slightly enlarged) equicorrelation set of a near-optimal w, sign-consistent.
+
+    With E = {i : |d_i| ~ gamma}, s = sign(d_E), the optimum solves K_EE w_E = beta_E - gamma s_E with
+    s_i w_i >= 0: a non-negative least-squares problem in v = s * w_E (Lawson-Hanson: exact and
+    fine with singular K_EE, where the support system is underdetermined).
+    """
+    from scipy.optimize import nnls
+
+    support = np.flatnonzero(w)
+    d = op.beta - op.apply(support, w[support])
+    for rel in (1e-7, 1e-5, 1e-3, 1e-2, 3e-2):
+        E = np.flatnonzero(np.abs(d) >= gamma * (1 - rel))
+        if E.size == 0 or E.size > 3000:
+            continue
+        sE = np.sign(d[E])
+        M = op.sub(E) * sE[None, :]
+        v, _ = nnls(M, op.beta[E] - gamma * sE, maxiter=50 * E.size)
+        cand = np.zeros_like(w)
+        cand[E] = sE * v
+        sup = np.flatnonzero(cand)
+        r = op.apply(sup, cand[sup]) - op.beta
+        if _kkt_from(cand, r, gamma) <= scale:
+            return cand, True
+    return w, False
+
+
+def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: float = 0.25,
+                    max_iter: int = 200, dense_ratio: float = 0.01, admm_max_n: int = 6000,
+                    tol: float = 1e-10) -> tuple[np.ndarray, dict]:
+    """argmin 0.5 w'Kw - beta'w + gamma ||w||_1 through the operator; (w, info).
+
+    Strategy: a warm start, or for sparse solutions (gamma >= dense_ratio * max|beta|) PDAS with
+    continuation, goes first; dense solutions start with ADMM + polish (N <= admm_max_n). Whatever
+    has not converged goes on to orthant-projected Newton, and coordinate descent is the last resort.
+    """
+    gmax = float(np.abs(op.beta).max())
+    if gamma >= gmax:
+        return np.zeros(op.n), {"iterations": 0, "strategy": "zero", "converged": True, "fallback": None}
+    scale = tol * max(1.0, gmax)
+    # ADMM factors an N x N (Gram) or p x p (gradients) matrix once per rho
+    can_admm = hasattr(op, "shifted_solver") and (op.n <= admm_max_n or not hasattr(op, "K"))
+
+    def continuation() -> tuple[np.ndarray, int, bool]:
+        n_stages = max(1, int(np.ceil(np.log(gamma / gmax) / np.log(factor))))
+        stages = [g for g in gmax * factor ** np.arange(1, n_stages) if g > gamma] + [gamma]
+        w, total, ok = np.zeros(op.n), 0, False
+        for g in stages:
+            w_try, it, ok = pdas(op, g, w, max_iter)
+            total += it
+            if ok or g == gamma:
+                w = w_try
+        return w, total, ok
+
+    def admm() -> tuple[np.ndarray, int, bool]:
+        # ADMM's speed depends on rho; degenerate (rank-deficient) problems may need another scale
+        total = 0
+        for rho in (0.3, 3.0, 0.03):
+            w, it, ok = _admm_polish(op, gamma, np.zeros(op.n), scale, rho=rho, max_iter=1000)
+            total += it
+            if ok:
+                break
+        return w, total, ok
+
+    if w0 is not None:
+        chain = [("warm_pdas", lambda: pdas(op, gamma, w0, max_iter))]
+    elif gamma >= dense_ratio * gmax or not can_admm:
+        chain = [("pdas_continuation", continuation)]
+    else:
+        chain = [("admm_polish", admm)]
+    chain += [(n, f) for n, f in (("pdas_continuation", continuation), ("admm_polish", admm))
+              if (n != "admm_polish" or can_admm) and n not in {c[0] for c in chain}]
+    iters, best = 0, None
+    for name, run in chain:
+        strategy = name
+        w, it, ok = run()
+        iters += it
+        if best is None:
+            best = w
+        if ok:
+            break
+    if not ok:
+        w = best
+    fallback = None
+    if not ok:
+        w, ok = _nnls_polish(op, gamma, w, scale)
+        fallback = "nnls_polish"
+    if not ok and op.n <= 3000:
+        # a degenerate problem the active-set paths could not certify: the reference library
+        from solvers.problem import KMMProblem
+        from solvers.reference import solve_cvxpy
+
+        K = op.K if hasattr(op, "K") else op.sub(np.arange(op.n))
+        w, _ = solve_cvxpy(KMMProblem(K=K, beta=op.beta, gamma=gamma), tolerance="tight")
+        w = np.where(np.abs(w) > 1e-12 * max(1.0, float(np.abs(w).max())), w, 0.0)
+        w, polished = _nnls_polish(op, gamma, w, scale)
+        ok = polished or _kkt_from(w, op.apply(np.flatnonzero(w), w[np.flatnonzero(w)]) - op.beta, gamma) <= 1e3 * scale
+        fallback = "cvxpy_reference"
+    if not ok:
+        w, sweeps = coordinate_descent(op, gamma, w, max_sweeps=5000, tol=1e-9)
+        iters += sweeps
+        w, ok = _nnls_polish(op, gamma, w, scale)
+        fallback = "coordinate_descent+nnls_polish"
+    return w, {"iterations": iters, "strategy": strategy, "converged": ok, "fallback": fallback}
+
+
+def solve_budget(op, budget: float, *, max_iter: int = 100) -> tuple[np.ndarray, dict]:
+    """argmin 0.5 w'Kw - beta'w s.t. ||w||_1 <= budget, through the penalised path.
+
+    ||w(gamma)||_1 is non-increasing in gamma and, where the support and signs are constant,
+    w(gamma) is affine; bracket the budget on a gamma grid, then interpolate exactly.
+    """
+    gmax = float(np.abs(op.beta).max())
+    hi_g, hi_w = gmax, np.zeros(op.n)
+    g, w, iters = gmax, np.zeros(op.n), 0
+    lo = None
+    floor = gmax * 1e-12
+    while g > floor:
+        g = max(g * 0.25, floor)
+        w, info = solve_penalised(op, g, w0=w, max_iter=max_iter)
+        iters += info["iterations"]
+        if np.abs(w).sum() >= budget:
+            lo = (g, w)
+            break
+        hi_g, hi_w = g, w
+    if lo is None:  # the budget never binds: the (min-l1) unconstrained optimum
+        return w, {"iterations": iters, "gamma": 0.0, "binding": False, "converged": True}
+    lo_g, lo_w = lo
+
+    def pattern(x: np.ndarray) -> bytes:
+        A = np.flatnonzero(x)
+        return A.tobytes() + np.sign(x[A]).tobytes()
+
+    for _ in range(200):
+        l_hi, l_lo = np.abs(hi_w).sum(), np.abs(lo_w).sum()
+        t = (budget - l_hi) / (l_lo - l_hi) if l_lo > l_hi else 1.0
+        if pattern(hi_w) == pattern(lo_w):
+            w = hi_w + t * (lo_w - hi_w)
+            return w, {"iterations": iters, "gamma": hi_g + t * (lo_g - hi_g), "binding": True, "converged": True}
+        g_mid = hi_g + t * (lo_g - hi_g)
+        if not lo_g < g_mid < hi_g or abs(hi_g - lo_g) < 1e-15 * gmax:
+            g_mid = 0.5 * (hi_g + lo_g)
+        w_mid, info = solve_penalised(op, g_mid, w0=lo_w, max_iter=max_iter)
+        iters += info["iterations"]
+        l_mid = np.abs(w_mid).sum()
+        if abs(l_mid - budget) <= 1e-13 * max(1.0, budget):
+            return w_mid, {"iterations": iters, "gamma": g_mid, "binding": True, "converged": True}
+        if l_mid < budget:
+            hi_g, hi_w = g_mid, w_mid
+        else:
+            lo_g, lo_w = g_mid, w_mid
+        if hi_g - lo_g <= 1e-14 * gmax:
+            break
+    # the bracket collapsed onto a breakpoint: interpolate between its two sides
+    l_hi, l_lo = np.abs(hi_w).sum(), np.abs(lo_w).sum()
+    t = (budget - l_hi) / (l_lo - l_hi) if l_lo > l_hi else 1.0
+    w = hi_w + t * (lo_w - hi_w)
+    return w, {"iterations": iters, "gamma": hi_g + t * (lo_g - hi_g), "binding": True, "converged": True}

@@ -1,0 +1,60 @@
+"""The two views of the KMM quadratic: the Gram matrix K, or the gradients G themselves (K never formed)."""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.linalg as sla
+
+
+class GramOperator:
+    """K (N x N, PSD) and beta = G g_tar."""
+
+    def __init__(self, K: np.ndarray, beta: np.ndarray):
+        self.K = np.ascontiguousarray(K, dtype=np.float64)
+        self.beta = np.asarray(beta, dtype=np.float64)
+        self.diag = np.diag(self.K).copy()
+        self.n = self.beta.shape[0]
+
+    def sub(self, A: np.ndarray) -> np.ndarray:
+        """K[A, A]."""
+        return self.K.take(A, axis=0).take(A, axis=1)  # two contiguous gathers beat np.ix_ by ~3x
+
+    def apply(self, A: np.ndarray, w_A: np.ndarray) -> np.ndarray:
+        """K[:, A] @ w_A (a length-N vector; K is symmetric so rows of K are read)."""
+        if A.size == 0:
+            return np.zeros(self.n)
+        return w_A @ self.K[A]
+
+    def shifted_solver(self, rho: float):
+        """b -> (K + rho I)^-1 b (one Cholesky factor of the N x N matrix)."""
+        c = sla.cho_factor(self.K + rho * np.eye(self.n), lower=True, check_finite=False)
+        return lambda b: sla.cho_solve(c, b, check_finite=False)
+
+
+class GradientOperator:
+    """G (N x p rows = candidate gradients) and g_tar; K = G G^T is only ever formed on the active set."""
+
+    def __init__(self, G: np.ndarray, g_tar: np.ndarray):
+        self.G = np.ascontiguousarray(G, dtype=np.float64)
+        self.g = np.asarray(g_tar, dtype=np.float64)
+        self.beta = self.G @ self.g
+        self.diag = np.einsum("ij,ij->i", self.G, self.G)
+        self.n = self.G.shape[0]
+
+    def sub(self, A: np.ndarray) -> np.ndarray:
+        """G_A G_A^T."""
+        GA = self.G[A]
+        return GA @ GA.T
+
+    def apply(self, A: np.ndarray, w_A: np.ndarray) -> np.ndarray:
+        """G (G_A^T w_A)."""
+        if A.size == 0:
+            return np.zeros(self.n)
+        return self.G @ (w_A @ self.G[A])
+
+    def shifted_solver(self, rho: float):
+        """b -> (G G^T + rho I)^-1 b by Woodbury: one Cholesky factor of the p x p matrix rho I + G^T G."""
+        p = self.G.shape[1]
+        c = sla.cho_factor(rho * np.eye(p) + self.G.T @ self.G, lower=True, check_finite=False)
+        G = self.G
+        return lambda b: (b - G @ sla.cho_solve(c, G.T @ b, check_finite=False)) / rho

@@ -29,13 +29,15 @@ class GradientWorkerImpl:
         peft_model = attach_lora(model, lora, dropout=0.0)
         for n, p in peft_model.named_parameters():
             p.requires_grad_("lora_B" in n)  # lora_A's gradient is exactly 0 at B = 0: never computed or stored
-        params = [p for _, p in lora_b_parameters(peft_model)]
+        named = lora_b_parameters(peft_model)
+        params = [p for _, p in named]
         d = sum(p.numel() for p in params)
         proj = ProjectionConfig(**spec["projection"])
         projector = make_projector(proj.kind, d, proj.dim, proj.seed)
         autocast = torch.bfloat16 if (device.startswith("cuda") and spec["dtype"] == "bfloat16") else None
         self.grads = GroupGradients(peft_model, params, projector, spec["pad_id"], spec["batch_size"],
-                                    device, autocast)
+                                    device, autocast, param_names=[n for n, _ in named],
+                                    token_budget=spec.get("token_budget"))
         self.load_seconds = time.perf_counter() - t0
 
     def info(self) -> dict:

@@ -41,13 +41,20 @@ class ModelConfig:
                       "A built-in model name (`smollm2-135m-instruct`) or a local Hugging Face model folder.")
     max_length: int = opt(128, "Tokens per example after chat formatting; longer examples are cut on the right.")
     dtype: Literal["float32", "bfloat16"] = opt("float32", "Compute dtype of the model weights (bfloat16: autocast on CUDA).")
-    batch_size: int = opt(8, "Examples per forward/backward pass while featurising.")
+    batch_size: int = opt(8, "Examples per forward/backward pass while featurising one group at a time "
+                          "(used when token_budget is null).")
+    token_budget: int | None = opt(
+        2048, "Tokens per packed featurisation batch: examples of many groups, sorted by length, share a batch and "
+        "per-example gradients come from one backward. null: one group at a time.")
     cache_dir: str = opt("~/.cache/convalue/models",
                          "Where built-in models are converted once to safetensors (keyed by transformers version).")
 
     def validate(self) -> None:
         if self.batch_size <= 0:
             raise ConfigError("must be > 0", field="batch_size", value=self.batch_size)
+        if self.token_budget is not None and self.token_budget < self.max_length:
+            raise ConfigError(f"must be >= max_length ({self.max_length}) so every example fits a batch",
+                              field="token_budget", value=self.token_budget)
         if self.max_length < 8:
             raise ConfigError("must be >= 8", field="max_length", value=self.max_length)
         if self.source not in BUILTIN_MODELS:
@@ -226,7 +233,7 @@ class RayConfig:
     cpus_per_worker: int = opt(1, "CPUs (and torch threads) per worker.")
     gpus_per_worker: float = opt(0.0, "GPUs per worker (0: CPU).")
     max_in_flight: int = opt(2, "Calls in flight per worker (backpressure).")
-    groups_per_call: int = opt(2, "Groups featurised per actor call (one returned block).")
+    groups_per_call: int = opt(4, "Groups featurised per actor call (one returned block; their examples are packed together).")
     object_store_memory_mb: int | None = opt(None, "Object store size of the embedded cluster (default: Ray's).")
     dashboard: bool = opt(False, "Start the Ray dashboard with the embedded cluster (about 0.9 GB more memory).")
 

@@ -34,26 +34,110 @@ def pad_batch(examples: list[TokenizedExample], pad_id: int):
     return ids, mask, labels
 
 
+def _decoder_and_head(model):
+    """(decoder, lm_head) of a causal LM (through a PEFT wrapper), or None if logits need the full forward."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if getattr(base.config, "final_logit_softcapping", None):
+        return None
+    try:
+        decoder, head = base.get_decoder(), base.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        return None
+    return (decoder, head) if decoder is not None and head is not None else None
+
+
 def per_example_loss(model, ids, mask, labels):
-    """Mean token cross-entropy over each example's response tokens: a [B] tensor."""
+    """Mean token cross-entropy over each example's response tokens: a [B] tensor.
+
+    The LM head (a vocabulary-sized matmul) is applied only at the labelled positions.
+    """
     import torch
 
-    logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
     target = labels[:, 1:]
-    ce = torch.nn.functional.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=IGNORE, reduction="none"
-    ).view(target.shape)
-    n = (target != IGNORE).sum(dim=1)
-    return ce.sum(dim=1) / n.clamp(min=1)
+    valid = target != IGNORE
+    parts = _decoder_and_head(model)
+    if parts is None:
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1][valid].float()
+    else:
+        decoder, head = parts
+        hidden = decoder(input_ids=ids, attention_mask=mask).last_hidden_state[:, :-1]
+        logits = head(hidden[valid]).float()
+    ce = torch.nn.functional.cross_entropy(logits, target[valid], reduction="none")
+    rows = torch.nonzero(valid, as_tuple=True)[0]
+    total = torch.zeros(ids.shape[0], dtype=ce.dtype, device=ce.device).index_add(0, rows, ce)
+    return total / valid.sum(dim=1).clamp(min=1)
+
+
+def pack_by_tokens(lengths: list[int], token_budget: int) -> list[list[int]]:
+    """Indices grouped into batches, longest first, each with (count x longest length) <= token_budget."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        longest = lengths[current[0]] if current else lengths[i]
+        if current and (len(current) + 1) * longest > token_budget:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+class PerExampleGradients:
+    """Per-example gradients of the lora_B weights from one backward pass (forward input x grad-output hooks).
+
+    For lora_B (a Linear r -> out, bias-free) with input h = A x and output gradient delta,
+    d loss_b / d B = sum_t delta_{b,t}^T h_{b,t}: one einsum per module, no per-example backward.
+    """
+
+    def __init__(self, peft_model, param_names: list[str]):
+        self.modules = [peft_model.get_submodule(n.rsplit(".", 1)[0]) for n in param_names]
+        self._inputs: dict[int, object] = {}
+        self._grads: dict[int, object] = {}
+        self._handles = []
+        for k, mod in enumerate(self.modules):
+            self._handles.append(mod.register_forward_hook(self._make_hook(k)))
+
+    def _make_hook(self, k: int):
+        def hook(module, inputs, output):
+            self._inputs[k] = inputs[0].detach()
+
+            def grab(grad):
+                self._grads[k] = grad.detach()
+
+            output.register_hook(grab)
+
+        return hook
+
+    def collect(self) -> object:
+        """[B, d] per-example gradients of the last backward (module order = parameter order)."""
+        import torch
+
+        parts = []
+        for k in range(len(self.modules)):
+            h, g = self._inputs.pop(k), self._grads.pop(k)
+            parts.append(torch.einsum("bto,btr->bor", g.float(), h.float()).reshape(h.shape[0], -1))
+        return torch.cat(parts, dim=1)
+
+    def close(self) -> None:
+        """Remove the hooks."""
+        for h in self._handles:
+            h.remove()
 
 
 class GroupGradients:
     """Computes g = (1/m) sum_j grad l(x_j; theta_0) over the lora_B parameters, then projects it."""
 
     def __init__(self, peft_model, params: list, projector, pad_id: int, batch_size: int = 8,
-                 device: str = "cpu", autocast_dtype=None):
+                 device: str = "cpu", autocast_dtype=None, *, param_names: list[str] | None = None,
+                 token_budget: int | None = None, keep_per_example: bool = False):
         self.model = peft_model.eval()  # eval: no dropout, deterministic
         self.params = params
+        self.token_budget = token_budget
+        self.keep_per_example = keep_per_example
+        self.per_example: dict[str, np.ndarray] = {}
+        self._hooks = PerExampleGradients(peft_model, param_names) if token_budget else None
         self.projector = projector
         self.pad_id = pad_id
         self.batch_size = batch_size
@@ -94,7 +178,56 @@ class GroupGradients:
         self.seconds += time.perf_counter() - t0
         return flat
 
+    def _autocast(self):
+        import torch
+
+        if self.autocast_dtype is not None:
+            return torch.autocast(device_type=self.device.split(":")[0], dtype=self.autocast_dtype)
+        return torch.autocast("cpu", enabled=False)
+
+    def packed_gradients(self, items: list[WorkItem]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Group means (and per-example gradients) from token-budget batches mixing all groups' examples."""
+        import torch
+
+        t0 = time.perf_counter()
+        flat = [(g, ex) for g, it in enumerate(items) for ex in it.examples]
+        if not flat or any(not it.examples for it in items):
+            raise ValueError("cannot take the gradient of an empty group")
+        lengths = [len(ex) for _, ex in flat]
+        if max(lengths) > self.token_budget:
+            raise ValueError(f"an example of {max(lengths)} tokens exceeds the token budget {self.token_budget}")
+        sums = torch.zeros(len(items), self.dim)
+        per_example = [None] * len(flat)
+        for batch in pack_by_tokens(lengths, self.token_budget):
+            ids, mask, labels = (t.to(self.device) for t in pad_batch([flat[i][1] for i in batch], self.pad_id))
+            with self._autocast():
+                loss = per_example_loss(self.model, ids, mask, labels).sum()
+            loss.backward()
+            grads = self._hooks.collect().cpu()
+            for p in self.params:
+                p.grad = None
+            owner = torch.tensor([flat[i][0] for i in batch])
+            sums.index_add_(0, owner, grads)
+            if self.keep_per_example:
+                for row, i in enumerate(batch):
+                    per_example[i] = grads[row].numpy()
+            self.tokens += int(mask.sum())
+        counts = torch.tensor([len(it.examples) for it in items], dtype=torch.float32)
+        self.seconds += time.perf_counter() - t0
+        groups = []
+        if self.keep_per_example:
+            pos = 0
+            for it in items:
+                groups.append(np.stack(per_example[pos : pos + len(it.examples)]))
+                pos += len(it.examples)
+        return (sums / counts[:, None]).numpy(), groups
+
     def featurize(self, items: list[WorkItem]) -> np.ndarray:
         """Projected mean gradients of several groups: a [len(items), p] float32 block."""
-        raw = np.stack([self.raw_gradient(it.examples) for it in items])
+        if self.token_budget:
+            raw, per_example = self.packed_gradients(items)
+            for it, X in zip(items, per_example):
+                self.per_example[it.name] = self.projector.project(X)
+        else:
+            raw = np.stack([self.raw_gradient(it.examples) for it in items])
         return self.projector.project(raw)

@@ -95,6 +95,7 @@ def fingerprint(cfg: RunConfig, model_dir: Path) -> dict:
 def _worker_spec(cfg: RunConfig, model_dir: Path, pad_id: int) -> dict:
     return {"model_dir": str(model_dir), "dtype": cfg.model.dtype, "lora": asdict(cfg.lora),
             "projection": asdict(cfg.projection), "pad_id": pad_id, "batch_size": cfg.model.batch_size,
+            "token_budget": cfg.model.token_budget,
             "threads": cfg.ray.cpus_per_worker, "device": "cuda" if cfg.ray.gpus_per_worker > 0 else "cpu",
             "finetune": asdict(cfg.finetune)}
 

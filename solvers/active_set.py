@@ -10,8 +10,14 @@ Continuation (gamma from max|beta| down to the target) keeps each step's active-
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import scipy.linalg as sla
+
+
+def _late(deadline: float | None) -> bool:
+    return deadline is not None and time.perf_counter() > deadline
 
 
 def _solve_support(Kaa: np.ndarray, rhs: np.ndarray) -> np.ndarray:
@@ -24,7 +30,10 @@ def _solve_support(Kaa: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     except np.linalg.LinAlgError:
         pass
     # rank-deficient support (duplicated candidates, N > p): any solution is optimal; take the min-norm one
-    return sla.lstsq(Kaa, rhs, cond=1e-12, lapack_driver="gelsd", check_finite=False)[0]
+    try:
+        return sla.lstsq(Kaa, rhs, cond=1e-12, lapack_driver="gelsd", check_finite=False)[0]
+    except np.linalg.LinAlgError:  # the SVD can fail to converge on large singular supports
+        return sla.lstsq(Kaa, rhs, cond=1e-12, lapack_driver="gelsy", check_finite=False)[0]
 
 
 def _objective(w: np.ndarray, r: np.ndarray, beta: np.ndarray, gamma: float) -> float:
@@ -39,7 +48,8 @@ def _kkt_from(w: np.ndarray, r: np.ndarray, gamma: float) -> float:
     return float(max(v1, v2, 0.0))
 
 
-def _pdas_plain(op, gamma: float, w: np.ndarray, max_iter: int, scale: float) -> tuple[np.ndarray, int, bool]:
+def _pdas_plain(op, gamma: float, w: np.ndarray, max_iter: int, scale: float,
+                deadline: float | None = None) -> tuple[np.ndarray, int, bool]:
     """Plain PDAS (full Newton jumps); stops at a KKT point, on a cycle, or at max_iter; returns the best iterate."""
     beta = op.beta
     diag = np.maximum(op.diag, 1e-300)
@@ -54,8 +64,8 @@ def _pdas_plain(op, gamma: float, w: np.ndarray, max_iter: int, scale: float) ->
         A = np.flatnonzero(np.abs(u) > gamma)
         s = np.sign(u[A])
         key = A.tobytes() + s.tobytes()
-        if key in seen:
-            break
+        if key in seen or _late(deadline) or A.size > getattr(op, "rank_bound", op.n):
+            break  # a cycle, out of time, or a support too large to be nonsingular (N > p)
         seen.add(key)
         w = np.zeros_like(w)
         if A.size:
@@ -68,7 +78,8 @@ def _pdas_plain(op, gamma: float, w: np.ndarray, max_iter: int, scale: float) ->
     return (w if converged else best_w), max_iter, converged
 
 
-def _orthant_newton(op, gamma: float, w: np.ndarray, max_iter: int, scale: float) -> tuple[np.ndarray, int, bool]:
+def _orthant_newton(op, gamma: float, w: np.ndarray, max_iter: int, scale: float,
+                    deadline: float | None = None) -> tuple[np.ndarray, int, bool]:
     """Orthant-projected Newton with Armijo backtracking (monotone; many coordinates may leave per step).
 
     The orthant xi keeps the signs of the support and opens zero coordinates whose pseudo-gradient
@@ -83,6 +94,8 @@ def _orthant_newton(op, gamma: float, w: np.ndarray, max_iter: int, scale: float
     for it in range(1, max_iter + 1):
         if _kkt_from(w, r, gamma) <= scale:
             return w, it - 1, True
+        if _late(deadline):
+            return w, it, False
         pg = np.where(w > 0, r + gamma, np.where(w < 0, r - gamma,
                       np.where(r + gamma < 0, r + gamma, np.where(r - gamma > 0, r - gamma, 0.0))))
         xi = np.where(w != 0, np.sign(w), -np.sign(pg))
@@ -117,7 +130,8 @@ def _orthant_newton(op, gamma: float, w: np.ndarray, max_iter: int, scale: float
     return w, max_iter, _kkt_from(w, r, gamma) <= scale
 
 
-def pdas(op, gamma: float, w: np.ndarray, max_iter: int = 200, tol: float = 1e-10) -> tuple[np.ndarray, int, bool]:
+def pdas(op, gamma: float, w: np.ndarray, max_iter: int = 200, tol: float = 1e-10,
+         deadline: float | None = None) -> tuple[np.ndarray, int, bool]:
     """Active-set solve at one gamma from a warm start w; (w, iterations, converged).
 
     Phase 1, plain PDAS: jump to the Newton point of the support chosen by the fixed-point rule
@@ -126,21 +140,23 @@ def pdas(op, gamma: float, w: np.ndarray, max_iter: int = 200, tol: float = 1e-1
     """
     w = np.asarray(w, dtype=np.float64).copy()
     scale = tol * max(1.0, float(np.abs(op.beta).max()))
-    w, n_plain, ok = _pdas_plain(op, gamma, w, min(max_iter, 15), scale)
+    w, n_plain, ok = _pdas_plain(op, gamma, w, min(max_iter, 15), scale, deadline)
     if ok:
         return w, n_plain, True
-    w, n_newton, ok = _orthant_newton(op, gamma, w, max_iter, scale)
+    w, n_newton, ok = _orthant_newton(op, gamma, w, max_iter, scale, deadline)
     return w, n_plain + n_newton, ok
 
 
 def coordinate_descent(op, gamma: float, w: np.ndarray, *, max_sweeps: int = 10_000,
-                       tol: float = 1e-12) -> tuple[np.ndarray, int]:
+                       tol: float = 1e-12, deadline: float | None = None) -> tuple[np.ndarray, int]:
     """Cyclic coordinate descent (the slow, always-convergent fallback); needs op.K or forms columns."""
     w = np.asarray(w, dtype=np.float64).copy()
     support = np.flatnonzero(w)
     r = op.apply(support, w[support]) - op.beta  # r = K w - beta
     diag = op.diag
     for sweep in range(1, max_sweeps + 1):
+        if _late(deadline):
+            return w, max_sweeps
         biggest = 0.0
         for i in range(op.n):
             if diag[i] <= 0:
@@ -167,7 +183,7 @@ def kkt_of(op, gamma: float, w: np.ndarray) -> float:
 
 
 def _admm_polish(op, gamma: float, w0: np.ndarray, scale: float, *, rho: float = 0.3, alpha: float = 1.6,
-                 max_iter: int = 2000) -> tuple[np.ndarray, int, bool]:
+                 max_iter: int = 2000, deadline: float | None = None) -> tuple[np.ndarray, int, bool]:
     """ADMM on w = z (K + rho I factored once), polished every few iterations by an exact support solve.
 
     The OSQP strategy specialised to a dense PSD K: the ADMM iterate identifies the support and
@@ -179,7 +195,7 @@ def _admm_polish(op, gamma: float, w0: np.ndarray, scale: float, *, rho: float =
     z = np.asarray(w0, dtype=np.float64).copy()
     u = np.zeros(n)  # scaled dual variable
     it, next_polish = 0, 15
-    while it < max_iter:
+    while it < max_iter and not _late(deadline):
         w = solve(op.beta + rho * (z - u))
         x = alpha * w + (1 - alpha) * z + u
         z_old = z
@@ -236,7 +252,7 @@ def _nnls_polish(op, gamma: float, w: np.ndarray, scale: float) -> tuple[np.ndar
 
 def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: float = 0.25,
                     max_iter: int = 200, dense_ratio: float = 0.01, admm_max_n: int = 6000,
-                    tol: float = 1e-10) -> tuple[np.ndarray, dict]:
+                    tol: float = 1e-10, max_seconds: float | None = None) -> tuple[np.ndarray, dict]:
     """argmin 0.5 w'Kw - beta'w + gamma ||w||_1 through the operator; (w, info).
 
     Strategy: a warm start, or for sparse solutions (gamma >= dense_ratio * max|beta|) PDAS with
@@ -247,6 +263,7 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
     if gamma >= gmax:
         return np.zeros(op.n), {"iterations": 0, "strategy": "zero", "converged": True, "fallback": None}
     scale = tol * max(1.0, gmax)
+    deadline = None if max_seconds is None else time.perf_counter() + max_seconds
     # ADMM factors an N x N (Gram) or p x p (gradients) matrix once per rho
     can_admm = hasattr(op, "shifted_solver") and (op.n <= admm_max_n or not hasattr(op, "K"))
 
@@ -255,7 +272,7 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
         stages = [g for g in gmax * factor ** np.arange(1, n_stages) if g > gamma] + [gamma]
         w, total, ok = np.zeros(op.n), 0, False
         for g in stages:
-            w_try, it, ok = pdas(op, g, w, max_iter)
+            w_try, it, ok = pdas(op, g, w, max_iter, deadline=deadline)
             total += it
             if ok or g == gamma:
                 w = w_try
@@ -265,14 +282,14 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
         # ADMM's speed depends on rho; degenerate (rank-deficient) problems may need another scale
         total = 0
         for rho in (0.3, 3.0, 0.03):
-            w, it, ok = _admm_polish(op, gamma, np.zeros(op.n), scale, rho=rho, max_iter=1000)
+            w, it, ok = _admm_polish(op, gamma, np.zeros(op.n), scale, rho=rho, max_iter=1000, deadline=deadline)
             total += it
             if ok:
                 break
         return w, total, ok
 
     if w0 is not None:
-        chain = [("warm_pdas", lambda: pdas(op, gamma, w0, max_iter))]
+        chain = [("warm_pdas", lambda: pdas(op, gamma, w0, max_iter, deadline=deadline))]
     elif gamma >= dense_ratio * gmax or not can_admm:
         chain = [("pdas_continuation", continuation)]
     else:
@@ -294,7 +311,7 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
     if not ok:
         w, ok = _nnls_polish(op, gamma, w, scale)
         fallback = "nnls_polish"
-    if not ok and op.n <= 3000:
+    if not ok and op.n <= 3000 and not _late(deadline):
         # a degenerate problem the active-set paths could not certify: the reference library
         from solvers.problem import KMMProblem
         from solvers.reference import solve_cvxpy
@@ -305,8 +322,8 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
         w, polished = _nnls_polish(op, gamma, w, scale)
         ok = polished or _kkt_from(w, op.apply(np.flatnonzero(w), w[np.flatnonzero(w)]) - op.beta, gamma) <= 1e3 * scale
         fallback = "cvxpy_reference"
-    if not ok:
-        w, sweeps = coordinate_descent(op, gamma, w, max_sweeps=5000, tol=1e-9)
+    if not ok and not _late(deadline):
+        w, sweeps = coordinate_descent(op, gamma, w, max_sweeps=5000, tol=1e-9, deadline=deadline)
         iters += sweeps
         w, ok = _nnls_polish(op, gamma, w, scale)
         fallback = "coordinate_descent+nnls_polish"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from solvers.problem import KMMProblem
+from solvers.problem import KMMProblem, gram_times
 
 
 def kkt_violation(problem: KMMProblem, w: np.ndarray, *, zero_tol: float = 1e-10) -> float:
@@ -16,7 +16,7 @@ def kkt_violation(problem: KMMProblem, w: np.ndarray, *, zero_tol: float = 1e-10
     """
     problem, c = problem.unit_cost()  # costs: check the equivalent problem in v = c * w
     w = np.asarray(w, dtype=np.float64) * c
-    r = problem.K @ w - problem.beta
+    r = gram_times(problem.K, w) - problem.beta
     scale = max(float(np.abs(w).max()), 1.0) * zero_tol
     support = np.abs(w) > scale
     if problem.gamma is not None:

@@ -14,6 +14,7 @@ class GramOperator:
         self.beta = np.asarray(beta, dtype=np.float64)
         self.diag = np.diag(self.K).copy()
         self.n = self.beta.shape[0]
+        self.rank_bound = self.n
 
     def sub(self, A: np.ndarray) -> np.ndarray:
         """K[A, A]."""
@@ -40,6 +41,7 @@ class GradientOperator:
         self.beta = self.G @ self.g
         self.diag = np.einsum("ij,ij->i", self.G, self.G)
         self.n = self.G.shape[0]
+        self.rank_bound = min(self.G.shape)  # a support larger than this has a singular K_AA
 
     def sub(self, A: np.ndarray) -> np.ndarray:
         """G_A G_A^T."""

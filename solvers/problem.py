@@ -7,6 +7,14 @@ from dataclasses import dataclass
 import numpy as np
 
 
+def gram_times(K: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """K @ w reading only the rows of w's support (K is symmetric): O(N |support|)."""
+    support = np.flatnonzero(w)
+    if support.size > 0.5 * len(w):
+        return K @ w
+    return w[support] @ K[support]
+
+
 class KMMInputError(ValueError):
     """Raised when K, beta or the solver settings are not a valid KMM problem."""
 
@@ -46,7 +54,7 @@ class KMMProblem:
 
     def objective(self, w: np.ndarray) -> float:
         """Objective value at w (the l1 term is included only in the penalised form)."""
-        quad = 0.5 * float(w @ (self.K @ w)) - float(self.beta @ w)
+        quad = 0.5 * float(w @ gram_times(self.K, w)) - float(self.beta @ w)
         if self.gamma is not None:
             quad += self.gamma * self.l1(w)
         return quad
@@ -57,6 +65,19 @@ class KMMProblem:
             return self, np.ones(self.n)
         c = self.costs
         return KMMProblem(K=self.K / np.outer(c, c), beta=self.beta / c, gamma=self.gamma, budget=self.budget), c
+
+
+def _smallest_eigenvalue(K: np.ndarray) -> float:
+    """lambda_min(K): dense eigvalsh up to N = 3000, Lanczos (O(N^2) per step) beyond."""
+    if K.shape[0] <= 3000:
+        return float(np.linalg.eigvalsh(K)[0])
+    from scipy.sparse.linalg import ArpackNoConvergence, eigsh
+
+    try:
+        return float(eigsh(K, k=1, which="SA", tol=1e-8, maxiter=5000, return_eigenvectors=False)[0])
+    except ArpackNoConvergence as exc:
+        vals = exc.eigenvalues
+        return float(vals.min()) if len(vals) else 0.0
 
 
 def make_problem(
@@ -111,7 +132,7 @@ def make_problem(
         if not np.all(np.isfinite(costs)) or np.any(costs <= 0):
             bad = int(np.flatnonzero(~np.isfinite(costs) | (costs <= 0))[0])
             raise KMMInputError(f"costs must be finite and > 0, got {costs[bad]!r} at index {bad}")
-    lam_min = float(np.linalg.eigvalsh(K)[0]) if check_psd else 0.0
+    lam_min = _smallest_eigenvalue(K) if check_psd else 0.0
     if lam_min < -psd_tol * scale:
         raise KMMInputError(
             f"K is not positive semidefinite: most negative eigenvalue {lam_min:.3g} (tolerance {-psd_tol * scale:.3g})"

@@ -80,3 +80,55 @@ def test_unknown_target_module_is_a_clear_error(tiny_model_dir):
 
     with pytest.raises(ModelError, match=r"lora.target_modules \['qq_proj'\] not found"):
         attach_lora(load_model(tiny_model_dir), LoraConfig(target_modules=["qq_proj"]))
+
+
+def test_pack_by_tokens_covers_everything_within_budget():
+    from engine.featurize import pack_by_tokens
+
+    lengths = [5, 30, 12, 12, 7, 30, 1, 22]
+    batches = pack_by_tokens(lengths, 40)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for b in batches:
+        assert len(b) * max(lengths[i] for i in b) <= 40 or len(b) == 1
+
+
+def _packed(model_dir, budget, keep=False):
+    from engine.models import lora_b_parameters
+
+    model = load_model(model_dir)
+    peft_model = attach_lora(model, LoraConfig(r=4, alpha=8), dropout=0.0)
+    named = lora_b_parameters(peft_model)
+    params = [p for _, p in named]
+    d = sum(p.numel() for p in params)
+    return GroupGradients(peft_model, params, make_projector("identity", d, d, 0),
+                          pad_id=load_tokenizer(model_dir).pad_token_id, param_names=[n for n, _ in named],
+                          token_budget=budget, keep_per_example=keep)
+
+
+def test_packing_changes_no_group_vector(tiny_model_dir, examples):
+    from engine.featurize import WorkItem
+
+    items = [WorkItem("a", examples[:3]), WorkItem("b", examples[3:4]), WorkItem("c", examples[4:])]
+    loop = build(tiny_model_dir).featurize(items)
+    for budget in (64, 200, 4096):  # from one example per batch to all groups in one batch
+        packed = _packed(tiny_model_dir, budget).featurize(items)
+        np.testing.assert_allclose(packed, loop, rtol=2e-4, atol=1e-7)
+
+
+def test_per_example_gradients_sum_to_the_batch_gradient(tiny_model_dir, examples):
+    from engine.featurize import WorkItem
+
+    g = _packed(tiny_model_dir, 4096, keep=True)
+    g.featurize([WorkItem("all", examples)])
+    per_example = g.per_example["all"]
+    assert per_example.shape[0] == len(examples)
+    batch_mean = build(tiny_model_dir, batch_size=len(examples)).raw_gradient(examples)
+    np.testing.assert_allclose(per_example.mean(axis=0), batch_mean, rtol=2e-4, atol=1e-7)
+    assert np.linalg.norm(per_example[0] - per_example[1]) > 0
+
+
+def test_example_longer_than_budget_is_an_error(tiny_model_dir, examples):
+    from engine.featurize import WorkItem
+
+    with pytest.raises(ValueError, match="exceeds the token budget 8"):
+        _packed(tiny_model_dir, 8).featurize([WorkItem("a", examples)])

@@ -115,3 +115,12 @@ def test_failure_mid_run_leaves_no_complete_looking_result(ray_session, tiny_mod
     assert not (run_dir / "scores.parquet").exists() and not (run_dir / "gram.npy").exists()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["failed_stage"] == "featurize"
+
+
+def test_resolve_with_a_budget_rewrites_scores(first_run):
+    tmp, _, _ = first_run
+    run_dir = tmp / "runs" / "t"
+    out = resolve(run_dir, gamma=None, budget=1.5, method=None, normalize=None)
+    assert out["solver"]["form"] == "budget" and out["solver"]["l1"] <= 1.5 + 1e-6
+    table = pq.read_table(run_dir / "scores.parquet").to_pylist()
+    assert sum(abs(r["score"]) for r in table) <= 1.5 + 1e-6

@@ -1,0 +1,174 @@
+"""Featurisation benchmark on SmolLM2 + chatterbot groups: the paper's naive loop vs convalue on Ray, in one run.
+
+(a) naive: per group, batch size 1, one backward per example, full-vocabulary logits, CPU copy, mean
+    (as the paper's reference code does it), 1 thread;
+(b) convalue, 1 gradient worker with 1 thread (token-budget packing across groups, per-example
+    gradients from one backward, LM head only on response tokens);
+(c) convalue, 2 gradient workers with 1 thread each.
+Checks that (a) and (b) give the same group vectors, prints tokens/s and ratios, and ends with one JSON line.
+
+    .venv/bin/python bench/featurize.py [--groups 12 --m 4 --max-length 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path[0] = str(Path(__file__).resolve().parents[1])
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def naive_group_gradient(model, params, examples, pad_id: int) -> tuple[np.ndarray, float]:
+    """The reference loop: batch size 1, full logits, backward per example, copy to CPU, mean."""
+    import torch
+
+    from engine.featurize import pad_batch
+    from engine.tokenize import IGNORE
+
+    total = None
+    backward_s = 0.0
+    for ex in examples:
+        ids, mask, labels = pad_batch([ex], pad_id)
+        t0 = time.perf_counter()
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
+                                                 ignore_index=IGNORE)
+        loss.backward()
+        backward_s += time.perf_counter() - t0
+        g = torch.cat([p.grad.reshape(-1) for p in params]).cpu().numpy().copy()
+        for p in params:
+            p.grad = None
+        total = g if total is None else total + g
+    return total / len(examples), backward_s
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--groups", type=int, default=12)
+    ap.add_argument("--m", type=int, default=4)
+    ap.add_argument("--max-length", type=int, default=64)
+    ap.add_argument("--token-budget", type=int, default=1024)
+    ap.add_argument("--dim", type=int, default=8192)
+    args = ap.parse_args()
+
+    import ray
+    import torch
+
+    from actors.dispatch import windowed
+    from actors.gradient_worker import GradientWorker
+    from engine.config import DataConfig, LoraConfig, ModelConfig, ProjectionConfig, SourceConfig
+    from engine.models import (
+        attach_lora,
+        load_model,
+        load_tokenizer,
+        lora_b_parameters,
+        resolve_model_dir,
+    )
+    from engine.prepare import prepare
+    from engine.projection import make_projector
+
+    model_dir = resolve_model_dir(ModelConfig())
+    tok = load_tokenizer(model_dir)
+    langs = ["english", "spanish", "german", "italian", "portuguese", "dutch", "french", "swedish", "turkish",
+             "indonesian", "russian", "hindi", "bengali", "hebrew", "chinese", "japanese", "korean", "persian"]
+    data = prepare(DataConfig(target=SourceConfig(kind="chatterbot", include=["marathi"]),
+                              candidates=[SourceConfig(kind="chatterbot", include=langs[: args.groups])],
+                              preview_size=args.m, small_groups="keep"), tok, args.max_length)
+    items = data.items
+    tokens = sum(len(e) for it in items for e in it.examples)
+    lora = LoraConfig()
+    proj_cfg = ProjectionConfig(kind="countsketch", dim=args.dim, seed=0)
+
+    # (a) naive, in-process, 1 thread
+    torch.set_num_threads(1)
+    model = attach_lora(load_model(model_dir), lora, dropout=0.0)
+    for n, p in model.named_parameters():
+        p.requires_grad_("lora_B" in n)
+    named = lora_b_parameters(model)
+    params = [p for _, p in named]
+    d = sum(p.numel() for p in params)
+    projector = make_projector(proj_cfg.kind, d, proj_cfg.dim, proj_cfg.seed)
+    naive_group_gradient(model, params, items[0].examples[:1], tok.pad_token_id)  # warm-up
+    t0 = time.perf_counter()
+    raw, backward_s = [], 0.0
+    for it in items:
+        g, b = naive_group_gradient(model, params, it.examples, tok.pad_token_id)
+        raw.append(g)
+        backward_s += b
+    naive_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    naive_vectors = projector.project(np.stack(raw))
+    project_groups_s = time.perf_counter() - t1
+    per_example = np.random.default_rng(0).standard_normal((sum(len(it.examples) for it in items), d)).astype(np.float32)
+    t1 = time.perf_counter()
+    projector.project(per_example)
+    project_examples_s = time.perf_counter() - t1
+    del model
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             _node_ip_address="127.0.0.1", runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}})
+    spec = {"model_dir": str(model_dir), "dtype": "float32", "lora": lora.__dict__, "projection": proj_cfg.__dict__,
+            "pad_id": tok.pad_token_id, "batch_size": 8, "threads": 1, "device": "cpu",
+            "token_budget": args.token_budget}
+    blocks = [items[i : i + 3] for i in range(0, len(items), 3)]
+
+    def convalue(n_workers: int) -> tuple[float, float, dict]:
+        t_start = time.perf_counter()
+        workers = [GradientWorker.options(num_cpus=1).remote(spec) for _ in range(n_workers)]
+        ray.get([w.info.remote() for w in workers])
+        startup = time.perf_counter() - t_start
+        ray.get([w.featurize.remote(blocks[0][:1]) for w in workers])  # warm-up
+        t0 = time.perf_counter()
+        out = {}
+        for _, (names, X, _) in windowed(workers, blocks, lambda w, b: w.featurize.remote(b), 2 * n_workers):
+            out.update(zip(names, X))
+        elapsed = time.perf_counter() - t0
+        for w in workers:
+            ray.kill(w)
+        return elapsed, startup, out
+
+    one_s, one_start, one = convalue(1)
+    two_s, two_start, two = convalue(2)
+    ray.shutdown()
+
+    cos = []
+    for i, it in enumerate(items):
+        a, b = naive_vectors[i], one[it.name]
+        cos.append(float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b))))
+    same_2 = max(float(np.abs(one[n] - two[n]).max()) for n in one)
+    fig = {
+        "bench": "featurize", "groups": len(items), "examples": sum(len(it.examples) for it in items),
+        "tokens": tokens, "max_length": args.max_length, "token_budget": args.token_budget,
+        "naive_s": round(naive_s, 3), "convalue_1w_s": round(one_s, 3), "convalue_2w_s": round(two_s, 3),
+        "naive_tok_s": round(tokens / naive_s, 1), "convalue_1w_tok_s": round(tokens / one_s, 1),
+        "convalue_2w_tok_s": round(tokens / two_s, 1),
+        "speedup_1w_vs_naive": round(naive_s / one_s, 2), "speedup_2w_vs_1w": round(one_s / two_s, 2),
+        "min_cosine_naive_vs_convalue": round(min(cos), 6), "max_abs_diff_1w_vs_2w": same_2,
+        "worker_startup_s": round(one_start, 2),
+        "projection_share_of_backward_group_means": round(project_groups_s / backward_s, 4),
+        "projection_share_of_backward_per_example": round(project_examples_s / backward_s, 4),
+    }
+    print(f"{len(items)} groups x {args.m} examples, {tokens} tokens (max_length {args.max_length})")
+    print(f"(a) naive loop, 1 thread         {naive_s:8.2f} s  {fig['naive_tok_s']:8.1f} tok/s")
+    print(f"(b) convalue, 1 worker x 1 thread {one_s:8.2f} s  {fig['convalue_1w_tok_s']:8.1f} tok/s  "
+          f"(b)/(a) = {fig['speedup_1w_vs_naive']}x   [target >= 2x]")
+    print(f"(c) convalue, 2 workers x 1 thread {two_s:7.2f} s  {fig['convalue_2w_tok_s']:8.1f} tok/s  "
+          f"(c)/(b) = {fig['speedup_2w_vs_1w']}x   [target >= 1.8x]")
+    print(f"group vectors (a) vs (b): min cosine {min(cos):.6f} [target >= 0.999]; (b) vs (c) max |diff| {same_2:.2e}")
+    print(f"projection / backward time: {fig['projection_share_of_backward_group_means']:.4f} (group means), "
+          f"{fig['projection_share_of_backward_per_example']:.4f} (every example) [target <= 0.10]")
+    print(json.dumps(fig))
+
+
+if __name__ == "__main__":
+    main()

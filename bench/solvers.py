@@ -1,0 +1,151 @@
+"""KMM solver benchmark: convalue's solver vs CVXPY+OSQP (as the paper calls it) vs scikit-learn, in one run.
+
+Clustered synthetic unit-norm gradients (many near-duplicate groups), p = 4096, both of the paper's
+gammas. Prints per-case times, ratios, KKT violations, objectives and top-20 agreement, and ends
+with one JSON line of the figures.
+
+    .venv/bin/python bench/solvers.py                      # N in 100, 1000, 5000, 20000
+    .venv/bin/python bench/solvers.py --sizes 100 1000     # quicker
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+# this file is named like the `solvers` package: put the repository root first, bench/ last
+sys.path[0] = str(Path(__file__).resolve().parents[1])
+sys.path.append(str(Path(__file__).resolve().parent))
+
+from synthetic import clustered_gradients  # noqa: E402
+
+from solvers import kkt_violation, make_problem, solve_problem  # noqa: E402
+from solvers.active_set import solve_penalised  # noqa: E402
+from solvers.operators import GradientOperator  # noqa: E402
+
+
+def timed(fn, *args, repeat: int = 1, **kwargs):
+    """(best seconds, last result) of fn(*args, **kwargs) over `repeat` runs."""
+    best, out = float("inf"), None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = fn(*args, **kwargs)
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def top(w: np.ndarray, k: int = 20) -> set[int]:
+    """The (at most) k highest positive scores: what a top-k selection would buy."""
+    order = np.argsort(-w, kind="stable")[:k]
+    return {int(i) for i in order if w[i] > 1e-9 * max(1.0, float(np.abs(w).max()))}
+
+
+def agreement(a: np.ndarray, b: np.ndarray) -> float:
+    """Share of the top-20 positive candidates two solutions agree on."""
+    ta, tb = top(a), top(b)
+    return len(ta & tb) / max(len(ta), len(tb), 1)
+
+
+def sklearn_solve(G64: np.ndarray, g: np.ndarray, K: np.ndarray, beta: np.ndarray, gamma: float, max_iter: int):
+    """scikit-learn's coordinate descent on the precomputed Gram: Lasso with X = G^T, y = g_tar, alpha = gamma / p."""
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import enet_path
+
+    p = G64.shape[1]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        _, coefs, _ = enet_path(np.asfortranarray(G64.T), g, l1_ratio=1.0, alphas=[gamma / p], precompute=K,
+                                Xy=beta, max_iter=max_iter, check_input=False)
+    converged = not any(issubclass(c.category, ConvergenceWarning) for c in caught)
+    return coefs[:, 0], converged
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 5000, 20000])
+    ap.add_argument("--gammas", type=float, nargs="+", default=[5e-2, 5e-4])
+    ap.add_argument("--p", type=int, default=4096)
+    ap.add_argument("--cvxpy-max-n", type=int, default=1000, help="largest N given to CVXPY (dense quad_form)")
+    ap.add_argument("--max-seconds", type=float, default=180.0, help="cap on convalue's solve (N > p, small gamma)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    rows = []
+    warm = np.random.default_rng(0).standard_normal((8, 4))
+    sklearn_solve(warm, warm[0], warm @ warm.T, warm @ warm[0], 0.1, 10)  # import and JIT costs out of the timings
+    solve_problem(make_problem(warm @ warm.T, warm @ warm[0], gamma=0.1), method="cvxpy_paper")
+    print(f"{'N':>6} {'gamma':>7} {'method':<22} {'time_s':>9} {'kkt':>9} {'objective':>14} {'nnz':>6} {'top20':>6}  note")
+    for n in args.sizes:
+        G, g32 = clustered_gradients(n, args.p, seed=args.seed)
+        t0 = time.perf_counter()
+        K = (G @ G.T).astype(np.float64)
+        K = 0.5 * (K + K.T)
+        G64 = G.astype(np.float64)
+        g = g32.astype(np.float64)
+        beta = G64 @ g
+        gram_s = time.perf_counter() - t0
+        for gamma in args.gammas:
+            t0 = time.perf_counter()
+            prob = make_problem(K, beta, gamma=gamma, check_psd=n <= 5000)
+            validate_s = time.perf_counter() - t0
+            rec = {"N": n, "gamma": gamma, "gram_s": round(gram_s, 3), "validate_s": round(validate_s, 3)}
+            # convalue
+            if n <= 6000 or gamma >= 0.01 * float(np.abs(beta).max()):
+                repeat = 3 if n <= 1000 else 1
+                t_cv, sol = timed(solve_problem, prob, method="active_set", repeat=repeat)
+                w_cv, note = sol.w, sol.info.get("strategy", "")
+                if sol.info.get("fallback"):
+                    note += f" fallback={sol.info['fallback']}"
+            else:  # N > p with a dense support: the gradient-space variant (K never factorised), time-capped
+                op = GradientOperator(G64, g)
+                try:
+                    t_cv, (w_cv, info) = timed(solve_penalised, op, gamma, max_seconds=args.max_seconds)
+                except Exception as exc:  # report the failure and go on with the other cases
+                    print(f"{n:>6} {gamma:>7.0e} convalue FAILED: {type(exc).__name__}: {exc}", flush=True)
+                    rows.append(rec | {"convalue_error": f"{type(exc).__name__}: {exc}"})
+                    continue
+                note = f"gradient-space {info['strategy']}" + (f" fallback={info['fallback']}" if info["fallback"] else "")
+                if not info["converged"]:
+                    note += f" NOT CONVERGED within {args.max_seconds:.0f} s"
+            kkt_cv = kkt_violation(prob, w_cv)
+            obj_cv = prob.objective(w_cv)
+            rec |= {"convalue_s": round(t_cv, 4), "convalue_kkt": kkt_cv, "convalue_obj": obj_cv,
+                    "convalue_nnz": int(np.count_nonzero(w_cv)), "convalue_note": note}
+            ref_w = None
+            # CVXPY + OSQP as the paper calls it
+            if n <= args.cvxpy_max_n:
+                t_cx, sol_cx = timed(solve_problem, prob, method="cvxpy_paper")
+                ref_w = sol_cx.w
+                rec |= {"cvxpy_s": round(t_cx, 4), "cvxpy_kkt": sol_cx.kkt, "cvxpy_obj": sol_cx.objective,
+                        "speedup_vs_cvxpy": round(t_cx / t_cv, 1),
+                        "top20_vs_cvxpy": agreement(w_cv, ref_w)}
+            # scikit-learn coordinate descent on the precomputed Gram
+            max_iter = 1000 if n <= 5000 else 100
+            t_sk, (w_sk, conv_sk) = timed(sklearn_solve, G64, g, K, beta, gamma, max_iter)
+            rec |= {"sklearn_s": round(t_sk, 4), "sklearn_kkt": kkt_violation(prob, w_sk),
+                    "sklearn_obj": prob.objective(w_sk), "sklearn_converged": conv_sk, "sklearn_max_iter": max_iter,
+                    "speedup_vs_sklearn": round(t_sk / t_cv, 1),
+                    "top20_vs_sklearn": agreement(w_cv, w_sk)}
+            rows.append(rec)
+            print(f"{n:>6} {gamma:>7.0e} {'convalue':<22} {t_cv:>9.4f} {kkt_cv:>9.1e} {obj_cv:>14.9f} "
+                  f"{rec['convalue_nnz']:>6} {'':>6}  {note}")
+            if "cvxpy_s" in rec:
+                print(f"{n:>6} {gamma:>7.0e} {'cvxpy+osqp (paper)':<22} {rec['cvxpy_s']:>9.4f} {rec['cvxpy_kkt']:>9.1e} "
+                      f"{rec['cvxpy_obj']:>14.9f} {int(np.count_nonzero(np.abs(ref_w) > 1e-9)):>6} "
+                      f"{rec['top20_vs_cvxpy']:>6.2f}  convalue is {rec['speedup_vs_cvxpy']}x faster")
+            print(f"{n:>6} {gamma:>7.0e} {'sklearn enet_path':<22} {t_sk:>9.4f} {rec['sklearn_kkt']:>9.1e} "
+                  f"{rec['sklearn_obj']:>14.9f} {int(np.count_nonzero(w_sk)):>6} {rec['top20_vs_sklearn']:>6.2f}  "
+                  f"{'converged' if conv_sk else f'NOT converged (max_iter={max_iter})'}; "
+                  f"convalue is {rec['speedup_vs_sklearn']}x faster", flush=True)
+    summary = {"bench": "solvers", "p": args.p, "results": rows}
+    print(json.dumps(summary, default=float))
+
+
+if __name__ == "__main__":
+    main()

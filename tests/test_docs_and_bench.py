@@ -1,0 +1,28 @@
+"""The README's config reference matches the code, and the solver bench still runs (tiny sizes; no timing asserted)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from engine.config import reference_markdown
+
+ROOT = Path(__file__).parents[1]
+
+
+def test_readme_config_reference_is_current():
+    readme = ROOT.joinpath("README.md").read_text(encoding="utf-8")
+    start = readme.index("<!-- config-reference:start -->") + len("<!-- config-reference:start -->")
+    end = readme.index("<!-- config-reference:end -->")
+    assert readme[start:end].strip() == reference_markdown().strip(), "run `convalue config-reference` into README"
+
+
+def test_solver_bench_runs_and_ends_with_json():
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "solvers.py"), "--sizes", "30", "--p", "64"],
+                         capture_output=True, text=True, check=True, timeout=300).stdout
+    figures = json.loads(out.strip().splitlines()[-1])
+    assert figures["bench"] == "solvers" and len(figures["results"]) == 2
+    for r in figures["results"]:
+        assert r["convalue_kkt"] < 1e-6 and r["convalue_obj"] <= r["cvxpy_obj"] + 1e-6

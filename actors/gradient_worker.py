@@ -8,8 +8,8 @@ import time
 import numpy as np
 import ray
 
-from engine.config import LoraConfig, ProjectionConfig
-from engine.featurize import GroupGradients, WorkItem
+from engine.config import FeaturesConfig, LoraConfig, ProjectionConfig
+from engine.featurize import GroupGradients, GroupTaskVectors, WorkItem
 
 
 class GradientWorkerImpl:
@@ -27,12 +27,21 @@ class GradientWorkerImpl:
         model = load_model(spec["model_dir"], spec["dtype"], device)
         lora = LoraConfig(**spec["lora"])
         peft_model = attach_lora(model, lora, dropout=0.0)
+        features = FeaturesConfig(**spec.get("features", {}))
+        proj = ProjectionConfig(**spec["projection"])
+        if features.representation == "task_vector":
+            named = sorted(((n, p) for n, p in peft_model.named_parameters() if "lora_" in n), key=lambda x: x[0])
+            d = sum(p.numel() for _, p in named)
+            self.grads = GroupTaskVectors(peft_model, named, make_projector(proj.kind, d, proj.dim, proj.seed),
+                                          spec["pad_id"], steps=features.tv_steps, lr=features.tv_lr,
+                                          batch_size=features.tv_batch_size, device=device)
+            self.load_seconds = time.perf_counter() - t0
+            return
         for n, p in peft_model.named_parameters():
             p.requires_grad_("lora_B" in n)  # lora_A's gradient is exactly 0 at B = 0: never computed or stored
         named = lora_b_parameters(peft_model)
         params = [p for _, p in named]
         d = sum(p.numel() for p in params)
-        proj = ProjectionConfig(**spec["projection"])
         projector = make_projector(proj.kind, d, proj.dim, proj.seed)
         autocast = torch.bfloat16 if (device.startswith("cuda") and spec["dtype"] == "bfloat16") else None
         self.grads = GroupGradients(peft_model, params, projector, spec["pad_id"], spec["batch_size"],

@@ -92,7 +92,7 @@ def main() -> None:
         gram_s = time.perf_counter() - t0
         for gamma in args.gammas:
             t0 = time.perf_counter()
-            prob = make_problem(K, beta, gamma=gamma, check_psd=n <= 5000)
+            prob = make_problem(K, beta, gamma=gamma, check_psd=n <= 8000)
             validate_s = time.perf_counter() - t0
             rec = {"N": n, "gamma": gamma, "gram_s": round(gram_s, 3), "validate_s": round(validate_s, 3)}
             # convalue

@@ -162,6 +162,26 @@ class ProjectionConfig:
 
 
 @dataclass(kw_only=True)
+class FeaturesConfig:
+    """What vector represents a group (paper Sec. 3.1)."""
+
+    representation: Literal["one_step", "task_vector"] = opt(
+        "one_step", "`one_step`: the mean SFT-loss gradient at theta_0 over lora_B; `task_vector`: "
+        "tau = theta - theta_0 over all LoRA parameters after `tv_steps` AdamW steps on the group alone.")
+    tv_steps: int = opt(4, "Task vectors: optimizer steps per group.")
+    tv_lr: float = opt(1e-3, "Task vectors: AdamW learning rate.")
+    tv_batch_size: int = opt(4, "Task vectors: examples per step.")
+
+    def validate(self) -> None:
+        if self.tv_steps <= 0:
+            raise ConfigError("must be > 0", field="tv_steps", value=self.tv_steps)
+        if not self.tv_lr > 0:
+            raise ConfigError("must be > 0", field="tv_lr", value=self.tv_lr)
+        if self.tv_batch_size <= 0:
+            raise ConfigError("must be > 0", field="tv_batch_size", value=self.tv_batch_size)
+
+
+@dataclass(kw_only=True)
 class SolverConfig:
     """The KMM quadratic program."""
 
@@ -253,6 +273,7 @@ class RunConfig:
     out: str = opt("runs", "Parent folder of run folders.")
     model: ModelConfig = opt(help="Base model.", factory=ModelConfig)
     lora: LoraConfig = opt(help="LoRA adapter.", factory=LoraConfig)
+    features: FeaturesConfig = opt(help="Group representation.", factory=FeaturesConfig)
     data: DataConfig = opt(help="Target and candidates.")
     projection: ProjectionConfig = opt(help="Gradient projection.", factory=ProjectionConfig)
     solver: SolverConfig = opt(help="KMM solver.", factory=lambda: SolverConfig(gamma=0.05))

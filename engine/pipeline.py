@@ -64,7 +64,9 @@ def connect(cfg: RunConfig, address: str | None) -> bool:
         return False
     addr = address or os.environ.get("RAY_ADDRESS") or cfg.ray.address
     if addr:
-        ray.init(address=addr, runtime_env={"env_vars": WORKER_ENV})
+        # an existing cluster (or a Ray job's driver) owns the runtime env: passing one here conflicts
+        # with the job's ("Failed to merge the Job's runtime env"); cluster/submit.sh sets HF_HUB_OFFLINE
+        ray.init(address=addr)
         return True
     need = cfg.ray.workers * cfg.ray.cpus_per_worker
     kwargs = {}
@@ -79,9 +81,10 @@ def fingerprint(cfg: RunConfig, model_dir: Path) -> dict:
     """What stored vectors depend on besides each group's preview (that is in the per-group key)."""
     import transformers
 
+    one_step = cfg.features.representation == "one_step"
     return {
-        "representation": "one_step",
-        "parameters": "lora_B",
+        "features": asdict(cfg.features) if not one_step else {"representation": "one_step"},
+        "parameters": "lora_B" if one_step else "lora_A+lora_B",
         "model": cfg.model.source,
         "model_dir": model_dir.name,
         "transformers": transformers.__version__,
@@ -97,7 +100,7 @@ def _worker_spec(cfg: RunConfig, model_dir: Path, pad_id: int) -> dict:
             "projection": asdict(cfg.projection), "pad_id": pad_id, "batch_size": cfg.model.batch_size,
             "token_budget": cfg.model.token_budget,
             "threads": cfg.ray.cpus_per_worker, "device": "cuda" if cfg.ray.gpus_per_worker > 0 else "cpu",
-            "finetune": asdict(cfg.finetune)}
+            "finetune": asdict(cfg.finetune), "features": asdict(cfg.features)}
 
 
 def featurize(cfg: RunConfig, spec: dict, data: PreparedData, store: VectorStore,

@@ -67,14 +67,25 @@ class KMMProblem:
         return KMMProblem(K=self.K / np.outer(c, c), beta=self.beta / c, gamma=self.gamma, budget=self.budget), c
 
 
-def _smallest_eigenvalue(K: np.ndarray) -> float:
-    """lambda_min(K): dense eigvalsh up to N = 3000, Lanczos (O(N^2) per step) beyond."""
-    if K.shape[0] <= 3000:
+def _smallest_eigenvalue(K: np.ndarray, tol: float) -> float:
+    """lambda_min(K), or any value >= -tol when K is PSD within tol (what make_problem needs to know).
+
+    N <= 3000: dense eigvalsh. N <= 8000: a Cholesky factor of K + tol I exists iff lambda_min > -tol,
+    and only a failure pays for the eigenvalue. Beyond: a bounded Lanczos estimate (approximate).
+    """
+    n = K.shape[0]
+    if n <= 3000:
         return float(np.linalg.eigvalsh(K)[0])
     from scipy.sparse.linalg import ArpackNoConvergence, eigsh
 
+    if n <= 8000:
+        try:
+            np.linalg.cholesky(K + tol * np.eye(n))
+            return 0.0
+        except np.linalg.LinAlgError:
+            pass
     try:
-        return float(eigsh(K, k=1, which="SA", tol=1e-8, maxiter=5000, return_eigenvectors=False)[0])
+        return float(eigsh(K, k=1, which="SA", tol=1e-4, maxiter=300, return_eigenvectors=False)[0])
     except ArpackNoConvergence as exc:
         vals = exc.eigenvalues
         return float(vals.min()) if len(vals) else 0.0
@@ -132,7 +143,7 @@ def make_problem(
         if not np.all(np.isfinite(costs)) or np.any(costs <= 0):
             bad = int(np.flatnonzero(~np.isfinite(costs) | (costs <= 0))[0])
             raise KMMInputError(f"costs must be finite and > 0, got {costs[bad]!r} at index {bad}")
-    lam_min = _smallest_eigenvalue(K) if check_psd else 0.0
+    lam_min = _smallest_eigenvalue(K, psd_tol * scale) if check_psd else 0.0
     if lam_min < -psd_tol * scale:
         raise KMMInputError(
             f"K is not positive semidefinite: most negative eigenvalue {lam_min:.3g} (tolerance {-psd_tol * scale:.3g})"

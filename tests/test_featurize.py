@@ -132,3 +132,31 @@ def test_example_longer_than_budget_is_an_error(tiny_model_dir, examples):
 
     with pytest.raises(ValueError, match="exceeds the token budget 8"):
         _packed(tiny_model_dir, 8).featurize([WorkItem("a", examples)])
+
+
+def _task_vectors(model_dir, steps=3):
+    from engine.featurize import GroupTaskVectors
+
+    peft_model = attach_lora(load_model(model_dir), LoraConfig(r=4, alpha=8), dropout=0.0)
+    named = sorted(((n, p) for n, p in peft_model.named_parameters() if "lora_" in n), key=lambda x: x[0])
+    d = sum(p.numel() for _, p in named)
+    return GroupTaskVectors(peft_model, named, make_projector("identity", d, d, 0),
+                            load_tokenizer(model_dir).pad_token_id, steps=steps, lr=1e-2, batch_size=2)
+
+
+def test_task_vectors_are_deterministic_and_reset_between_groups(tiny_model_dir, examples):
+    from engine.featurize import WorkItem
+
+    a, b = WorkItem("a", examples[:3]), WorkItem("b", examples[3:])
+    tv = _task_vectors(tiny_model_dir)
+    both = tv.featurize([a, b])
+    alone_b = _task_vectors(tiny_model_dir).featurize([b])
+    np.testing.assert_allclose(both[1], alone_b[0], rtol=1e-5, atol=1e-8)  # b never saw a's updates
+    np.testing.assert_array_equal(_task_vectors(tiny_model_dir).featurize([a, b]), both)
+    n_a = sum(p.numel() for n, p in zip(tv.names, tv.params) if "lora_A" in n)
+    assert np.linalg.norm(both[0][:n_a]) > 0 or np.linalg.norm(both[0][n_a:]) > 0
+    # A moves too once B is non-zero after the first step (unlike the one-step gradient)
+    a_part = np.concatenate([v for n, v in zip(tv.names, np.split(both[0], np.cumsum(
+        [p.numel() for p in tv.params])[:-1])) if "lora_A" in n])
+    assert np.abs(a_part).max() > 0
+    assert all(torch.equal(p, p0) for p, p0 in zip(tv.params, tv.init))  # reset to theta_0 afterwards

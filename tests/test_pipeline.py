@@ -124,3 +124,36 @@ def test_resolve_with_a_budget_rewrites_scores(first_run):
     assert out["solver"]["form"] == "budget" and out["solver"]["l1"] <= 1.5 + 1e-6
     table = pq.read_table(run_dir / "scores.parquet").to_pylist()
     assert sum(abs(r["score"]) for r in table) <= 1.5 + 1e-6
+
+
+def test_task_vector_representation_from_config(first_run):
+    tmp, data, _ = first_run
+    cfg = data | {"name": "tv", "features": {"representation": "task_vector", "tv_steps": 2, "tv_batch_size": 2},
+                  "finetune": {"enabled": False}}
+    summary = run(config_from_dict(cfg))
+    assert summary["status"] == "complete"
+    manifest = json.loads((tmp / "runs" / "tv" / "vectors" / "manifest.json").read_text())
+    assert manifest["fingerprint"]["parameters"] == "lora_A+lora_B"
+    assert manifest["fingerprint"]["features"]["representation"] == "task_vector"
+    assert summary["featurize"]["dim_in"] > 0
+
+
+def test_cli_joins_an_existing_cluster_by_address(first_run, ray_session, tiny_model_dir):
+    """`convalue run --address` from another process: a second driver on the session's running cluster."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    tmp, data, _ = first_run
+    gcs = ray_session.get_runtime_context().gcs_address
+    cfg = data | {"name": "joined", "finetune": {"enabled": False}}
+    path = tmp / "joined.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    r = subprocess.run([sys.executable, "-m", "engine", "run", str(path), "--address", gcs],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "ray_init" in r.stdout and "rank  group" in r.stdout
+    # gram.npy of the first run is never rewritten by re-solving (its scores may be, by other tests)
+    np.testing.assert_allclose(np.load(tmp / "runs" / "joined" / "gram.npy"), np.load(tmp / "runs" / "t" / "gram.npy"),
+                               rtol=1e-5)

@@ -210,3 +210,10 @@ def test_reference_paper_setting_runs():
     K, beta = example()
     sol = solve_kmm(K, beta, gamma=1e-3, method="cvxpy_paper")
     assert sol.method == "cvxpy-osqp-paper" and sol.w.shape == (3,)
+
+
+def test_large_indefinite_matrix_is_rejected_without_a_dense_eigendecomposition():
+    d = np.ones(3001)
+    d[17] = -0.5
+    with pytest.raises(KMMInputError, match="most negative eigenvalue -0.5"):
+        make_problem(np.diag(d), np.ones(3001), gamma=0.1)

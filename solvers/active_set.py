@@ -357,14 +357,31 @@ def solve_budget(op, budget: float, *, max_iter: int = 100) -> tuple[np.ndarray,
         A = np.flatnonzero(x)
         return A.tobytes() + np.sign(x[A]).tobytes()
 
-    for _ in range(200):
+    scale = 1e-10 * max(1.0, gmax)
+    for it in range(200):
         l_hi, l_lo = np.abs(hi_w).sum(), np.abs(lo_w).sum()
         t = (budget - l_hi) / (l_lo - l_hi) if l_lo > l_hi else 1.0
         if pattern(hi_w) == pattern(lo_w):
             w = hi_w + t * (lo_w - hi_w)
             return w, {"iterations": iters, "gamma": hi_g + t * (lo_g - hi_g), "binding": True, "converged": True}
-        g_mid = hi_g + t * (lo_g - hi_g)
-        if not lo_g < g_mid < hi_g or abs(hi_g - lo_g) < 1e-15 * gmax:
+        g_mid = None
+        A = np.flatnonzero(hi_w)
+        if A.size:
+            # with hi's support and signs fixed, w_A(gamma) = K_AA^-1 (beta_A - gamma s) is affine and
+            # ||w||_1 = s'x - gamma s'y: the exact gamma where that support reaches the budget
+            sA = np.sign(hi_w[A])
+            Kaa = op.sub(A)
+            x, y = _solve_support(Kaa, op.beta[A]), _solve_support(Kaa, sA)
+            if float(sA @ y) > 0:
+                g_c = (float(sA @ x) - budget) / float(sA @ y)
+                if lo_g < g_c < hi_g:
+                    w_c = np.zeros(op.n)
+                    w_c[A] = x - g_c * y
+                    r = op.apply(A, w_c[A]) - op.beta
+                    if np.all(np.sign(w_c[A]) == sA) and _kkt_from(w_c, r, g_c) <= scale:
+                        return w_c, {"iterations": iters + it, "gamma": g_c, "binding": True, "converged": True}
+                    g_mid = g_c
+        if g_mid is None or it % 2:  # alternate with bisection so neither end stagnates
             g_mid = 0.5 * (hi_g + lo_g)
         w_mid, info = solve_penalised(op, g_mid, w0=lo_w, max_iter=max_iter)
         iters += info["iterations"]

@@ -8,6 +8,11 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# deterministic property tests: the same examples on every run and machine (no example database)
+settings.register_profile("convalue", derandomize=True, database=None, deadline=None)
+settings.load_profile("convalue")
 
 # before Ray starts: loopback test cluster without token auth (Ray 2.59+ enables it by default)
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")

@@ -10,9 +10,10 @@ CLUSTER = Path(__file__).parents[1] / "cluster"
 
 
 def test_launcher_config_passes_ray_schema():
-    from ray.autoscaler._private.util import validate_config
+    from ray.autoscaler._private.util import prepare_config, validate_config
 
-    validate_config(yaml.safe_load((CLUSTER / "ray-cluster-aws.yaml").read_text()))
+    # prepare_config fills Ray's defaults (cluster_synced_files, ...) as `ray up` does, then the schema check
+    validate_config(prepare_config(yaml.safe_load((CLUSTER / "ray-cluster-aws.yaml").read_text())))
 
 
 def test_rayjob_fields():

@@ -213,7 +213,7 @@ def test_reference_paper_setting_runs():
 
 
 def test_large_indefinite_matrix_is_rejected_without_a_dense_eigendecomposition():
-    d = np.ones(3001)
-    d[17] = -0.5
-    with pytest.raises(KMMInputError, match="most negative eigenvalue -0.5"):
-        make_problem(np.diag(d), np.ones(3001), gamma=0.1)
+    K = np.eye(3001)
+    K[17, 18] = K[18, 17] = 2.0  # the block [[1, 2], [2, 1]] has eigenvalue -1; every K_ii is 1
+    with pytest.raises(KMMInputError, match="most negative eigenvalue -1"):
+        make_problem(K, np.ones(3001), gamma=0.1)

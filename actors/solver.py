@@ -13,6 +13,7 @@ class SolverActor:
     """Thin shell around solvers.solve_kmm."""
 
     def solve(self, K: np.ndarray, beta: np.ndarray, settings: dict) -> KMMSolution:
-        """Solve with settings {gamma | budget, method, normalize}; raises on a failed solve."""
+        """Solve with settings {gamma | budget, costs, method, normalize}; raises on a failed solve."""
         return solve_kmm(K, beta, gamma=settings.get("gamma"), budget=settings.get("budget"),
-                         method=settings.get("method", "auto"), normalize=settings.get("normalize", "none"))
+                         costs=settings.get("costs"), method=settings.get("method", "auto"),
+                         normalize=settings.get("normalize", "none"))

@@ -192,8 +192,13 @@ class SolverConfig:
         "(tight tolerances); `cvxpy_paper`: CVXPY + OSQP called as the paper does.")
     normalize: Literal["none", "cosine"] = opt(
         "none", "`cosine` divides K_ij by sqrt(K_ii K_jj) and beta_i by sqrt(K_ii), removing gradient norms.")
+    costs_file: str | None = opt(
+        None, "Prices per candidate, a JSON object {group: price} or a Parquet file (group, cost): the l1 term "
+        "becomes sum_i c_i |w_i| (with `budget`: the marketplace's cost-weighted budget).")
 
     def validate(self) -> None:
+        if self.costs_file is not None and not Path(self.costs_file).expanduser().is_file():
+            raise ConfigError("is not an existing file", field="costs_file", value=self.costs_file)
         if (self.gamma is None) == (self.budget is None):
             raise ConfigError("give exactly one of `gamma` or `budget`", field="gamma",
                               value={"gamma": self.gamma, "budget": self.budget})

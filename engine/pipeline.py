@@ -20,6 +20,7 @@ from actors.finetune_job import finetune_task
 from actors.gradient_worker import GradientWorker
 from actors.solver import SolverActor
 from engine.config import RunConfig
+from engine.costs import load_costs
 from engine.gram import GramReducer, cosine
 from engine.models import load_tokenizer, resolve_model_dir
 from engine.prepare import TARGET_KEY, PreparedData, prepare, preview_key
@@ -37,7 +38,7 @@ from engine.tokenize import tokenize_examples
 from solvers import solve_kmm
 
 log = logging.getLogger("convalue")
-RESULT_FILES = ("scores.parquet", "gram.npy", "beta.npy", "summary.json")
+RESULT_FILES = ("scores.parquet", "gram.npy", "beta.npy", "costs.npy", "summary.json")
 WORKER_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -180,6 +181,7 @@ def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) 
         tokenizer = load_tokenizer(model_dir)
     with timer.stage("data"):
         data = prepare(cfg.data, tokenizer, cfg.model.max_length)
+        costs = load_costs(cfg.solver.costs_file, data.names()) if cfg.solver.costs_file else None
     run_dir = Path(cfg.out).expanduser() / cfg.name
     store = VectorStore(run_dir / "vectors", fingerprint(cfg, model_dir), overwrite=overwrite)
     for f in RESULT_FILES:  # results of an earlier run in this folder are replaced, never mixed
@@ -207,7 +209,7 @@ def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) 
         summary["g_tar_norm"] = float(np.linalg.norm(g_tar))
         stage = "solve"
         settings = {"gamma": cfg.solver.gamma, "budget": cfg.solver.budget, "method": cfg.solver.method,
-                    "normalize": cfg.solver.normalize}
+                    "normalize": cfg.solver.normalize, "costs": costs}
         with timer.stage("solve"):
             solver = SolverActor.remote()
             try:
@@ -224,6 +226,8 @@ def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) 
         run_dir.mkdir(parents=True, exist_ok=True)
         write_npy(K, run_dir / "gram.npy")
         write_npy(beta, run_dir / "beta.npy")
+        if costs is not None:
+            write_npy(costs, run_dir / "costs.npy")
         write_parquet(table, run_dir / "scores.parquet")
         summary["selected"] = [names[i] for i in selected]
         summary["ranking"] = format_ranking(table).splitlines()
@@ -262,7 +266,8 @@ def resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method:
     normalize = normalize or old.get("normalize", "none")
     K = np.load(run_dir / "gram.npy")
     beta = np.load(run_dir / "beta.npy")
-    sol = solve_kmm(K, beta, gamma=gamma, budget=budget, method=method or "auto", normalize=normalize)
+    costs = np.load(run_dir / "costs.npy") if (run_dir / "costs.npy").is_file() else None
+    sol = solve_kmm(K, beta, gamma=gamma, budget=budget, costs=costs, method=method or "auto", normalize=normalize)
     prev = pq.read_table(run_dir / "scores.parquet").to_pylist()
     if len(prev) != len(beta):
         raise ValueError(f"{run_dir}: scores.parquet has {len(prev)} rows but beta.npy has {len(beta)}")

@@ -157,3 +157,30 @@ def test_cli_joins_an_existing_cluster_by_address(first_run, ray_session, tiny_m
     # gram.npy of the first run is never rewritten by re-solving (its scores may be, by other tests)
     np.testing.assert_allclose(np.load(tmp / "runs" / "joined" / "gram.npy"), np.load(tmp / "runs" / "t" / "gram.npy"),
                                rtol=1e-5)
+
+
+def test_cost_weighted_budget_from_a_prices_file(first_run):
+    tmp, data, _ = first_run
+    prices = {"english": 5.0, "spanish": 1.0, "german": 1.0, "hindi": 0.5, "italian": 2.0}
+    path = tmp / "prices.json"
+    path.write_text(json.dumps(prices))
+    cfg = data | {"name": "priced", "solver": {"budget": 0.5, "costs_file": str(path), "normalize": "cosine"},
+                  "finetune": {"enabled": False}}
+    summary = run(config_from_dict(cfg))
+    run_dir = tmp / "runs" / "priced"
+    assert summary["solver"]["form"] == "cost_budget" and summary["solver"]["status"] == "optimal"
+    rows = pq.read_table(run_dir / "scores.parquet").to_pylist()
+    assert sum(prices[r["group"]] * abs(r["score"]) for r in rows) <= 0.5 + 1e-6
+    again = resolve(run_dir, gamma=None, budget=None, method=None, normalize=None)  # reuses costs.npy
+    assert again["solver"]["form"] == "cost_budget"
+
+
+def test_prices_file_errors(tmp_path):
+    from engine.costs import load_costs
+
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps({"a": 1.0, "b": -2}))
+    with pytest.raises(DataError, match="no price for group"):
+        load_costs(p, ["a", "c"])
+    with pytest.raises(DataError, match="price of group 'b' must be a finite number > 0, got -2"):
+        load_costs(p, ["a", "b"])

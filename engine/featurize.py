@@ -68,6 +68,53 @@ def per_example_loss(model, ids, mask, labels):
     return total / valid.sum(dim=1).clamp(min=1)
 
 
+def shared_prefix_length(examples: list[TokenizedExample], min_length: int = 8) -> int:
+    """Longest common token prefix that ends before every example's first labelled position (0 if short)."""
+    first = examples[0].input_ids
+    limit = min(len(e) for e in examples) - 1
+    for e in examples:
+        labelled = next((i for i, lab in enumerate(e.labels) if lab != IGNORE), len(e))
+        limit = min(limit, labelled - 1)
+        k = 0
+        while k < limit and e.input_ids[k] == first[k]:
+            k += 1
+        limit = k
+    return limit if limit >= min_length else 0
+
+
+def shared_prefix_loss(model, examples: list[TokenizedExample], owners: list[int], pad_id: int, device: str):
+    """Per-example losses with the common prefix computed once per owner (group) and its KV cache expanded.
+
+    Returns (losses [B], prefix rows' owners). Gradients reach each owner's prefix row summed over
+    that owner's examples, which is exactly what a per-group mean needs.
+    """
+    import torch
+    from transformers import DynamicCache
+
+    P = shared_prefix_length(examples)
+    decoder, head = _decoder_and_head(model)
+    groups = sorted(set(owners))
+    row = {g: i for i, g in enumerate(groups)}
+    prefix = torch.tensor([examples[0].input_ids[:P]] * len(groups), device=device)
+    cache = decoder(input_ids=prefix, attention_mask=torch.ones_like(prefix), use_cache=True).past_key_values
+    select = torch.tensor([row[o] for o in owners], device=device)
+    expanded = DynamicCache()
+    for i, layer in enumerate(cache.layers):
+        expanded.update(layer.keys.index_select(0, select), layer.values.index_select(0, select), i)
+    suffix = [TokenizedExample(e.input_ids[P:], e.labels[P:]) for e in examples]
+    ids, mask, labels = (t.to(device) for t in pad_batch(suffix, pad_id))
+    full_mask = torch.cat([torch.ones(len(examples), P, dtype=mask.dtype, device=device), mask], dim=1)
+    positions = (torch.arange(ids.shape[1], device=device) + P).expand(ids.shape[0], -1)
+    hidden = decoder(input_ids=ids, attention_mask=full_mask, position_ids=positions, past_key_values=expanded,
+                     use_cache=True).last_hidden_state[:, :-1]
+    target = labels[:, 1:]
+    valid = target != IGNORE
+    ce = torch.nn.functional.cross_entropy(head(hidden[valid]).float(), target[valid], reduction="none")
+    rows = torch.nonzero(valid, as_tuple=True)[0]
+    total = torch.zeros(ids.shape[0], dtype=ce.dtype, device=ce.device).index_add(0, rows, ce)
+    return total / valid.sum(dim=1).clamp(min=1), groups, int(mask.sum()) + P * len(groups)
+
+
 def pack_by_tokens(lengths: list[int], token_budget: int) -> list[list[int]]:
     """Indices grouped into batches, longest first, each with (count x longest length) <= token_budget."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
@@ -93,32 +140,44 @@ class PerExampleGradients:
 
     def __init__(self, peft_model, param_names: list[str]):
         self.modules = [peft_model.get_submodule(n.rsplit(".", 1)[0]) for n in param_names]
-        self._inputs: dict[int, object] = {}
-        self._grads: dict[int, object] = {}
+        self._inputs: dict[int, list] = {k: [] for k in range(len(self.modules))}
+        self._grads: dict[int, dict] = {k: {} for k in range(len(self.modules))}
         self._handles = []
         for k, mod in enumerate(self.modules):
             self._handles.append(mod.register_forward_hook(self._make_hook(k)))
 
     def _make_hook(self, k: int):
         def hook(module, inputs, output):
-            self._inputs[k] = inputs[0].detach()
+            call = len(self._inputs[k])  # one capture per forward call (shared prefix, then suffixes)
+            self._inputs[k].append(inputs[0].detach())
 
             def grab(grad):
-                self._grads[k] = grad.detach()
+                self._grads[k][call] = grad.detach()
 
             output.register_hook(grab)
 
         return hook
 
-    def collect(self) -> object:
-        """[B, d] per-example gradients of the last backward (module order = parameter order)."""
+    def collect(self) -> list:
+        """Per forward call since the last collect: [rows, d] gradients (module order = parameter order)."""
         import torch
 
-        parts = []
+        calls = len(self._inputs[0])
+        out = []
+        for c in range(calls):
+            parts = []
+            for k, mod in enumerate(self.modules):
+                h = self._inputs[k][c]
+                g = self._grads[k].get(c)
+                if g is None:  # no gradient reached this output (e.g. the last layer's prefix queries)
+                    parts.append(torch.zeros(h.shape[0], mod.weight.numel()))
+                    continue
+                parts.append(torch.einsum("bto,btr->bor", g.float(), h.float()).reshape(h.shape[0], -1))
+            out.append(torch.cat(parts, dim=1))
         for k in range(len(self.modules)):
-            h, g = self._inputs.pop(k), self._grads.pop(k)
-            parts.append(torch.einsum("bto,btr->bor", g.float(), h.float()).reshape(h.shape[0], -1))
-        return torch.cat(parts, dim=1)
+            self._inputs[k].clear()
+            self._grads[k].clear()
+        return out
 
     def close(self) -> None:
         """Remove the hooks."""
@@ -131,10 +190,11 @@ class GroupGradients:
 
     def __init__(self, peft_model, params: list, projector, pad_id: int, batch_size: int = 8,
                  device: str = "cpu", autocast_dtype=None, *, param_names: list[str] | None = None,
-                 token_budget: int | None = None, keep_per_example: bool = False):
+                 token_budget: int | None = None, keep_per_example: bool = False, share_prefix: bool = True):
         self.model = peft_model.eval()  # eval: no dropout, deterministic
         self.params = params
         self.token_budget = token_budget
+        self.share_prefix = share_prefix
         self.keep_per_example = keep_per_example
         self.per_example: dict[str, np.ndarray] = {}
         self._hooks = PerExampleGradients(peft_model, param_names) if token_budget else None
@@ -199,19 +259,30 @@ class GroupGradients:
         sums = torch.zeros(len(items), self.dim)
         per_example = [None] * len(flat)
         for batch in pack_by_tokens(lengths, self.token_budget):
-            ids, mask, labels = (t.to(self.device) for t in pad_batch([flat[i][1] for i in batch], self.pad_id))
+            exs = [flat[i][1] for i in batch]
+            owners = [flat[i][0] for i in batch]
+            share = (self.share_prefix and not self.keep_per_example and len(batch) > 1
+                     and _decoder_and_head(self.model) is not None and shared_prefix_length(exs) > 0)
             with self._autocast():
-                loss = per_example_loss(self.model, ids, mask, labels).sum()
-            loss.backward()
-            grads = self._hooks.collect().cpu()
+                if share:
+                    losses, prefix_owners, n_tokens = shared_prefix_loss(self.model, exs, owners, self.pad_id,
+                                                                         self.device)
+                else:
+                    ids, mask, labels = (t.to(self.device) for t in pad_batch(exs, self.pad_id))
+                    losses, n_tokens = per_example_loss(self.model, ids, mask, labels), int(mask.sum())
+            del n_tokens
+            losses.sum().backward()
+            calls = [g.cpu() for g in self._hooks.collect()]
             for p in self.params:
                 p.grad = None
-            owner = torch.tensor([flat[i][0] for i in batch])
-            sums.index_add_(0, owner, grads)
+            grads = calls[-1]
+            sums.index_add_(0, torch.tensor(owners), grads)
+            if share:  # each group's shared-prefix row carries that group's prefix contribution
+                sums.index_add_(0, torch.tensor(prefix_owners), calls[0])
             if self.keep_per_example:
                 for row, i in enumerate(batch):
                     per_example[i] = grads[row].numpy()
-            self.tokens += int(mask.sum())
+            self.tokens += sum(len(e) for e in exs)  # input tokens (a shared prefix is computed once)
         counts = torch.tensor([len(it.examples) for it in items], dtype=torch.float32)
         self.seconds += time.perf_counter() - t0
         groups = []

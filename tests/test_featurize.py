@@ -160,3 +160,14 @@ def test_task_vectors_are_deterministic_and_reset_between_groups(tiny_model_dir,
         [p.numel() for p in tv.params])[:-1])) if "lora_A" in n])
     assert np.abs(a_part).max() > 0
     assert all(torch.equal(p, p0) for p, p0 in zip(tv.params, tv.init))  # reset to theta_0 afterwards
+
+
+def test_shared_prefix_is_used_and_changes_no_group_vector(tiny_model_dir, examples):
+    from engine.featurize import WorkItem, shared_prefix_length
+
+    assert shared_prefix_length(list(examples)) >= 8  # the chat template's system prompt + user header
+    items = [WorkItem("a", examples[:4]), WorkItem("b", examples[4:])]
+    shared = _packed(tiny_model_dir, 4096)
+    plain = _packed(tiny_model_dir, 4096)
+    plain.share_prefix = False
+    np.testing.assert_allclose(shared.featurize(items), plain.featurize(items), rtol=2e-4, atol=1e-7)

@@ -7,7 +7,7 @@
 (c) convalue, 2 gradient workers with 1 thread each.
 Checks that (a) and (b) give the same group vectors, prints tokens/s and ratios, and ends with one JSON line.
 
-    .venv/bin/python bench/featurize.py [--groups 12 --m 4 --max-length 64]
+    .venv/bin/python bench/featurize.py [--groups 16 --m 4 --max-length 64 --groups-per-call 4]
 """
 
 from __future__ import annotations
@@ -54,10 +54,11 @@ def naive_group_gradient(model, params, examples, pad_id: int) -> tuple[np.ndarr
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--groups", type=int, default=12)
+    ap.add_argument("--groups", type=int, default=16)
+    ap.add_argument("--groups-per-call", type=int, default=4, help="as ray.groups_per_call")
     ap.add_argument("--m", type=int, default=4)
     ap.add_argument("--max-length", type=int, default=64)
-    ap.add_argument("--token-budget", type=int, default=1024)
+    ap.add_argument("--token-budget", type=int, default=2048, help="as model.token_budget")
     ap.add_argument("--dim", type=int, default=8192)
     args = ap.parse_args()
 
@@ -120,7 +121,8 @@ def main() -> None:
     spec = {"model_dir": str(model_dir), "dtype": "float32", "lora": lora.__dict__, "projection": proj_cfg.__dict__,
             "pad_id": tok.pad_token_id, "batch_size": 8, "threads": 1, "device": "cpu",
             "token_budget": args.token_budget}
-    blocks = [items[i : i + 3] for i in range(0, len(items), 3)]
+    size = args.groups_per_call
+    blocks = [items[i : i + size] for i in range(0, len(items), size)]
 
     def convalue(n_workers: int) -> tuple[float, float, dict]:
         t_start = time.perf_counter()

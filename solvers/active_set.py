@@ -1,11 +1,11 @@
-"""Fast exact KMM solver: primal-dual active set (semi-smooth Newton) with gamma continuation.
+"""Fast exact KMM solver (paper eq. kmm_l1_penalized): active-set solves certified by their KKT conditions.
 
-For a support A with signs s the penalised optimum solves K_AA w_A = beta_A - gamma s_A
-(paper eq. kmm_l1_penalized, KKT on the support). Each iteration picks A and s from the
-coordinate-wise fixed point w_i = soft(w_i + d_i / K_ii, gamma / K_ii), d = beta - K w, and solves
-that system exactly with a Cholesky factor. A fixed point of the iteration satisfies every KKT
-condition, so the result is exact up to the linear solve, not up to an iteration tolerance.
-Continuation (gamma from max|beta| down to the target) keeps each step's active-set change small.
+For a support A with signs s the penalised optimum solves K_AA w_A = beta_A - gamma s_A. Sparse
+solutions: primal-dual active set (PDAS: A and s from the fixed point w_i = soft(w_i + d_i / K_ii,
+gamma / K_ii), d = beta - K w) with gamma continuation, and orthant-projected Newton when PDAS
+cycles. Dense solutions: ADMM with K + rho I factored once, polished by an exact support solve.
+Degenerate (rank-deficient) cases: an NNLS polish on the equicorrelation set, then the CVXPY
+reference, then coordinate descent. The budget form follows the penalised path (solve_budget).
 """
 
 from __future__ import annotations
@@ -36,6 +36,12 @@ def _solve_support(Kaa: np.ndarray, rhs: np.ndarray) -> np.ndarray:
         return sla.lstsq(Kaa, rhs, cond=1e-12, lapack_driver="gelsy", check_finite=False)[0]
 
 
+def residual(op, w: np.ndarray) -> np.ndarray:
+    """r = K w - beta, reading only w's support through the operator."""
+    support = np.flatnonzero(w)
+    return op.apply(support, w[support]) - op.beta
+
+
 def _objective(w: np.ndarray, r: np.ndarray, beta: np.ndarray, gamma: float) -> float:
     # with r = K w - beta: 0.5 w'Kw - beta'w = 0.5 w'(r + beta) - beta'w
     return 0.5 * float(w @ (r - beta)) + gamma * float(np.abs(w).sum())
@@ -53,8 +59,7 @@ def _pdas_plain(op, gamma: float, w: np.ndarray, max_iter: int, scale: float,
     """Plain PDAS (full Newton jumps); stops at a KKT point, on a cycle, or at max_iter; returns the best iterate."""
     beta = op.beta
     diag = np.maximum(op.diag, 1e-300)
-    support = np.flatnonzero(w)
-    r = op.apply(support, w[support]) - beta
+    r = residual(op, w)
     best_w, best_f = w, _objective(w, r, beta, gamma)
     seen: set[bytes] = set()
     for it in range(1, max_iter + 1):
@@ -87,8 +92,7 @@ def _orthant_newton(op, gamma: float, w: np.ndarray, max_iter: int, scale: float
     P_xi(w + t (z - w)) clamp coordinates that would change sign to zero.
     """
     beta = op.beta
-    support = np.flatnonzero(w)
-    r = op.apply(support, w[support]) - beta
+    r = residual(op, w)
     f = _objective(w, r, beta, gamma)
     lipschitz = float(np.maximum(op.diag, 0).sum())
     for it in range(1, max_iter + 1):
@@ -125,8 +129,7 @@ def _orthant_newton(op, gamma: float, w: np.ndarray, max_iter: int, scale: float
             f_trial = _objective(trial, r_trial, beta, gamma)
         w, r, f = trial, r_trial, f_trial
         if it % 20 == 0:  # refresh r against drift from the incremental updates
-            support = np.flatnonzero(w)
-            r = op.apply(support, w[support]) - beta
+            r = residual(op, w)
     return w, max_iter, _kkt_from(w, r, gamma) <= scale
 
 
@@ -151,8 +154,7 @@ def coordinate_descent(op, gamma: float, w: np.ndarray, *, max_sweeps: int = 10_
                        tol: float = 1e-12, deadline: float | None = None) -> tuple[np.ndarray, int]:
     """Cyclic coordinate descent (the slow, always-convergent fallback); needs op.K or forms columns."""
     w = np.asarray(w, dtype=np.float64).copy()
-    support = np.flatnonzero(w)
-    r = op.apply(support, w[support]) - op.beta  # r = K w - beta
+    r = residual(op, w)
     diag = op.diag
     for sweep in range(1, max_sweeps + 1):
         if _late(deadline):
@@ -175,11 +177,7 @@ def coordinate_descent(op, gamma: float, w: np.ndarray, *, max_sweeps: int = 10_
 
 def kkt_of(op, gamma: float, w: np.ndarray) -> float:
     """Largest KKT violation of the penalised problem at w (computed through the operator)."""
-    support = np.flatnonzero(w)
-    r = op.apply(support, w[support]) - op.beta
-    on = np.abs(r[support] + gamma * np.sign(w[support]))
-    off = np.delete(np.abs(r), support) - gamma
-    return float(max(on.max(initial=0.0), off.max(initial=0.0), 0.0))
+    return _kkt_from(w, residual(op, w), gamma)
 
 
 def _admm_polish(op, gamma: float, w0: np.ndarray, scale: float, *, rho: float = 0.3, alpha: float = 1.6,
@@ -232,8 +230,7 @@ def _nnls_polish(op, gamma: float, w: np.ndarray, scale: float) -> tuple[np.ndar
     """
     from scipy.optimize import nnls
 
-    support = np.flatnonzero(w)
-    d = op.beta - op.apply(support, w[support])
+    d = -residual(op, w)
     for rel in (1e-7, 1e-5, 1e-3, 1e-2, 3e-2):
         E = np.flatnonzero(np.abs(d) >= gamma * (1 - rel))
         if E.size == 0 or E.size > 3000:
@@ -243,9 +240,7 @@ def _nnls_polish(op, gamma: float, w: np.ndarray, scale: float) -> tuple[np.ndar
         v, _ = nnls(M, op.beta[E] - gamma * sE, maxiter=50 * E.size)
         cand = np.zeros_like(w)
         cand[E] = sE * v
-        sup = np.flatnonzero(cand)
-        r = op.apply(sup, cand[sup]) - op.beta
-        if _kkt_from(cand, r, gamma) <= scale:
+        if _kkt_from(cand, residual(op, cand), gamma) <= scale:
             return cand, True
     return w, False
 
@@ -320,7 +315,7 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
         w, _ = solve_cvxpy(KMMProblem(K=K, beta=op.beta, gamma=gamma), tolerance="tight")
         w = np.where(np.abs(w) > 1e-12 * max(1.0, float(np.abs(w).max())), w, 0.0)
         w, polished = _nnls_polish(op, gamma, w, scale)
-        ok = polished or _kkt_from(w, op.apply(np.flatnonzero(w), w[np.flatnonzero(w)]) - op.beta, gamma) <= 1e3 * scale
+        ok = polished or _kkt_from(w, residual(op, w), gamma) <= 1e3 * scale
         fallback = "cvxpy_reference"
     if not ok and not _late(deadline):
         w, sweeps = coordinate_descent(op, gamma, w, max_sweeps=5000, tol=1e-9, deadline=deadline)
@@ -377,8 +372,7 @@ def solve_budget(op, budget: float, *, max_iter: int = 100) -> tuple[np.ndarray,
                 if lo_g < g_c < hi_g:
                     w_c = np.zeros(op.n)
                     w_c[A] = x - g_c * y
-                    r = op.apply(A, w_c[A]) - op.beta
-                    if np.all(np.sign(w_c[A]) == sA) and _kkt_from(w_c, r, g_c) <= scale:
+                    if np.all(np.sign(w_c[A]) == sA) and _kkt_from(w_c, residual(op, w_c), g_c) <= scale:
                         return w_c, {"iterations": iters + it, "gamma": g_c, "binding": True, "converged": True}
                     g_mid = g_c
         if g_mid is None or it % 2:  # alternate with bisection so neither end stagnates

@@ -7,10 +7,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from solvers.active_set import kkt_of, solve_budget, solve_penalised
+from solvers.active_set import kkt_of, residual, solve_budget, solve_penalised
 from solvers.kkt import kkt_violation
 from solvers.operators import GradientOperator, GramOperator
-from solvers.problem import KMMInputError, KMMProblem, KMMSolveError, make_problem
+from solvers.problem import (
+    KMMInputError,
+    KMMProblem,
+    KMMSolveError,
+    check_costs,
+    check_norms,
+    check_settings,
+    make_problem,
+)
 from solvers.reference import solve_cvxpy
 
 METHODS = ("auto", "active_set", "cvxpy", "cvxpy_paper")
@@ -59,7 +67,8 @@ def _scaled(op, c: np.ndarray | None):
     return GramOperator(op.K / np.outer(c, c), op.beta / c)
 
 
-def _active_set(op, problem_like: KMMProblem) -> tuple[np.ndarray, dict]:
+def _active_set(op, problem_like: KMMProblem) -> tuple[np.ndarray, dict, object]:
+    """(w, info, the unit-cost operator it solved on)."""
     c = problem_like.costs
     inner = _scaled(op, c)
     if problem_like.gamma is not None:
@@ -69,7 +78,7 @@ def _active_set(op, problem_like: KMMProblem) -> tuple[np.ndarray, dict]:
         v, info = solve_budget(inner, problem_like.budget)
         info["multiplier"] = info["gamma"]
     w = v if c is None else v / c
-    return w, info
+    return w, info, inner
 
 
 def _status(kkt: float, beta: np.ndarray, converged: bool) -> str:
@@ -88,7 +97,7 @@ def solve_problem(problem: KMMProblem, *, method: str = "auto") -> KMMSolution:
         name = info["method"]
         iters = info.get("iterations")
     else:
-        w, info = _active_set(GramOperator(problem.K, problem.beta), problem)
+        w, info, _ = _active_set(GramOperator(problem.K, problem.beta), problem)
         name = "active_set"
         iters = info["iterations"]
         status = None
@@ -134,29 +143,22 @@ def solve_kmm_gradients(
         raise KMMInputError(f"G must be N x p and g_tar of length p, got {G.shape} and {g_tar.shape}")
     if not (np.all(np.isfinite(G)) and np.all(np.isfinite(g_tar))):
         raise KMMInputError("G or g_tar contains NaN or inf")
+    check_settings(gamma, budget)
     op = GradientOperator(G, g_tar)
-    zero = np.flatnonzero(op.diag <= 0)
-    if zero.size:
-        raise KMMInputError(f"{zero.size} candidate(s) have a zero-norm gradient, first at index {int(zero[0])}")
-    # validate the settings on a 1 x 1 stand-in (no N x N matrix is formed)
-    make_problem(np.ones((1, 1)), np.ones(1), gamma=gamma, budget=budget)
+    check_norms(op.diag, 0.0)
+    # K is never formed: the shell carries settings, beta and costs (for .l1 and .form)
     shell = KMMProblem(K=np.empty((0, 0)), beta=op.beta, gamma=gamma, budget=budget,
-                       costs=None if costs is None else np.asarray(costs, dtype=np.float64))
-    if shell.costs is not None and (shell.costs.shape != op.beta.shape or np.any(shell.costs <= 0)):
-        raise KMMInputError("costs must be a positive vector of length N")
+                       costs=check_costs(costs, op.n))
     t0 = time.perf_counter()
-    w, info = _active_set(op, shell)
+    w, info, inner = _active_set(op, shell)
     elapsed = time.perf_counter() - t0
     c = np.ones(op.n) if shell.costs is None else shell.costs
-    inner = _scaled(op, shell.costs)
-    lam = info["multiplier"]
-    kkt = kkt_of(inner, lam, w * c) if (gamma is not None or info.get("binding")) else kkt_of(inner, 0.0, w * c)
-    support = np.flatnonzero(w)
-    Kw = op.apply(support, w[support])
-    objective = 0.5 * float(w @ Kw) - float(op.beta @ w) + (gamma * float((c * np.abs(w)).sum()) if gamma else 0.0)
+    # certify on the unit-cost problem in v = c * w; a non-binding budget has multiplier 0
+    kkt = kkt_of(inner, info["multiplier"], w * c)
+    r = residual(op, w)
+    objective = 0.5 * float(w @ (r - op.beta)) + (gamma * shell.l1(w) if gamma is not None else 0.0)
     status = _status(kkt, op.beta, info.get("converged", True))
     if status != "optimal":
         raise KMMSolveError(f"gradient-space KMM solver did not converge: KKT violation {kkt:.3g}")
-    form = "penalised" if gamma is not None else ("budget" if costs is None else "cost_budget")
-    return KMMSolution(w=w, objective=objective, status=status, kkt=kkt, form=form, gamma=gamma, budget=budget,
+    return KMMSolution(w=w, objective=objective, status=status, kkt=kkt, form=shell.form, gamma=gamma, budget=budget,
                        method="active_set_gradients", iterations=info["iterations"], time_s=elapsed, info=info)

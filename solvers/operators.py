@@ -18,7 +18,7 @@ class GramOperator:
 
     def sub(self, A: np.ndarray) -> np.ndarray:
         """K[A, A]."""
-        return self.K.take(A, axis=0).take(A, axis=1)  # two contiguous gathers beat np.ix_ by ~3x
+        return self.K.take(A, axis=0).take(A, axis=1)  # two contiguous gathers: ~2x faster than np.ix_ (3.5 vs 7.2 ms, 800 of 1000)
 
     def apply(self, A: np.ndarray, w_A: np.ndarray) -> np.ndarray:
         """K[:, A] @ w_A (a length-N vector; K is symmetric so rows of K are read)."""

@@ -91,6 +91,39 @@ def _smallest_eigenvalue(K: np.ndarray, tol: float) -> float:
         return float(vals.min()) if len(vals) else 0.0
 
 
+def check_settings(gamma: float | None, budget: float | None) -> None:
+    """Exactly one of gamma >= 0 (penalised form) or budget > 0, both finite."""
+    if (gamma is None) == (budget is None):
+        raise KMMInputError("give exactly one of gamma (penalised form) or budget (||w||_1 <= budget)")
+    if gamma is not None and not (np.isfinite(gamma) and gamma >= 0):
+        raise KMMInputError(f"gamma must be a finite number >= 0, got {gamma!r}")
+    if budget is not None and not (np.isfinite(budget) and budget > 0):
+        raise KMMInputError(f"budget must be a finite number > 0, got {budget!r}")
+
+
+def check_norms(diag: np.ndarray, floor: float) -> None:
+    """Every candidate's squared gradient norm K_ii must exceed floor."""
+    zero = np.flatnonzero(diag <= floor)
+    if zero.size:
+        raise KMMInputError(
+            f"{zero.size} candidate(s) have a zero-norm gradient (K_ii = 0), first at index {int(zero[0])}; "
+            "drop them or check that their examples have response tokens"
+        )
+
+
+def check_costs(costs: np.ndarray | None, n: int) -> np.ndarray | None:
+    """Prices as a float64 vector of length n, finite and > 0 (None stays None)."""
+    if costs is None:
+        return None
+    costs = np.asarray(costs, dtype=np.float64)
+    if costs.shape != (n,):
+        raise KMMInputError(f"costs must be a vector of length N={n}, got shape {costs.shape}")
+    if not np.all(np.isfinite(costs)) or np.any(costs <= 0):
+        bad = int(np.flatnonzero(~np.isfinite(costs) | (costs <= 0))[0])
+        raise KMMInputError(f"costs must be finite and > 0, got {costs[bad]!r} at index {bad}")
+    return costs
+
+
 def make_problem(
     K: np.ndarray,
     beta: np.ndarray,
@@ -104,12 +137,7 @@ def make_problem(
     check_psd: bool = True,
 ) -> KMMProblem:
     """Validate K, beta and settings and return a float64 KMMProblem (optionally cosine-normalised)."""
-    if (gamma is None) == (budget is None):
-        raise KMMInputError("give exactly one of gamma (penalised form) or budget (||w||_1 <= budget)")
-    if gamma is not None and not (np.isfinite(gamma) and gamma >= 0):
-        raise KMMInputError(f"gamma must be a finite number >= 0, got {gamma!r}")
-    if budget is not None and not (np.isfinite(budget) and budget > 0):
-        raise KMMInputError(f"budget must be a finite number > 0, got {budget!r}")
+    check_settings(gamma, budget)
     if normalize not in ("none", "cosine"):
         raise KMMInputError(f"normalize must be 'none' or 'cosine', got {normalize!r}")
     K = np.asarray(K, dtype=np.float64)
@@ -130,19 +158,8 @@ def make_problem(
         raise KMMInputError(f"K is not symmetric: max |K - K^T| = {asym:.3g} (tolerance {sym_tol * scale:.3g})")
     K = 0.5 * (K + K.T)
     diag = np.diag(K)
-    zero = np.flatnonzero(diag <= 1e-12 * scale)
-    if zero.size:
-        raise KMMInputError(
-            f"{zero.size} candidate(s) have a zero-norm gradient (K_ii = 0), first at index {int(zero[0])}; "
-            "drop them or check that their examples have response tokens"
-        )
-    if costs is not None:
-        costs = np.asarray(costs, dtype=np.float64)
-        if costs.shape != beta.shape:
-            raise KMMInputError(f"costs must be a vector of length N={beta.shape[0]}, got shape {costs.shape}")
-        if not np.all(np.isfinite(costs)) or np.any(costs <= 0):
-            bad = int(np.flatnonzero(~np.isfinite(costs) | (costs <= 0))[0])
-            raise KMMInputError(f"costs must be finite and > 0, got {costs[bad]!r} at index {bad}")
+    check_norms(diag, 1e-12 * scale)
+    costs = check_costs(costs, beta.shape[0])
     lam_min = _smallest_eigenvalue(K, psd_tol * scale) if check_psd else 0.0
     if lam_min < -psd_tol * scale:
         raise KMMInputError(

@@ -217,3 +217,22 @@ def test_large_indefinite_matrix_is_rejected_without_a_dense_eigendecomposition(
     K[17, 18] = K[18, 17] = 2.0  # the block [[1, 2], [2, 1]] has eigenvalue -1; every K_ii is 1
     with pytest.raises(KMMInputError, match="most negative eigenvalue -1"):
         make_problem(K, np.ones(3001), gamma=0.1)
+
+
+def test_gradient_space_solver_with_prices_and_bad_settings():
+    from solvers import solve_kmm_gradients
+
+    rng = np.random.default_rng(12)
+    G, g = rng.normal(size=(20, 8)), rng.normal(size=8)
+    costs = rng.uniform(0.5, 2.0, size=20)
+    a = solve_kmm_gradients(G, g, budget=1.0, costs=costs)
+    b = solve_kmm(G @ G.T, G @ g, budget=1.0, costs=costs, method="cvxpy")
+    assert a.form == "cost_budget" and (costs * np.abs(a.w)).sum() <= 1.0 + 1e-6
+    assert a.objective <= b.objective + 1e-6 * max(1.0, abs(b.objective))
+    with pytest.raises(KMMInputError, match="gamma must be a finite number >= 0"):
+        solve_kmm_gradients(G, g, gamma=-1.0)
+    with pytest.raises(KMMInputError, match="costs must be finite and > 0"):
+        solve_kmm_gradients(G, g, budget=1.0, costs=-costs)
+    G[3] = 0.0
+    with pytest.raises(KMMInputError, match="zero-norm gradient"):
+        solve_kmm_gradients(G, g, gamma=0.1)

@@ -29,24 +29,20 @@ class GradientWorkerImpl:
         peft_model = attach_lora(model, lora, dropout=0.0)
         features = FeaturesConfig(**spec.get("features", {}))
         proj = ProjectionConfig(**spec["projection"])
-        if features.representation == "task_vector":
-            named = sorted(((n, p) for n, p in peft_model.named_parameters() if "lora_" in n), key=lambda x: x[0])
-            d = sum(p.numel() for _, p in named)
-            self.grads = GroupTaskVectors(peft_model, named, make_projector(proj.kind, d, proj.dim, proj.seed),
-                                          spec["pad_id"], steps=features.tv_steps, lr=features.tv_lr,
-                                          batch_size=features.tv_batch_size, device=device)
-            self.load_seconds = time.perf_counter() - t0
-            return
-        for n, p in peft_model.named_parameters():
-            p.requires_grad_("lora_B" in n)  # lora_A's gradient is exactly 0 at B = 0: never computed or stored
-        named = lora_b_parameters(peft_model)
+        task_vector = features.representation == "task_vector"
+        named = lora_b_parameters(peft_model, with_a=task_vector)
         params = [p for _, p in named]
-        d = sum(p.numel() for p in params)
-        projector = make_projector(proj.kind, d, proj.dim, proj.seed)
-        autocast = torch.bfloat16 if (device.startswith("cuda") and spec["dtype"] == "bfloat16") else None
-        self.grads = GroupGradients(peft_model, params, projector, spec["pad_id"], spec["batch_size"],
-                                    device, autocast, param_names=[n for n, _ in named],
-                                    token_budget=spec.get("token_budget"))
+        projector = make_projector(proj.kind, sum(p.numel() for p in params), proj.dim, proj.seed)
+        if task_vector:
+            self.grads = GroupTaskVectors(peft_model, named, projector, spec["pad_id"], steps=features.tv_steps,
+                                          lr=features.tv_lr, batch_size=features.tv_batch_size, device=device)
+        else:
+            for n, p in peft_model.named_parameters():
+                p.requires_grad_("lora_B" in n)  # lora_A's gradient is exactly 0 at B = 0: never computed or stored
+            autocast = torch.bfloat16 if (device.startswith("cuda") and spec["dtype"] == "bfloat16") else None
+            self.grads = GroupGradients(peft_model, params, projector, spec["pad_id"], spec["batch_size"],
+                                        device, autocast, param_names=[n for n, _ in named],
+                                        token_budget=spec.get("token_budget"))
         self.load_seconds = time.perf_counter() - t0
 
     def info(self) -> dict:

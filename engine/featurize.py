@@ -1,4 +1,4 @@
-"""Mean SFT-loss gradients of groups at theta_0 over the LoRA B parameters (Ray-free; actors wrap it)."""
+"""Group vectors (Ray-free; actors wrap it): mean SFT-loss gradients at theta_0 over lora_B, or task vectors."""
 
 from __future__ import annotations
 
@@ -46,26 +46,30 @@ def _decoder_and_head(model):
     return (decoder, head) if decoder is not None and head is not None else None
 
 
+def _mean_response_ce(logits, target, valid, batch: int):
+    """Per-example mean cross-entropy from the logits at the labelled positions (valid, row-major)."""
+    import torch
+
+    ce = torch.nn.functional.cross_entropy(logits.float(), target[valid], reduction="none")
+    rows = torch.nonzero(valid, as_tuple=True)[0]
+    total = torch.zeros(batch, dtype=ce.dtype, device=ce.device).index_add(0, rows, ce)
+    return total / valid.sum(dim=1).clamp(min=1)
+
+
 def per_example_loss(model, ids, mask, labels):
     """Mean token cross-entropy over each example's response tokens: a [B] tensor.
 
     The LM head (a vocabulary-sized matmul) is applied only at the labelled positions.
     """
-    import torch
-
     target = labels[:, 1:]
     valid = target != IGNORE
     parts = _decoder_and_head(model)
     if parts is None:
-        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1][valid].float()
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1][valid]
     else:
         decoder, head = parts
-        hidden = decoder(input_ids=ids, attention_mask=mask).last_hidden_state[:, :-1]
-        logits = head(hidden[valid]).float()
-    ce = torch.nn.functional.cross_entropy(logits, target[valid], reduction="none")
-    rows = torch.nonzero(valid, as_tuple=True)[0]
-    total = torch.zeros(ids.shape[0], dtype=ce.dtype, device=ce.device).index_add(0, rows, ce)
-    return total / valid.sum(dim=1).clamp(min=1)
+        logits = head(decoder(input_ids=ids, attention_mask=mask).last_hidden_state[:, :-1][valid])
+    return _mean_response_ce(logits, target, valid, ids.shape[0])
 
 
 def shared_prefix_length(examples: list[TokenizedExample], min_length: int = 8) -> int:
@@ -82,16 +86,17 @@ def shared_prefix_length(examples: list[TokenizedExample], min_length: int = 8) 
     return limit if limit >= min_length else 0
 
 
-def shared_prefix_loss(model, examples: list[TokenizedExample], owners: list[int], pad_id: int, device: str):
-    """Per-example losses with the common prefix computed once per owner (group) and its KV cache expanded.
+def shared_prefix_loss(model, examples: list[TokenizedExample], owners: list[int], P: int, pad_id: int,
+                       device: str):
+    """Per-example losses with the first P tokens (shared_prefix_length) computed once per owner (group).
 
-    Returns (losses [B], prefix rows' owners). Gradients reach each owner's prefix row summed over
-    that owner's examples, which is exactly what a per-group mean needs.
+    Returns (losses [B], prefix rows' owners). The prefix's KV cache is expanded to each owner's
+    examples, so gradients reach each owner's prefix row summed over that owner's examples, which
+    is exactly what a per-group mean needs.
     """
     import torch
     from transformers import DynamicCache
 
-    P = shared_prefix_length(examples)
     decoder, head = _decoder_and_head(model)
     groups = sorted(set(owners))
     row = {g: i for i, g in enumerate(groups)}
@@ -109,10 +114,7 @@ def shared_prefix_loss(model, examples: list[TokenizedExample], owners: list[int
                      use_cache=True).last_hidden_state[:, :-1]
     target = labels[:, 1:]
     valid = target != IGNORE
-    ce = torch.nn.functional.cross_entropy(head(hidden[valid]).float(), target[valid], reduction="none")
-    rows = torch.nonzero(valid, as_tuple=True)[0]
-    total = torch.zeros(ids.shape[0], dtype=ce.dtype, device=ce.device).index_add(0, rows, ce)
-    return total / valid.sum(dim=1).clamp(min=1), groups, int(mask.sum()) + P * len(groups)
+    return _mean_response_ce(head(hidden[valid]), target, valid, ids.shape[0]), groups
 
 
 def pack_by_tokens(lengths: list[int], token_budget: int) -> list[list[int]]:
@@ -226,9 +228,7 @@ class GroupGradients:
         for start in range(0, m, self.batch_size):
             batch = [examples[i] for i in order[start : start + self.batch_size]]
             ids, mask, labels = (t.to(self.device) for t in pad_batch(batch, self.pad_id))
-            ctx = (torch.autocast(device_type=self.device.split(":")[0], dtype=self.autocast_dtype)
-                   if self.autocast_dtype is not None else torch.autocast("cpu", enabled=False))
-            with ctx:
+            with self._autocast():
                 loss = per_example_loss(self.model, ids, mask, labels).sum() / m
             loss.backward()
             self.tokens += int(mask.sum())
@@ -261,16 +261,16 @@ class GroupGradients:
         for batch in pack_by_tokens(lengths, self.token_budget):
             exs = [flat[i][1] for i in batch]
             owners = [flat[i][0] for i in batch]
-            share = (self.share_prefix and not self.keep_per_example and len(batch) > 1
-                     and _decoder_and_head(self.model) is not None and shared_prefix_length(exs) > 0)
+            prefix = (shared_prefix_length(exs) if self.share_prefix and not self.keep_per_example
+                      and len(batch) > 1 and _decoder_and_head(self.model) is not None else 0)
+            share = prefix > 0
             with self._autocast():
                 if share:
-                    losses, prefix_owners, n_tokens = shared_prefix_loss(self.model, exs, owners, self.pad_id,
-                                                                         self.device)
+                    losses, prefix_owners = shared_prefix_loss(self.model, exs, owners, prefix, self.pad_id,
+                                                               self.device)
                 else:
                     ids, mask, labels = (t.to(self.device) for t in pad_batch(exs, self.pad_id))
-                    losses, n_tokens = per_example_loss(self.model, ids, mask, labels), int(mask.sum())
-            del n_tokens
+                    losses = per_example_loss(self.model, ids, mask, labels)
             losses.sum().backward()
             calls = [g.cpu() for g in self._hooks.collect()]
             for p in self.params:

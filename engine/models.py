@@ -121,9 +121,10 @@ def attach_lora(model, lora: LoraConfig, *, dropout: float | None = None):
         return get_peft_model(model, pcfg)
 
 
-def lora_b_parameters(peft_model) -> list[tuple[str, object]]:
-    """The featurised parameters: every lora_B weight, in a fixed (module-name) order."""
-    params = [(n, p) for n, p in peft_model.named_parameters() if "lora_B" in n]
+def lora_b_parameters(peft_model, *, with_a: bool = False) -> list[tuple[str, object]]:
+    """The featurised parameters in a fixed (name) order: every lora_B weight (and lora_A, for task vectors)."""
+    keys = ("lora_A", "lora_B") if with_a else ("lora_B",)
+    params = [(n, p) for n, p in peft_model.named_parameters() if any(k in n for k in keys)]
     if not params:
-        raise ModelError("the adapter has no lora_B parameters")
+        raise ModelError(f"the adapter has no {' or '.join(keys)} parameters")
     return sorted(params, key=lambda x: x[0])

@@ -126,8 +126,8 @@ def featurize(cfg: RunConfig, spec: dict, data: PreparedData, store: VectorStore
                    for i in range(n_workers)]
         info = ray.get(workers[0].info.remote())
         stats |= {"workers": n_workers, "dim_in": info["dim_in"], "dim_out": info["dim_out"]}
-        log.info("%d gradient workers; %d featurised parameters (lora_B) -> projected to %d",
-                 n_workers, info["dim_in"], info["dim_out"])
+        log.info("%d gradient workers; %d featurised parameters (%s) -> projected to %d",
+                 n_workers, info["dim_in"], cfg.features.representation, info["dim_out"])
         t0 = time.perf_counter()
         finished = 0
         try:
@@ -154,9 +154,13 @@ def featurize(cfg: RunConfig, spec: dict, data: PreparedData, store: VectorStore
 def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, selected: list[str],
                by_alignment: list[str]) -> list[dict]:
     groups = {g.name: g for g in data.candidates}
+    tokens: dict[str, list] = {}  # each group tokenised once, however many runs use it
 
-    def aux(names: list[str]) -> dict:
-        return {n: tokenize_examples(tokenizer, groups[n].examples, cfg.model.max_length) for n in names}
+    def usable(name: str) -> list:
+        if name not in tokens:
+            toks = tokenize_examples(tokenizer, groups[name].examples, cfg.model.max_length)
+            tokens[name] = [t for t in toks if t.n_response > 0]
+        return tokens[name]
 
     jobs = []
     opts = {"num_cpus": cfg.ray.cpus_per_worker, "num_gpus": cfg.ray.gpus_per_worker}
@@ -167,7 +171,7 @@ def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, select
     if "alignment" in cfg.finetune.baselines:
         runs.append((f"target + alignment top-{cfg.select.k}", by_alignment))
     for i, (label, names) in enumerate(runs):
-        aux_data = {n: [t for t in toks if t.n_response > 0] for n, toks in aux(names).items()}
+        aux_data = {n: usable(n) for n in names}
         jobs.append(finetune_task.options(**opts).remote(spec, label, train, aux_data, val, i == 0))
     return [r.to_dict() for r in ray.get(jobs)]
 
@@ -206,7 +210,6 @@ def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) 
         with timer.stage("gram"):
             K, beta = reducer.result(names, g_tar)
         summary["order"] = names  # row order of gram.npy / beta.npy
-        summary["g_tar_norm"] = float(np.linalg.norm(g_tar))
         stage = "solve"
         settings = {"gamma": cfg.solver.gamma, "budget": cfg.solver.budget, "method": cfg.solver.method,
                     "normalize": cfg.solver.normalize, "costs": costs}
@@ -276,15 +279,14 @@ def resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method:
     by_name = {r["group"]: r for r in prev}
     k = summary["config"]["select"]["k"]
     selected = select_top_k(sol.w, beta, k)
-    g_norm = summary["g_tar_norm"]
-    cos = beta / (np.sqrt(np.diag(K)) * g_norm)
+    cos = np.array([by_name[n]["cosine"] for n in names])  # a property of the gradients, not of the solve
     table = scores_table(names, [by_name[n]["n_examples"] for n in names], [by_name[n]["n_preview"] for n in names],
                          sol.w, beta, cos, selected)
     write_parquet(table, run_dir / "scores.parquet")
     summary["solver"] = sol.summary() | {"normalize": normalize}
     summary["selected"] = [names[i] for i in selected]
     summary["ranking"] = format_ranking(table).splitlines()
-    if summary.get("finetune") and [r["groups"] for r in summary["finetune"]][0] != sorted(summary["selected"]):
+    if summary.get("finetune") and summary["finetune"][0]["groups"] != sorted(summary["selected"]):
         summary["finetune_stale"] = "the re-solve changed the selection; fine-tune results are for the old one"
     summary["resolved"] = True
     write_json(summary, summary_path)

@@ -138,7 +138,7 @@ def _task_vectors(model_dir, steps=3):
     from engine.featurize import GroupTaskVectors
 
     peft_model = attach_lora(load_model(model_dir), LoraConfig(r=4, alpha=8), dropout=0.0)
-    named = sorted(((n, p) for n, p in peft_model.named_parameters() if "lora_" in n), key=lambda x: x[0])
+    named = lora_b_parameters(peft_model, with_a=True)
     d = sum(p.numel() for _, p in named)
     return GroupTaskVectors(peft_model, named, make_projector("identity", d, d, 0),
                             load_tokenizer(model_dir).pad_token_id, steps=steps, lr=1e-2, batch_size=2)

@@ -9,24 +9,27 @@ import ray
 
 
 def windowed(workers: list, payloads: list[Any], call: Callable[[Any, Any], Any],
-             max_in_flight: int) -> Iterator[tuple[Any, Any]]:
+             max_in_flight: int, cost: Callable[[Any], float] | None = None) -> Iterator[tuple[Any, Any]]:
     """Yield (payload, result) in completion order, never more than max_in_flight calls outstanding.
 
-    call(worker, payload) must return an ObjectRef. Each new call goes to the worker with the
-    fewest outstanding calls. A failed call raises with its payload named (nothing is skipped).
+    call(worker, payload) must return an ObjectRef. Each new call goes to the worker with the least
+    outstanding work: the sum of cost(payload) over its calls in flight (default: their count).
+    Payloads are sent in the given order (send the costliest first to balance the tail).
+    A failed call raises with its payload named (nothing is skipped).
     """
+    cost = cost or (lambda _: 1.0)
     pending = list(reversed(payloads))
     inflight: dict[Any, tuple[Any, int]] = {}
-    load = [0] * len(workers)
+    load = [0.0] * len(workers)
     while pending or inflight:
         while pending and len(inflight) < max_in_flight:
             w = min(range(len(workers)), key=lambda i: load[i])
             payload = pending.pop()
             inflight[call(workers[w], payload)] = (payload, w)
-            load[w] += 1
+            load[w] += cost(payload)
         [done], _ = ray.wait(list(inflight), num_returns=1)
         payload, w = inflight.pop(done)
-        load[w] -= 1
+        load[w] -= cost(payload)
         try:
             result = ray.get(done)
         except Exception as exc:

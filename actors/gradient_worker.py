@@ -8,41 +8,20 @@ import time
 import numpy as np
 import ray
 
-from engine.config import FeaturesConfig, LoraConfig, ProjectionConfig
-from engine.featurize import GroupGradients, GroupTaskVectors, WorkItem
+from engine.featurize import WorkItem
 
 
 class GradientWorkerImpl:
-    """Loads theta_0 with a seeded LoRA adapter once; returns projected mean gradients of groups."""
+    """Loads theta_0 (with a seeded LoRA adapter, unless full-parameter) once; returns projected group vectors."""
 
     def __init__(self, spec: dict):
         import torch
 
-        from engine.models import attach_lora, load_model, lora_b_parameters
-        from engine.projection import make_projector
+        from engine.replica import build_featurizer
 
         torch.set_num_threads(int(spec["threads"]))
         t0 = time.perf_counter()
-        device = spec.get("device", "cpu")
-        model = load_model(spec["model_dir"], spec["dtype"], device)
-        lora = LoraConfig(**spec["lora"])
-        peft_model = attach_lora(model, lora, dropout=0.0)
-        features = FeaturesConfig(**spec.get("features", {}))
-        proj = ProjectionConfig(**spec["projection"])
-        task_vector = features.representation == "task_vector"
-        named = lora_b_parameters(peft_model, with_a=task_vector)
-        params = [p for _, p in named]
-        projector = make_projector(proj.kind, sum(p.numel() for p in params), proj.dim, proj.seed)
-        if task_vector:
-            self.grads = GroupTaskVectors(peft_model, named, projector, spec["pad_id"], steps=features.tv_steps,
-                                          lr=features.tv_lr, batch_size=features.tv_batch_size, device=device)
-        else:
-            for n, p in peft_model.named_parameters():
-                p.requires_grad_("lora_B" in n)  # lora_A's gradient is exactly 0 at B = 0: never computed or stored
-            autocast = torch.bfloat16 if (device.startswith("cuda") and spec["dtype"] == "bfloat16") else None
-            self.grads = GroupGradients(peft_model, params, projector, spec["pad_id"], spec["batch_size"],
-                                        device, autocast, param_names=[n for n, _ in named],
-                                        token_budget=spec.get("token_budget"))
+        self.grads = build_featurizer(spec)
         self.load_seconds = time.perf_counter() - t0
 
     def info(self) -> dict:
@@ -54,8 +33,10 @@ class GradientWorkerImpl:
         """(names, [len(items), p] block, stats) for one block of groups."""
         tokens0, sec0 = self.grads.tokens, self.grads.seconds
         block = self.grads.featurize(items)
-        return [it.name for it in items], block, {"tokens": self.grads.tokens - tokens0,
-                                                  "seconds": self.grads.seconds - sec0, "pid": os.getpid()}
+        stats = {"tokens": self.grads.tokens - tokens0, "seconds": self.grads.seconds - sec0, "pid": os.getpid()}
+        if hasattr(self.grads, "stats"):  # GRPO: prompts, reward sum, prompts whose rewards were all equal
+            stats["grpo"] = dict(self.grads.stats)
+        return [it.name for it in items], block, stats
 
 
 # Gradient calls are pure functions of (model, group): retrying them is safe (at-least-once),

@@ -68,6 +68,7 @@ def main() -> None:
     from actors.dispatch import windowed
     from actors.gradient_worker import GradientWorker
     from engine.config import DataConfig, LoraConfig, ModelConfig, ProjectionConfig, SourceConfig
+    from engine.featurize import block_tokens, plan_blocks
     from engine.models import (
         attach_lora,
         load_model,
@@ -121,8 +122,7 @@ def main() -> None:
     spec = {"model_dir": str(model_dir), "dtype": "float32", "lora": lora.__dict__, "projection": proj_cfg.__dict__,
             "pad_id": tok.pad_token_id, "batch_size": 8, "threads": 1, "device": "cpu",
             "token_budget": args.token_budget}
-    size = args.groups_per_call
-    blocks = [items[i : i + size] for i in range(0, len(items), size)]
+    blocks = plan_blocks(items, args.groups_per_call)  # as the pipeline plans them
 
     def convalue(n_workers: int) -> tuple[float, float, dict]:
         t_start = time.perf_counter()
@@ -132,7 +132,8 @@ def main() -> None:
         ray.get([w.featurize.remote(blocks[0][:1]) for w in workers])  # warm-up
         t0 = time.perf_counter()
         out = {}
-        for _, (names, X, _) in windowed(workers, blocks, lambda w, b: w.featurize.remote(b), 2 * n_workers):
+        for _, (names, X, _) in windowed(workers, blocks, lambda w, b: w.featurize.remote(b), 2 * n_workers,
+                                           cost=block_tokens):
             out.update(zip(names, X))
         elapsed = time.perf_counter() - t0
         for w in workers:

@@ -94,8 +94,9 @@ class LoraConfig:
 class SourceConfig:
     """One data source: the built-in chatterbot corpus, a JSONL or Parquet file, or a folder of files."""
 
-    kind: Literal["chatterbot", "jsonl", "parquet", "folder"] = opt(
-        help="`chatterbot` (built-in multilingual dialogs), `jsonl`, `parquet`, or `folder` (one group per file).")
+    kind: Literal["chatterbot", "mathematics", "jsonl", "parquet", "folder"] = opt(
+        help="`chatterbot` (built-in multilingual dialogs), `mathematics` (DeepMind's school-math generator, one "
+        "group per module, numeric answers: GRPO-ready), `jsonl`, `parquet`, or `folder` (one group per file).")
     path: str | None = opt(None, "File or folder (not used by `chatterbot`).")
     group_by: str | None = opt(
         None, "chatterbot: `language` or `language/topic`. Files: the column holding the group name "
@@ -105,9 +106,18 @@ class SourceConfig:
     prompt_field: str = opt("prompt", "Column with the user prompt.")
     response_field: str = opt("response", "Column with the reference response.")
     messages_field: str = opt("messages", "Column with a chat `messages` list (used when present instead of prompt/response).")
+    examples_per_group: int = opt(64, "mathematics: question/answer pairs generated per module.")
+    seed: int = opt(0, "mathematics: generator seed (each module's stream is keyed by this seed and its name).")
 
     def validate(self) -> None:
-        if self.kind == "chatterbot":
+        if self.examples_per_group <= 0:
+            raise ConfigError("must be > 0", field="examples_per_group", value=self.examples_per_group)
+        if self.kind == "mathematics":
+            if self.path is not None or self.group_by is not None:
+                raise ConfigError("is not used by the mathematics source (groups are its modules)",
+                                  field="path" if self.path is not None else "group_by",
+                                  value=self.path if self.path is not None else self.group_by)
+        elif self.kind == "chatterbot":
             if self.group_by not in (None, "language", "language/topic"):
                 raise ConfigError("must be `language` or `language/topic` for chatterbot",
                                   field="group_by", value=self.group_by)
@@ -151,8 +161,9 @@ class DataConfig:
 class ProjectionConfig:
     """The seeded random projection applied to every gradient."""
 
-    kind: Literal["countsketch", "rademacher", "identity"] = opt(
-        "countsketch", "`countsketch` (sparse JL, O(d) per vector), `rademacher` (dense, applied in blocks), `identity`.")
+    kind: Literal["countsketch", "rademacher", "gaussian", "identity"] = opt(
+        "countsketch", "`countsketch` (sparse JL, O(d) per vector), `rademacher` or `gaussian` (dense, generated and "
+        "applied in blocks; d x p work per vector), `identity` (no compression).")
     dim: int = opt(8192, "p: projected dimension (ignored by `identity`).")
     seed: int = opt(0, "Projection seed; the same seed gives the same vectors in any worker or process.")
 
@@ -163,22 +174,54 @@ class ProjectionConfig:
 
 @dataclass(kw_only=True)
 class FeaturesConfig:
-    """What vector represents a group (paper Sec. 3.1)."""
+    """What vector represents a group (paper Sec. 3.1) and the metric of the Gram (paper App. F.1)."""
 
-    representation: Literal["one_step", "task_vector"] = opt(
-        "one_step", "`one_step`: the mean SFT-loss gradient at theta_0 over lora_B; `task_vector`: "
-        "tau = theta - theta_0 over all LoRA parameters after `tv_steps` AdamW steps on the group alone.")
+    representation: Literal["one_step", "task_vector", "grpo"] = opt(
+        "one_step", "`one_step`: the mean SFT-loss gradient at theta_0; `task_vector`: tau = theta - theta_0 after "
+        "`tv_steps` AdamW steps on the group alone; `grpo`: the mean GRPO surrogate-loss gradient at theta_0 over "
+        "sampled completions scored by `grpo_reward`.")
+    parameters: Literal["lora", "full"] = opt(
+        "lora", "`lora`: the adapter's lora_B (one_step, grpo) or lora_A and lora_B (task_vector); `full`: every "
+        "base-model weight (needs a compressing projection; groups are featurised one at a time).")
+    metric: Literal["euclidean", "diag_fisher"] = opt(
+        "euclidean", "`euclidean`: K = G G^T; `diag_fisher`: K = G M G^T with M = diag(mean_i g_i^2) over the "
+        "candidates' (projected) vectors and beta on M's support, the paper's diagonal empirical Fisher (App. F.1).")
     tv_steps: int = opt(4, "Task vectors: optimizer steps per group.")
     tv_lr: float = opt(1e-3, "Task vectors: AdamW learning rate.")
     tv_batch_size: int = opt(4, "Task vectors: examples per step.")
+    grpo_reward: str = opt(
+        "numeric_exact_match", "GRPO: the reward function r(completion, reference) -> float: a built-in, "
+        "`numeric_exact_match` (1 if the completion's last number equals the reference's) or `numeric_closeness` "
+        "(exact: 1, a wrong number: up to 0.5 by closeness), or `module:function`, or `path/to/file.py:function`.")
+    grpo_generations: int = opt(4, "GRPO: G, completions sampled per prompt.")
+    grpo_max_new_tokens: int = opt(48, "GRPO: longest completion in tokens.")
+    grpo_temperature: float = opt(0.6, "GRPO: sampling temperature.")
+    grpo_top_p: float = opt(0.95, "GRPO: nucleus sampling threshold.")
+    grpo_kl_coef: float = opt(0.005, "GRPO: weight of the k3 KL estimator against theta_0 in the surrogate loss.")
+    grpo_seed: int = opt(0, "GRPO: sampling seed (each prompt's generator is keyed by group, prompt and this seed).")
 
     def validate(self) -> None:
-        if self.tv_steps <= 0:
-            raise ConfigError("must be > 0", field="tv_steps", value=self.tv_steps)
+        for name in ("tv_steps", "tv_batch_size", "grpo_max_new_tokens"):
+            if getattr(self, name) <= 0:
+                raise ConfigError("must be > 0", field=name, value=getattr(self, name))
         if not self.tv_lr > 0:
             raise ConfigError("must be > 0", field="tv_lr", value=self.tv_lr)
-        if self.tv_batch_size <= 0:
-            raise ConfigError("must be > 0", field="tv_batch_size", value=self.tv_batch_size)
+        if self.grpo_generations < 2:
+            raise ConfigError("must be >= 2 (advantages are relative to the prompt's other completions)",
+                              field="grpo_generations", value=self.grpo_generations)
+        if not self.grpo_temperature > 0:
+            raise ConfigError("must be > 0", field="grpo_temperature", value=self.grpo_temperature)
+        if not 0 < self.grpo_top_p <= 1:
+            raise ConfigError("must be in (0, 1]", field="grpo_top_p", value=self.grpo_top_p)
+        if not self.grpo_kl_coef >= 0:
+            raise ConfigError("must be >= 0", field="grpo_kl_coef", value=self.grpo_kl_coef)
+        if self.representation == "grpo":
+            from engine.rewards import RewardError, load_reward
+
+            try:
+                load_reward(self.grpo_reward)
+            except RewardError as exc:
+                raise ConfigError(str(exc), field="grpo_reward", value=self.grpo_reward) from None
 
 
 @dataclass(kw_only=True)
@@ -289,6 +332,10 @@ class RunConfig:
     def validate(self) -> None:
         if not self.name or "/" in self.name or self.name in (".", ".."):
             raise ConfigError("must be a plain folder name", field="name", value=self.name)
+        if self.features.parameters == "full" and self.projection.kind == "identity":
+            raise ConfigError("full-parameter gradients need a compressing projection (`countsketch`, `rademacher` "
+                              "or `gaussian`): one identity vector per group would be the size of the model",
+                              field="projection.kind", value=self.projection.kind)
 
     def to_dict(self) -> dict:
         """The config as plain data (for summary.json and for sending to actors)."""

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
+import os
+import subprocess
+import sys
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,10 +143,32 @@ def _load_chatterbot(src: SourceConfig) -> dict[str, Group]:
     return groups
 
 
+def _load_mathematics(src: SourceConfig) -> dict[str, Group]:
+    if importlib.util.find_spec("mathematics_dataset") is None:
+        raise DataError("source kind `mathematics` needs `pip install mathematics-dataset==1.0.1` (make installs it)")
+    # sympy's output depends on Python's string-hash seed; a child with a fixed seed makes the data reproducible
+    request = {"include": src.include, "n": src.examples_per_group, "seed": src.seed}
+    proc = subprocess.run([sys.executable, "-m", "engine.mathgen", json.dumps(request)], capture_output=True,
+                          text=True, env=os.environ | {"PYTHONHASHSEED": "0"}, check=False)
+    try:
+        reply = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        raise DataError(f"source `mathematics`: the generator failed: {proc.stderr.strip()[-800:]}") from None
+    if "error" in reply:
+        raise DataError(f"source `mathematics`: {reply['error']}")
+    if reply["broken"]:
+        logging.getLogger("convalue").warning("mathematics: %d module(s) do not run with this numpy/sympy and are "
+                                              "left out: %s", len(reply["broken"]), ", ".join(reply["broken"]))
+    return {name: Group(name, [Example((("user", q), ("assistant", a))) for q, a in pairs], f"mathematics:{name}")
+            for name, pairs in reply["groups"].items()}
+
+
 def load_source(src: SourceConfig) -> dict[str, Group]:
     """All groups of one source after include/exclude, each non-empty."""
     if src.kind == "chatterbot":
         groups = _load_chatterbot(src)
+    elif src.kind == "mathematics":
+        groups = _load_mathematics(src)
     elif src.kind in ("jsonl", "parquet"):
         path = Path(src.path).expanduser()
         groups = _groups_from_rows(_read_rows(path), src, path.stem)

@@ -18,6 +18,18 @@ class WorkItem:
     examples: tuple[TokenizedExample, ...]
 
 
+def block_tokens(block: list[WorkItem]) -> int:
+    """Input tokens of a block of groups (its cost)."""
+    return sum(len(e) for it in block for e in it.examples)
+
+
+def plan_blocks(items: list[WorkItem], groups_per_call: int) -> list[list[WorkItem]]:
+    """Blocks of groups_per_call groups, longest groups first: similar lengths pack tighter into token-budget
+    batches, and sending the costliest blocks first balances the workers' tail."""
+    order = sorted(items, key=lambda it: -block_tokens([it]))
+    return [order[i : i + groups_per_call] for i in range(0, len(order), groups_per_call)]
+
+
 def pad_batch(examples: list[TokenizedExample], pad_id: int):
     """Right-padded input_ids, attention_mask and labels tensors."""
     import torch
@@ -46,20 +58,19 @@ def _decoder_and_head(model):
     return (decoder, head) if decoder is not None and head is not None else None
 
 
-def _mean_response_ce(logits, target, valid, batch: int):
-    """Per-example mean cross-entropy from the logits at the labelled positions (valid, row-major)."""
+def _per_row_mean(values, valid):
+    """Per-example mean of token values given at the valid positions (row-major): a [B] tensor."""
     import torch
 
-    ce = torch.nn.functional.cross_entropy(logits.float(), target[valid], reduction="none")
     rows = torch.nonzero(valid, as_tuple=True)[0]
-    total = torch.zeros(batch, dtype=ce.dtype, device=ce.device).index_add(0, rows, ce)
+    total = torch.zeros(valid.shape[0], dtype=values.dtype, device=values.device).index_add(0, rows, values)
     return total / valid.sum(dim=1).clamp(min=1)
 
 
-def per_example_loss(model, ids, mask, labels):
-    """Mean token cross-entropy over each example's response tokens: a [B] tensor.
+def response_logits(model, ids, mask, labels):
+    """(logits, targets, valid): the next-token logits at labelled positions only (valid: [B, L-1], row-major).
 
-    The LM head (a vocabulary-sized matmul) is applied only at the labelled positions.
+    The LM head (a vocabulary-sized matmul) is applied only where a label exists.
     """
     target = labels[:, 1:]
     valid = target != IGNORE
@@ -69,7 +80,15 @@ def per_example_loss(model, ids, mask, labels):
     else:
         decoder, head = parts
         logits = head(decoder(input_ids=ids, attention_mask=mask).last_hidden_state[:, :-1][valid])
-    return _mean_response_ce(logits, target, valid, ids.shape[0])
+    return logits, target[valid], valid
+
+
+def per_example_loss(model, ids, mask, labels):
+    """Mean token cross-entropy over each example's response tokens: a [B] tensor."""
+    import torch
+
+    logits, target, valid = response_logits(model, ids, mask, labels)
+    return _per_row_mean(torch.nn.functional.cross_entropy(logits.float(), target, reduction="none"), valid)
 
 
 def shared_prefix_length(examples: list[TokenizedExample], min_length: int = 8) -> int:
@@ -114,7 +133,8 @@ def shared_prefix_loss(model, examples: list[TokenizedExample], owners: list[int
                      use_cache=True).last_hidden_state[:, :-1]
     target = labels[:, 1:]
     valid = target != IGNORE
-    return _mean_response_ce(head(hidden[valid]), target, valid, ids.shape[0]), groups
+    ce = torch.nn.functional.cross_entropy(head(hidden[valid]).float(), target[valid], reduction="none")
+    return _per_row_mean(ce, valid), groups
 
 
 def pack_by_tokens(lengths: list[int], token_budget: int) -> list[list[int]]:

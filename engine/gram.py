@@ -35,10 +35,33 @@ class GramReducer:
         for (i, j), tile in self._tiles.items():
             K[offsets[i] : offsets[i + 1], offsets[j] : offsets[j + 1]] = tile
             K[offsets[j] : offsets[j + 1], offsets[i] : offsets[i + 1]] = tile.T
-        G = np.concatenate([X for _, X in self._blocks])
         perm = np.array([pos[n] for n in order])
-        beta = G[perm] @ np.asarray(g_tar, dtype=np.float64)
+        beta = self.vectors(order) @ np.asarray(g_tar, dtype=np.float64)
         return K[np.ix_(perm, perm)], beta
+
+    def vectors(self, order: list[str]) -> np.ndarray:
+        """The added rows in `order` (float64 [len(order), p])."""
+        rows = {n: X[i] for names, X in self._blocks for i, n in enumerate(names)}
+        return np.stack([rows[n] for n in order])
+
+
+def diag_fisher_gram(G: np.ndarray, g_tar: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(K, beta, M) in the diagonal empirical-Fisher metric of paper App. F.1.
+
+    M = diag(F), F = (1/N) sum_i g_i g_i^T over the N candidates; g~_i = M^(1/2) g_i and
+    g~_tar = M^(+/2) g_tar, so K = G M G^T and beta = G P_M g_tar with P_M the projector onto M's support.
+    M is scaled to mean 1, a global rescaling (the isotropic case is then M = I), so one gamma means
+    the same in both metrics.
+    """
+    G = np.asarray(G, dtype=np.float64)
+    M = np.mean(G**2, axis=0)
+    if not M.any():
+        raise ValueError("every candidate vector is zero: the diagonal Fisher metric is undefined")
+    M = M / M.mean()
+    scaled = G * np.sqrt(M)
+    K = scaled @ scaled.T
+    beta = G @ np.where(M > 0, np.asarray(g_tar, dtype=np.float64), 0.0)
+    return K, beta, M
 
 
 def gram_and_beta(G: np.ndarray, g_tar: np.ndarray, block_rows: int = 1024) -> tuple[np.ndarray, np.ndarray]:
@@ -56,7 +79,9 @@ def gram_and_beta(G: np.ndarray, g_tar: np.ndarray, block_rows: int = 1024) -> t
     return K, beta
 
 
-def cosine(beta: np.ndarray, K: np.ndarray, g_tar: np.ndarray) -> np.ndarray:
-    """One-step cosine between each g_i and g_tar: beta_i / (||g_i|| ||g_tar||)."""
-    norms = np.sqrt(np.clip(np.diag(K), 0, None)) * float(np.linalg.norm(np.asarray(g_tar, dtype=np.float64)))
-    return np.divide(beta, norms, out=np.zeros_like(beta), where=norms > 0)
+def cosine(G: np.ndarray, g_tar: np.ndarray) -> np.ndarray:
+    """One-step cosine between each row g_i of G and g_tar (Euclidean, whatever metric the Gram uses)."""
+    G = np.asarray(G, dtype=np.float64)
+    g = np.asarray(g_tar, dtype=np.float64)
+    norms = np.linalg.norm(G, axis=1) * float(np.linalg.norm(g))
+    return np.divide(G @ g, norms, out=np.zeros(len(G)), where=norms > 0)

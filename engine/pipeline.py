@@ -21,7 +21,8 @@ from actors.gradient_worker import GradientWorker
 from actors.solver import SolverActor
 from engine.config import RunConfig
 from engine.costs import load_costs
-from engine.gram import GramReducer, cosine
+from engine.featurize import block_tokens, plan_blocks
+from engine.gram import GramReducer, cosine, diag_fisher_gram
 from engine.models import load_tokenizer, resolve_model_dir
 from engine.prepare import TARGET_KEY, PreparedData, prepare, preview_key
 from engine.report import (
@@ -82,10 +83,15 @@ def fingerprint(cfg: RunConfig, model_dir: Path) -> dict:
     """What stored vectors depend on besides each group's preview (that is in the per-group key)."""
     import transformers
 
-    one_step = cfg.features.representation == "one_step"
+    f = cfg.features
+    prefix = {"task_vector": "tv_", "grpo": "grpo_"}.get(f.representation)
+    # the metric is applied to stored vectors later, so vectors do not depend on it
+    features = {"representation": f.representation, "parameters": f.parameters, "format": 2} | {
+        k: v for k, v in asdict(f).items() if prefix and k.startswith(prefix)}
     return {
-        "features": asdict(cfg.features) if not one_step else {"representation": "one_step"},
-        "parameters": "lora_B" if one_step else "lora_A+lora_B",
+        "features": features,
+        "parameters": "full" if f.parameters == "full" else
+        ("lora_A+lora_B" if f.representation == "task_vector" else "lora_B"),
         "model": cfg.model.source,
         "model_dir": model_dir.name,
         "transformers": transformers.__version__,
@@ -98,6 +104,7 @@ def fingerprint(cfg: RunConfig, model_dir: Path) -> dict:
 
 def _worker_spec(cfg: RunConfig, model_dir: Path, pad_id: int) -> dict:
     return {"model_dir": str(model_dir), "dtype": cfg.model.dtype, "lora": asdict(cfg.lora),
+            "max_length": cfg.model.max_length,
             "projection": asdict(cfg.projection), "pad_id": pad_id, "batch_size": cfg.model.batch_size,
             "token_budget": cfg.model.token_budget,
             "threads": cfg.ray.cpus_per_worker, "device": "cuda" if cfg.ray.gpus_per_worker > 0 else "cpu",
@@ -117,9 +124,9 @@ def featurize(cfg: RunConfig, spec: dict, data: PreparedData, store: VectorStore
         reducer.add(reused, X)
         log.info("resumed %d stored group vectors", len(reused))
     stats = {"groups_computed": len(todo), "groups_reused": len(reused), "tokens": 0, "compute_seconds": 0.0}
+    grpo = {"prompts": 0, "zero_advantage_prompts": 0, "reward_sum": 0.0}
     if todo:
-        size = cfg.ray.groups_per_call
-        blocks = [todo[i : i + size] for i in range(0, len(todo), size)]
+        blocks = plan_blocks(todo, cfg.ray.groups_per_call)
         n_workers = min(cfg.ray.workers, len(blocks))
         opts = {"num_cpus": cfg.ray.cpus_per_worker, "num_gpus": cfg.ray.gpus_per_worker}
         workers = [GradientWorker.options(name=f"convalue-grad-{i}-{os.getpid()}", **opts).remote(spec)
@@ -132,12 +139,14 @@ def featurize(cfg: RunConfig, spec: dict, data: PreparedData, store: VectorStore
         finished = 0
         try:
             for block, (names, X, st) in windowed(workers, blocks, lambda w, b: w.featurize.remote(b),
-                                                  cfg.ray.max_in_flight * n_workers):
+                                                  cfg.ray.max_in_flight * n_workers, cost=block_tokens):
                 store.write_block(names, [keys[n] for n in names], [len(it.examples) for it in block],
                                   [sum(len(e) for e in it.examples) for it in block], X)
                 reducer.add(names, X)
                 stats["tokens"] += st["tokens"]
                 stats["compute_seconds"] += st["seconds"]
+                for k in grpo if "grpo" in st else ():
+                    grpo[k] += st["grpo"][k]
                 finished += len(names)
                 log.info("featurised %d/%d groups (%s)", finished, len(todo), ", ".join(names))
         finally:
@@ -146,9 +155,24 @@ def featurize(cfg: RunConfig, spec: dict, data: PreparedData, store: VectorStore
         wall = time.perf_counter() - t0
         stats["wall_seconds"] = round(wall, 3)
         stats["tokens_per_second"] = round(stats["tokens"] / wall, 1) if wall > 0 else None
+        if cfg.features.representation == "grpo":
+            stats["grpo"] = {"prompts": grpo["prompts"], "zero_advantage_prompts": grpo["zero_advantage_prompts"],
+                             "mean_reward": round(grpo["reward_sum"] / max(grpo["prompts"], 1), 4)}
     store.mark_complete([it.name for it in items])
     g_tar, _ = store.load([TARGET_KEY])
     return g_tar[0], stats
+
+
+def check_nonzero(cfg: RunConfig, names: list[str], X: np.ndarray) -> None:
+    """Refuse all-zero group vectors (a zero vector has no direction to value), saying why they arise."""
+    zero = [n for n, row in zip(names, X) if not np.any(row)]
+    if not zero:
+        return
+    shown = ["the target" if n == TARGET_KEY else n for n in zero]
+    why = ("every prompt's completions got the same reward, so every advantage is 0: raise "
+           "features.grpo_generations or grpo_temperature, or use a reward that separates completions"
+           if cfg.features.representation == "grpo" else "the loss does not depend on the featurised parameters")
+    raise ValueError(f"group vector is exactly zero for {shown[:10]} ({len(zero)} in all): {why}")
 
 
 def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, selected: list[str],
@@ -184,7 +208,7 @@ def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) 
         model_dir = resolve_model_dir(cfg.model)
         tokenizer = load_tokenizer(model_dir)
     with timer.stage("data"):
-        data = prepare(cfg.data, tokenizer, cfg.model.max_length)
+        data = prepare(cfg.data, tokenizer, cfg.model.max_length, grpo=cfg.features.representation == "grpo")
         costs = load_costs(cfg.solver.costs_file, data.names()) if cfg.solver.costs_file else None
     run_dir = Path(cfg.out).expanduser() / cfg.name
     store = VectorStore(run_dir / "vectors", fingerprint(cfg, model_dir), overwrite=overwrite)
@@ -208,7 +232,14 @@ def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) 
         stage = "gram"
         names = data.names()
         with timer.stage("gram"):
-            K, beta = reducer.result(names, g_tar)
+            G = reducer.vectors(names)
+            check_nonzero(cfg, [TARGET_KEY] + names, np.vstack([g_tar[None], G]))
+            if cfg.features.metric == "diag_fisher":
+                K, beta, M = diag_fisher_gram(G, g_tar)
+                summary["metric"] = {"kind": "diag_fisher", "support": int(np.count_nonzero(M)),
+                                     "max_over_mean": round(float(M.max()), 3)}
+            else:
+                K, beta = reducer.result(names, g_tar)
         summary["order"] = names  # row order of gram.npy / beta.npy
         stage = "solve"
         settings = {"gamma": cfg.solver.gamma, "budget": cfg.solver.budget, "method": cfg.solver.method,
@@ -225,7 +256,7 @@ def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) 
         by_alignment = [int(i) for i in np.argsort(-beta, kind="stable")[: cfg.select.k]]
         n_examples = [len(g.examples) for g in data.candidates]
         table = scores_table(names, n_examples, [len(it.examples) for it in data.items], w, beta,
-                             cosine(beta, K, g_tar), selected)
+                             cosine(G, g_tar), selected)
         run_dir.mkdir(parents=True, exist_ok=True)
         write_npy(K, run_dir / "gram.npy")
         write_npy(beta, run_dir / "beta.npy")

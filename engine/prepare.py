@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 
 from engine.config import DataConfig
 from engine.data import (
     DataError,
+    Example,
     Group,
     preview_indices,
     resolve_groups,
@@ -16,7 +17,7 @@ from engine.data import (
     split_target,
 )
 from engine.featurize import WorkItem
-from engine.tokenize import TokenizedExample, tokenize_examples
+from engine.tokenize import TokenizedExample, tokenize_examples, tokenize_prompt
 
 log = logging.getLogger("convalue")
 TARGET_KEY = "__target__"
@@ -43,7 +44,7 @@ def preview_key(item: WorkItem) -> str:
     """Content hash of a group's tokenised preview (a stored vector is reused only when it matches)."""
     h = hashlib.sha256()
     for ex in item.examples:
-        h.update(repr((ex.input_ids, ex.labels)).encode())
+        h.update(repr(astuple(ex)).encode())
     return h.hexdigest()[:32]
 
 
@@ -51,8 +52,24 @@ def _usable(tokens: list[TokenizedExample]) -> list[TokenizedExample]:
     return [t for t in tokens if t.n_response > 0]
 
 
-def prepare(cfg: DataConfig, tokenizer, max_length: int) -> PreparedData:
-    """Resolve groups, split the target, sample seeded previews of m usable examples, tokenise, validate."""
+def _preview_units(tokenizer, examples: list[Example], max_length: int, grpo: bool) -> tuple[list, int]:
+    """(usable featurisation units, how many did not fit the context): SFT examples with response tokens
+    left after truncation, or GRPO prompts that leave room to generate."""
+    if grpo:
+        prompts = [tokenize_prompt(tokenizer, ex) for ex in examples]
+        good = [p for p in prompts if len(p) < max_length]
+        return good, len(prompts) - len(good)
+    toks = tokenize_examples(tokenizer, examples, max_length)
+    good = _usable(toks)
+    too_long = sum(1 for t in toks if t.n_response == 0 and len(t) >= max_length)
+    return good, too_long
+
+
+def prepare(cfg: DataConfig, tokenizer, max_length: int, *, grpo: bool = False) -> PreparedData:
+    """Resolve groups, split the target, sample seeded previews of m usable examples, tokenise, validate.
+
+    With grpo, previews hold prompts (PromptExample) rather than SFT examples; the fine-tune splits stay SFT.
+    """
     target, candidates = resolve_groups(cfg)
     if any(g.name == TARGET_KEY for g in candidates):
         raise DataError(f"group name {TARGET_KEY!r} is reserved")
@@ -65,29 +82,43 @@ def prepare(cfg: DataConfig, tokenizer, max_length: int) -> PreparedData:
                         f"{'train' if not train_tok else 'validation'} split after formatting and truncation "
                         f"to model.max_length={max_length}: empty responses, or prompts longer than the context")
     m_tar = cfg.target_preview_size or cfg.preview_size
-    idx = preview_indices(len(train_tok), m_tar, cfg.seed, TARGET_KEY)
-    target_item = WorkItem(TARGET_KEY, tuple(train_tok[i] for i in idx))
+    if grpo:
+        train_units, too_long = _preview_units(tokenizer, train, max_length, grpo=True)
+        if not train_units:
+            raise DataError(f"target group {target.name!r} ({target.origin}): all {too_long} train prompts are "
+                            f"longer than the context (model.max_length={max_length}); no room to generate")
+    else:
+        train_units = train_tok
+    idx = preview_indices(len(train_units), m_tar, cfg.seed, TARGET_KEY)
+    target_item = WorkItem(TARGET_KEY, tuple(train_units[i] for i in idx))
 
     items, kept = [], []
     for g in candidates:
         # sample a preview, tokenise it, and replace unusable examples from the rest of the group
         order = sample_order(len(g.examples), cfg.seed, g.name)
-        usable: list[TokenizedExample] = []
-        dropped = 0
+        usable: list = []
+        dropped = too_long = seen = 0
         for start in range(0, len(order), cfg.preview_size):
             chunk = [g.examples[i] for i in order[start : start + cfg.preview_size]]
-            toks = tokenize_examples(tokenizer, chunk, max_length)
-            good = _usable(toks)
-            dropped += len(toks) - len(good)
+            good, long_ = _preview_units(tokenizer, chunk, max_length, grpo)
+            seen += len(chunk)
+            dropped += len(chunk) - len(good)
+            too_long += long_
             usable.extend(good)
             if len(usable) >= cfg.preview_size:
                 break
         usable = usable[: cfg.preview_size]
         if not usable:
-            raise DataError(f"candidate group {g.name!r} ({g.origin}) has no example with response tokens "
-                            f"(empty responses, or prompts longer than model.max_length={max_length})")
+            if too_long == seen:
+                raise DataError(f"candidate group {g.name!r} ({g.origin}): all {seen} examples are longer than the "
+                                f"context (model.max_length={max_length}): no "
+                                f"{'room to generate' if grpo else 'response token survives truncation'}; raise "
+                                "model.max_length or exclude the group")
+            raise DataError(f"candidate group {g.name!r} ({g.origin}) has no usable example: {seen - too_long} "
+                            f"with an empty response, {too_long} longer than model.max_length={max_length}")
         if dropped:
-            warnings.append(f"group {g.name!r}: {dropped} example(s) without response tokens were not used")
+            warnings.append(f"group {g.name!r}: {dropped} example(s) without response tokens or room to generate "
+                            "were not used")
         if len(usable) < cfg.preview_size:
             msg = (f"candidate group {g.name!r} ({g.origin}) has {len(usable)} usable example(s), fewer than "
                    f"data.preview_size={cfg.preview_size}")

@@ -56,45 +56,88 @@ class IdentityProjector(_Base):
 
 
 class CountSketchProjector(_Base):
-    """Sparse JL / CountSketch: coordinate j goes to bucket h(j) with sign s(j); O(d) per vector."""
+    """Sparse JL / CountSketch: coordinate j goes to bucket h(j) with sign s(j); O(d) per vector.
+
+    The hash is drawn block by block from the seed, so a full-model gradient (d ~ 1e8) never needs a
+    d-sized hash table: small inputs keep one sparse matrix, large ones regenerate each block per call.
+    """
 
     kind = "countsketch"
+    block = 1 << 22
+    cache_limit = 1 << 24
 
     def __init__(self, dim_in: int, dim_out: int, seed: int):
         super().__init__(dim_in, dim_out, seed)
-        import scipy.sparse as sp
+        self._S = None
+        if dim_in <= self.cache_limit:
+            import scipy.sparse as sp
 
-        rng = np.random.default_rng([seed, 0xC0DE])
-        buckets = rng.integers(0, dim_out, size=dim_in)
-        signs = rng.integers(0, 2, size=dim_in).astype(np.float32) * 2 - 1
-        self._S = sp.csr_matrix((signs, (np.arange(dim_in), buckets)), shape=(dim_in, dim_out))
+            buckets, signs = zip(*(self._hash(b) for b in range(self._n_blocks())))
+            buckets, signs = np.concatenate(buckets), np.concatenate(signs)
+            self._S = sp.csr_matrix((signs, (np.arange(dim_in), buckets)), shape=(dim_in, dim_out))
+
+    def _n_blocks(self) -> int:
+        return -(-self.dim_in // self.block)
+
+    def _hash(self, b: int) -> tuple[np.ndarray, np.ndarray]:
+        n = min(self.block, self.dim_in - b * self.block)
+        rng = np.random.default_rng([self.seed, 0xC0DE, b])
+        return rng.integers(0, self.dim_out, size=n), rng.integers(0, 2, size=n).astype(np.float32) * 2 - 1
 
     def project(self, X: np.ndarray) -> np.ndarray:
-        return np.asarray(self._S.T.dot(self._check(X).T).T, dtype=np.float32)
+        X = self._check(X)
+        if self._S is not None:
+            return np.asarray(self._S.T.dot(X.T).T, dtype=np.float32)
+        out = np.zeros((X.shape[0], self.dim_out), dtype=np.float64)
+        for b in range(self._n_blocks()):
+            buckets, signs = self._hash(b)
+            part = X[:, b * self.block : b * self.block + len(buckets)]
+            for r in range(X.shape[0]):
+                out[r] += np.bincount(buckets, weights=part[r] * signs, minlength=self.dim_out)
+        return out.astype(np.float32)
 
 
-class RademacherProjector(_Base):
-    """Dense +-1/sqrt(p) projection, generated block by block from the seed (never a d x p matrix in memory)."""
-
-    kind = "rademacher"
+class _DenseBlocked(_Base):
+    """A dense d x p matrix generated block by block from the seed (never held whole); p^(-1/2) scaling."""
 
     def __init__(self, dim_in: int, dim_out: int, seed: int, block_rows: int = 4096):
         super().__init__(dim_in, dim_out, seed)
         self.block_rows = block_rows
 
+    def _block(self, rng: np.random.Generator, rows: int) -> np.ndarray:
+        raise NotImplementedError
+
     def project(self, X: np.ndarray) -> np.ndarray:
         X = self._check(X)
         out = np.zeros((X.shape[0], self.dim_out), dtype=np.float64)
-        scale = 1.0 / np.sqrt(self.dim_out)
         for b, start in enumerate(range(0, self.dim_in, self.block_rows)):
             stop = min(start + self.block_rows, self.dim_in)
-            rng = np.random.default_rng([self.seed, 0xD5E, b])
-            R = rng.integers(0, 2, size=(stop - start, self.dim_out), dtype=np.int8).astype(np.float32) * 2 - 1
-            out += X[:, start:stop] @ R
-        return (out * scale).astype(np.float32)
+            out += X[:, start:stop] @ self._block(np.random.default_rng([self.seed, self.salt, b]), stop - start)
+        return (out / np.sqrt(self.dim_out)).astype(np.float32)
 
 
-KINDS = {"identity": IdentityProjector, "countsketch": CountSketchProjector, "rademacher": RademacherProjector}
+class RademacherProjector(_DenseBlocked):
+    """Dense +-1/sqrt(p) projection, applied in blocks."""
+
+    kind = "rademacher"
+    salt = 0xD5E
+
+    def _block(self, rng: np.random.Generator, rows: int) -> np.ndarray:
+        return rng.integers(0, 2, size=(rows, self.dim_out), dtype=np.int8).astype(np.float32) * 2 - 1
+
+
+class GaussianProjector(_DenseBlocked):
+    """Dense N(0, 1/p) projection, applied in blocks."""
+
+    kind = "gaussian"
+    salt = 0x6A55
+
+    def _block(self, rng: np.random.Generator, rows: int) -> np.ndarray:
+        return rng.standard_normal(size=(rows, self.dim_out), dtype=np.float32)
+
+
+KINDS = {"identity": IdentityProjector, "countsketch": CountSketchProjector, "rademacher": RademacherProjector,
+         "gaussian": GaussianProjector}
 
 
 def make_projector(kind: str, dim_in: int, dim_out: int, seed: int) -> Projector:

@@ -68,3 +68,23 @@ def tokenize_example(tokenizer, example: Example, max_length: int) -> TokenizedE
 def tokenize_examples(tokenizer, examples: list[Example], max_length: int) -> list[TokenizedExample]:
     """Tokenise a list of examples (order kept)."""
     return [tokenize_example(tokenizer, ex, max_length) for ex in examples]
+
+
+@dataclass(frozen=True)
+class PromptExample:
+    """A GRPO prompt: the chat up to its last assistant turn, rendered with the generation prompt, and the reference."""
+
+    input_ids: tuple[int, ...]
+    reference: str
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def tokenize_prompt(tokenizer, example: Example) -> PromptExample:
+    """The prompt tokens of an example (its last assistant turn removed) and that turn's text as the reference."""
+    chat = example.as_chat()
+    last = max(i for i, m in enumerate(chat) if m["role"] == "assistant")
+    text = _render(tokenizer, chat[:last], generation_prompt=True)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return PromptExample(tuple(ids), chat[last]["content"])

@@ -92,6 +92,19 @@ def test_pack_by_tokens_covers_everything_within_budget():
         assert len(b) * max(lengths[i] for i in b) <= 40 or len(b) == 1
 
 
+def test_plan_blocks_sends_the_longest_groups_first():
+    from engine.featurize import WorkItem, block_tokens, plan_blocks
+    from engine.tokenize import TokenizedExample
+
+    def group(name, *lengths):
+        return WorkItem(name, tuple(TokenizedExample((1,) * n, (1,) * n) for n in lengths))
+
+    items = [group("a", 3), group("b", 10, 10), group("c", 5), group("d", 8, 1), group("e", 2)]
+    blocks = plan_blocks(items, 2)
+    assert [[it.name for it in b] for b in blocks] == [["b", "d"], ["c", "a"], ["e"]]
+    assert [block_tokens(b) for b in blocks] == [29, 8, 2]
+
+
 def _packed(model_dir, budget, keep=False):
     from engine.models import lora_b_parameters
 

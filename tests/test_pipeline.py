@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -136,6 +137,41 @@ def test_task_vector_representation_from_config(first_run):
     assert manifest["fingerprint"]["parameters"] == "lora_A+lora_B"
     assert manifest["fingerprint"]["features"]["representation"] == "task_vector"
     assert summary["featurize"]["dim_in"] > 0
+
+
+def test_grpo_representation_from_config(first_run):
+    """GRPO on real prompts: sampled completions, a reward from a user file, group vectors, a certified solve."""
+    tmp, data, _ = first_run
+    reward = Path(__file__).parent / "rewards_for_tests.py"
+    cfg = data | {"name": "grpo", "finetune": {"enabled": False},
+                  "features": {"representation": "grpo", "grpo_generations": 3, "grpo_max_new_tokens": 6,
+                               "grpo_reward": f"{reward}:length"}}
+    summary = run(config_from_dict(cfg))
+    assert summary["status"] == "complete" and summary["solver"]["kkt"] < 1e-6
+    stats = summary["featurize"]["grpo"]
+    assert stats["prompts"] == 6 * 4 and stats["zero_advantage_prompts"] == 0 and stats["mean_reward"] > 0
+    manifest = json.loads((tmp / "runs" / "grpo" / "vectors" / "manifest.json").read_text())
+    assert manifest["fingerprint"]["features"]["grpo_reward"].endswith(":length")
+    constant = cfg | {"name": "grpo0", "features": cfg["features"] | {"grpo_reward": f"{reward}:constant"}}
+    with pytest.raises(ValueError, match="exactly zero for .*the target.*same reward"):
+        run(config_from_dict(constant))
+    on_disk = json.loads((tmp / "runs" / "grpo0" / "summary.json").read_text())
+    assert on_disk["status"] == "failed" and on_disk["failed_stage"] == "gram"
+    assert not (tmp / "runs" / "grpo0" / "scores.parquet").exists()
+
+
+def test_full_parameters_with_the_diagonal_fisher_metric(first_run):
+    tmp, data, _ = first_run
+    cfg = data | {"name": "full", "finetune": {"enabled": False},
+                  "features": {"parameters": "full", "metric": "diag_fisher"}}
+    summary = run(config_from_dict(cfg))
+    assert summary["status"] == "complete" and summary["solver"]["kkt"] < 1e-6
+    assert summary["featurize"]["dim_in"] > 3_000_000  # every weight of the tiny Llama
+    assert summary["metric"]["kind"] == "diag_fisher" and summary["metric"]["support"] > 0
+    manifest = json.loads((tmp / "runs" / "full" / "vectors" / "manifest.json").read_text())
+    assert manifest["fingerprint"]["parameters"] == "full"
+    table = pq.read_table(tmp / "runs" / "full" / "scores.parquet")
+    assert np.all(np.abs(table.column("cosine").to_numpy()) <= 1 + 1e-9)
 
 
 def test_cli_joins_an_existing_cluster_by_address(first_run, ray_session, tiny_model_dir):

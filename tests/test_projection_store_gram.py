@@ -14,7 +14,7 @@ from engine.projection import ProjectionError, make_projector
 from engine.store import StoreError, VectorStore
 
 
-@pytest.mark.parametrize("kind", ["countsketch", "rademacher"])
+@pytest.mark.parametrize("kind", ["countsketch", "rademacher", "gaussian"])
 def test_inner_products_preserved_in_expectation(kind):
     rng = np.random.default_rng(0)
     d, p = 2000, 64
@@ -42,6 +42,19 @@ def test_identity_is_exact_and_bad_dims_raise():
         make_projector("fourier", 10, 4, 0)
 
 
+def test_streamed_countsketch_equals_the_cached_one(monkeypatch):
+    """Large inputs (full-model gradients) hash block by block instead of holding a d-sized matrix: same map."""
+    from engine.projection import CountSketchProjector
+
+    monkeypatch.setattr(CountSketchProjector, "block", 1000)
+    X = np.random.default_rng(3).normal(size=(3, 4500)).astype(np.float32)
+    cached = CountSketchProjector(4500, 64, 5)
+    monkeypatch.setattr(CountSketchProjector, "cache_limit", 0)
+    streamed = CountSketchProjector(4500, 64, 5)
+    assert cached._S is not None and streamed._S is None
+    np.testing.assert_allclose(streamed.project(X), cached.project(X), rtol=1e-5, atol=1e-5)
+
+
 SCRIPT = """
 import numpy as np, sys
 from engine.projection import make_projector
@@ -50,7 +63,7 @@ print(repr(make_projector(sys.argv[1], 5000, 128, 42).project(x).tolist()))
 """
 
 
-@pytest.mark.parametrize("kind", ["countsketch", "rademacher"])
+@pytest.mark.parametrize("kind", ["countsketch", "rademacher", "gaussian"])
 def test_same_seed_same_vector_in_two_processes(kind):
     outs = [subprocess.run([sys.executable, "-c", SCRIPT, kind], capture_output=True, text=True, check=True).stdout
             for _ in range(2)]
@@ -75,8 +88,10 @@ def test_gram_reducer_matches_dense_product():
     np.testing.assert_allclose(K2, G64 @ G64.T, rtol=1e-12)
     np.testing.assert_allclose(beta, G64 @ g, rtol=1e-12)
     np.testing.assert_allclose(beta2, beta, rtol=1e-12)
-    c = cosine(beta, K, g)
+    c = cosine(G, g)
+    np.testing.assert_allclose(c, beta / np.sqrt(np.diag(K)) / np.linalg.norm(g), rtol=1e-9)
     assert np.all(np.abs(c) <= 1 + 1e-12)
+    np.testing.assert_array_equal(red.vectors(["g2", "g0"]), G64[[2, 0]])
     with pytest.raises(ValueError, match="no gradient"):
         red.result(names + ["absent"], g)
 

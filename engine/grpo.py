@@ -1,0 +1,165 @@
+"""GRPO group vectors (paper Sec. 3.1): the mean gradient at theta_0 of the GRPO surrogate loss.
+
+For each prompt q of a group's preview, G completions o_1..o_G are sampled from pi_theta0 with HF
+generate, scored by the reward function, and given group-relative advantages
+A_j = (r_j - mean(r)) / (std(r) + eps). The per-prompt surrogate (Shao et al. 2024, eq. 3) is
+
+    L(q) = -(1/G) sum_j (1/|o_j|) sum_t [ rho_jt A_j - kl_coef * KL_jt ],
+    rho_jt = pi_theta(o_jt | .) / pi_theta_old(o_jt | .),  KL_jt = r - log r - 1 with r = pi_ref / pi_theta,
+
+and the group vector is the mean over prompts of grad L(q) at theta = theta_old = theta_ref = theta_0.
+There rho = 1 with gradient grad log pi, and the k3 KL term and its gradient are exactly zero; it is
+still evaluated, so the loss is the full GRPO objective and not a special case written by hand.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+
+import numpy as np
+
+from engine.featurize import IGNORE, WorkItem, _per_row_mean, pad_batch, response_logits
+from engine.rewards import RewardError, load_reward, score
+from engine.tokenize import PromptExample, TokenizedExample
+
+ADV_EPS = 1e-4
+
+
+class GrpoError(ValueError):
+    """A GRPO featurisation problem (no completions, a failing reward), naming the group and prompt."""
+
+
+def advantages(rewards: np.ndarray) -> np.ndarray:
+    """Group-relative advantages (r - mean r) / (std r + eps); all zero when every reward is equal."""
+    r = np.asarray(rewards, dtype=np.float64)
+    return (r - r.mean()) / (r.std() + ADV_EPS)
+
+
+def surrogate_loss(logp, ref_logp, adv, weight, valid, kl_coef: float):
+    """-sum_j weight_j mean_t [exp(logp - logp.detach()) A_j - kl_coef * k3(ref_logp - logp)] (a scalar tensor).
+
+    logp, ref_logp: token log-probabilities at the valid positions (row-major); adv, weight: per row [R];
+    valid: [R, L]. weight_j = 1/G gives one prompt's GRPO loss.
+    """
+    import torch
+
+    rows = torch.nonzero(valid, as_tuple=True)[0]
+    ratio = torch.exp(logp - logp.detach())
+    log_r = ref_logp - logp
+    kl = torch.exp(log_r) - log_r - 1
+    per_token = ratio * adv[rows] - kl_coef * kl
+    return -(_per_row_mean(per_token, valid) * weight).sum()
+
+
+class GroupGrpoGradients:
+    """Mean GRPO surrogate gradient of each group over `params` (lora_B, or every weight), then projected."""
+
+    def __init__(self, model, params: list, projector, tokenizer, *, reward: str, generations: int,
+                 max_new_tokens: int, temperature: float, top_p: float, kl_coef: float, seed: int,
+                 max_length: int, device: str = "cpu"):
+        self.model = model.eval()
+        self.params = params
+        self.projector = projector
+        self.tokenizer = tokenizer
+        self.reward_name = reward
+        try:
+            self.reward = load_reward(reward)
+        except RewardError as exc:
+            raise GrpoError(str(exc)) from None
+        self.G, self.max_new_tokens, self.temperature, self.top_p = generations, max_new_tokens, temperature, top_p
+        self.kl_coef, self.seed, self.max_length, self.device = kl_coef, seed, max_length, device
+        self.pad_id = tokenizer.pad_token_id
+        self.eos_id = tokenizer.eos_token_id
+        self.tokens = 0
+        self.seconds = 0.0
+        self.stats = {"prompts": 0, "zero_advantage_prompts": 0, "reward_sum": 0.0}  # of the last featurize call
+        self.per_example: dict[str, np.ndarray] = {}
+
+    @property
+    def dim(self) -> int:
+        """d: number of featurised parameters."""
+        return sum(p.numel() for p in self.params)
+
+    def sample(self, group: str, prompts: tuple[PromptExample, ...]) -> list[list[tuple[int, ...]]]:
+        """G completions per prompt (token ids through the first end-of-sequence), all prompts of a group in one
+        left-padded generate call, seeded by the group's name."""
+        import torch
+
+        longest = max(len(p) for p in prompts)
+        room = min(self.max_new_tokens, self.max_length - longest)
+        if room <= 0:
+            index = max(range(len(prompts)), key=lambda i: len(prompts[i]))
+            raise GrpoError(f"group {group!r} prompt {index}: {longest} prompt tokens leave no room to generate "
+                            f"within model.max_length={self.max_length}")
+        ids = torch.full((len(prompts), longest), self.pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, p in enumerate(prompts):
+            ids[i, longest - len(p):] = torch.tensor(p.input_ids)
+            mask[i, longest - len(p):] = 1
+        seed = zlib.crc32(f"{self.seed}/{group}".encode())
+        devices = [torch.device(self.device)] if self.device.startswith("cuda") else []
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            torch.manual_seed(seed)
+            out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                                      do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=0,
+                                      max_new_tokens=room, num_return_sequences=self.G,
+                                      pad_token_id=self.pad_id, eos_token_id=self.eos_id)
+        completions: list[list[tuple[int, ...]]] = [[] for _ in prompts]
+        for r, row in enumerate(out[:, longest:].tolist()):  # rows are prompt-major: G per prompt
+            cut = row.index(self.eos_id) + 1 if self.eos_id in row else len(row)
+            completions[r // self.G].append(tuple(row[:cut]))
+        for i, cs in enumerate(completions):
+            if not any(cs):
+                raise GrpoError(f"group {group!r} prompt {i}: generate returned no completion tokens")
+        return completions
+
+    def raw_gradient(self, item: WorkItem) -> np.ndarray:
+        """The unprojected mean surrogate gradient of one group (float32, length d)."""
+        import torch
+
+        if not item.examples:
+            raise GrpoError(f"group {item.name!r} has no prompts")
+        prompts = item.examples
+        m = len(prompts)
+        rows, adv, weight = [], [], []
+        for index, (prompt, completions) in enumerate(zip(prompts, self.sample(item.name, prompts))):
+            texts = [self.tokenizer.decode(c, skip_special_tokens=True) for c in completions]
+            where = f"group {item.name!r} prompt {index}"
+            rewards = np.array([score(self.reward, t, prompt.reference, where) for t in texts])
+            a = advantages(rewards)
+            kept = [j for j, c in enumerate(completions) if c]
+            for j in kept:  # the prompt's loss is the mean over its completions; the group's, over its prompts
+                rows.append(TokenizedExample(prompt.input_ids + completions[j],
+                                             (IGNORE,) * len(prompt) + completions[j]))
+                adv.append(a[j])
+                weight.append(1.0 / (m * len(kept)))
+            self.stats["prompts"] += 1
+            self.stats["reward_sum"] += float(rewards.mean())
+            self.stats["zero_advantage_prompts"] += int(np.ptp(rewards) == 0)
+        for p in self.params:
+            p.grad = None
+        step = self.G * 4
+        for start in range(0, len(rows), step):
+            ids, mask, labels = (t.to(self.device) for t in pad_batch(rows[start:start + step], self.pad_id))
+            logits, target, valid = response_logits(self.model, ids, mask, labels)
+            logp = torch.log_softmax(logits.float(), dim=-1).gather(1, target[:, None])[:, 0]
+            # featurisation is at theta_0 (LoRA B = 0, or the untouched base): pi_ref = pi_old = pi_theta
+            chunk = slice(start, start + step)
+            loss = surrogate_loss(logp, logp.detach(), torch.tensor(adv[chunk], dtype=torch.float32, device=self.device),
+                                  torch.tensor(weight[chunk], dtype=torch.float32, device=self.device), valid, self.kl_coef)
+            loss.backward()
+            self.tokens += int(mask.sum())
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        flat = torch.cat([g.detach().float().reshape(-1) for g in grads]).cpu().numpy()
+        for p in self.params:
+            p.grad = None
+        return flat
+
+    def featurize(self, items: list[WorkItem]) -> np.ndarray:
+        """Projected GRPO gradients of several groups: a [len(items), p] float32 block."""
+        t0 = time.perf_counter()
+        self.stats = dict.fromkeys(self.stats, 0)
+        raw = np.stack([self.raw_gradient(it) for it in items])
+        self.seconds += time.perf_counter() - t0
+        return self.projector.project(raw)

@@ -1,0 +1,233 @@
+"""GRPO, full-parameter gradients, the diagonal-Fisher metric and the mathematics source on a tiny real Llama."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import chatterbot_pairs
+
+from engine.config import (
+    ConfigError,
+    DataConfig,
+    FeaturesConfig,
+    LoraConfig,
+    SourceConfig,
+    config_from_dict,
+)
+from engine.data import DataError, Example, load_source
+from engine.featurize import IGNORE, WorkItem, pad_batch, per_example_loss, response_logits
+from engine.gram import diag_fisher_gram
+from engine.grpo import GrpoError, advantages, surrogate_loss
+from engine.models import load_model, load_tokenizer
+from engine.prepare import prepare
+from engine.rewards import RewardError, load_reward, numeric_closeness, numeric_exact_match
+from engine.tokenize import PromptExample, TokenizedExample, tokenize_examples, tokenize_prompt
+
+REWARDS = Path(__file__).parent / "rewards_for_tests.py"
+
+
+def spec_for(model_dir: Path, **features) -> dict:
+    tok = load_tokenizer(model_dir)
+    return {"model_dir": str(model_dir), "dtype": "float32", "lora": asdict(LoraConfig(r=4, alpha=8)),
+            "max_length": 96, "projection": {"kind": "identity", "dim": 1, "seed": 0}, "pad_id": tok.pad_token_id,
+            "batch_size": 4, "token_budget": 1024, "threads": 1, "features": asdict(FeaturesConfig(**features))}
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny_model_dir) -> tuple[PromptExample, ...]:
+    tok = load_tokenizer(tiny_model_dir)
+    rows = [("What is 7 + 5?", "12"), ("Calculate 3*4.", "#### 12"), ("What is 10 - 3?", "7")]
+    return tuple(tokenize_prompt(tok, Example((("user", q), ("assistant", a)))) for q, a in rows)
+
+
+# --- rewards and advantages -------------------------------------------------------------------------------
+
+
+def test_numeric_rewards():
+    assert numeric_exact_match("so the answer is 1,234.", "1234") == 1.0
+    assert numeric_exact_match("x = -3.50", "Solve ... #### -3.5") == 1.0
+    assert numeric_exact_match("7/12", "The probability is 7/12") == 1.0
+    assert numeric_exact_match("12 then 13", "12") == 0.0  # the last number counts
+    assert numeric_exact_match("no idea", "12") == 0.0
+    with pytest.raises(RewardError, match="no numeric final answer"):
+        numeric_exact_match("12", "True")
+    assert numeric_closeness("12", "12") == 1.0
+    assert 0 < numeric_closeness("13", "12") < numeric_closeness("12.5", "12") < 0.5
+    assert numeric_closeness("none", "12") == 0.0
+
+
+def test_load_reward_by_name_file_and_module():
+    assert load_reward("numeric_exact_match") is numeric_exact_match
+    assert load_reward(f"{REWARDS}:length")("abc", "") == 3.0
+    assert load_reward("engine.rewards:numeric_closeness") is numeric_closeness
+    for spec, msg in [("nope", "unknown reward"), (f"{REWARDS}:absent", "no function"),
+                      ("/no/such.py:f", "does not exist"), ("no_such_module_x:f", "cannot be imported")]:
+        with pytest.raises(RewardError, match=msg):
+            load_reward(spec)
+    with pytest.raises(ConfigError, match="features.grpo_reward") as err:
+        config_from_dict({"data": {"target": {"kind": "chatterbot", "include": ["marathi"]},
+                                   "candidates": [{"kind": "chatterbot"}]},
+                          "features": {"representation": "grpo", "grpo_reward": "nope"}})
+    assert "unknown reward" in str(err.value)
+
+
+def test_advantages_are_group_relative():
+    a = advantages(np.array([1.0, 0.0, 0.0, 1.0]))
+    assert abs(a.sum()) < 1e-12 and a[0] > 0 > a[1]
+    np.testing.assert_array_equal(advantages(np.array([0.5, 0.5, 0.5])), 0.0)
+
+
+# --- GRPO featurisation -------------------------------------------------------------------------------------
+
+
+def test_grpo_surrogate_gradient_is_the_advantage_weighted_policy_gradient(tiny_model_dir, prompts):
+    """At theta_0, grad L = -sum_j w_j A_j grad mean_t log pi(o_jt), and the KL term adds exactly nothing."""
+    from engine.replica import build_featurizer
+
+    f = build_featurizer(spec_for(tiny_model_dir, representation="grpo", grpo_generations=3,
+                                  grpo_max_new_tokens=6, grpo_reward=f"{REWARDS}:length"))
+    completions = f.sample("g", prompts[:1])[0]
+    P = len(prompts[0])
+    toks = [TokenizedExample(prompts[0].input_ids + c, (IGNORE,) * P + c) for c in completions]
+    ids, mask, labels = pad_batch(toks, f.pad_id)
+    adv = torch.tensor([1.0, -0.5, -0.5])
+    weight = torch.full((3,), 1 / 3)
+
+    def grad_of(kl: float | None):
+        for p in f.params:
+            p.grad = None
+        logits, target, valid = response_logits(f.model, ids, mask, labels)
+        logp = torch.log_softmax(logits, -1).gather(1, target[:, None])[:, 0]
+        if kl is None:  # the textbook policy gradient, written independently
+            rows_ = torch.nonzero(valid, as_tuple=True)[0]
+            per_row = torch.zeros(3).index_add(0, rows_, logp) / valid.sum(1)
+            (-(weight * adv * per_row).sum()).backward()
+        else:
+            surrogate_loss(logp, logp.detach(), adv, weight, valid, kl).backward()
+        return torch.cat([p.grad.reshape(-1) for p in f.params]).clone()
+
+    reference = grad_of(None)
+    assert reference.norm() > 0
+    torch.testing.assert_close(grad_of(0.0), reference, rtol=1e-5, atol=1e-8)
+    torch.testing.assert_close(grad_of(0.5), reference, rtol=1e-5, atol=1e-8)
+
+
+def test_grpo_vectors_are_deterministic_and_nonzero(tiny_model_dir, prompts):
+    from engine.replica import build_featurizer
+
+    spec = spec_for(tiny_model_dir, representation="grpo", grpo_generations=3, grpo_max_new_tokens=8,
+                    grpo_reward=f"{REWARDS}:length")
+    items = [WorkItem("a", prompts[:2]), WorkItem("b", prompts[1:])]
+    f = build_featurizer(spec)
+    X = f.featurize(items)
+    assert X.shape == (2, f.dim) and np.all(np.linalg.norm(X, axis=1) > 0)
+    assert f.stats["prompts"] == 4 and f.stats["zero_advantage_prompts"] == 0
+    np.testing.assert_array_equal(build_featurizer(spec).featurize(items), X)
+
+
+def test_grpo_errors_name_group_and_prompt(tiny_model_dir, prompts):
+    from engine.replica import build_featurizer
+
+    f = build_featurizer(spec_for(tiny_model_dir, representation="grpo", grpo_max_new_tokens=4,
+                                  grpo_reward=f"{REWARDS}:broken"))
+    with pytest.raises(RewardError, match=r"group 'a' prompt 0: reward function 'broken' raised ValueError: boom"):
+        f.featurize([WorkItem("a", prompts[:1])])
+    long_prompt = PromptExample(tuple(prompts[0].input_ids) * 20, "12")
+    g = build_featurizer(spec_for(tiny_model_dir, representation="grpo", grpo_reward=f"{REWARDS}:length"))
+    with pytest.raises(GrpoError, match="group 'b' prompt 0: .* no room to generate"):
+        g.featurize([WorkItem("b", (long_prompt,))])
+    with pytest.raises(GrpoError, match="no prompts"):
+        g.featurize([WorkItem("c", ())])
+    zero = build_featurizer(spec_for(tiny_model_dir, representation="grpo", grpo_max_new_tokens=4,
+                                     grpo_reward=f"{REWARDS}:constant")).featurize([WorkItem("d", prompts)])
+    assert not zero.any()  # equal rewards: no signal (the pipeline refuses such a group with an explanation)
+
+
+def test_prepare_rejects_groups_longer_than_the_context(tiny_model_dir, tmp_path):
+    from conftest import write_jsonl
+
+    tok = load_tokenizer(tiny_model_dir)
+    long_rows = [{"prompt": "word " * 200, "response": "12", "group": "long"} for _ in range(3)]
+    ok_rows = [r | {"group": "ok"} for r in chatterbot_pairs("english", 4)]
+    pool = write_jsonl(tmp_path / "pool.jsonl", long_rows + ok_rows)
+    target = write_jsonl(tmp_path / "t.jsonl", chatterbot_pairs("marathi", 8))
+    cfg = DataConfig(target=SourceConfig(kind="jsonl", path=str(target)),
+                     candidates=[SourceConfig(kind="jsonl", path=str(pool), group_by="group")], preview_size=2)
+    for grpo, what in [(False, "response token survives truncation"), (True, "room to generate")]:
+        with pytest.raises(DataError, match=f"'long'.*all 3 examples are longer than the context.*{what}"):
+            prepare(cfg, tok, 64, grpo=grpo)
+    without_long = [SourceConfig(kind="jsonl", path=str(pool), group_by="group", exclude=["long"])]
+    data = prepare(DataConfig(target=cfg.target, candidates=without_long, preview_size=2), tok, 64, grpo=True)
+    assert all(isinstance(e, PromptExample) for it in data.items for e in it.examples)
+    assert data.items[0].examples[0].reference in {r["response"] for r in ok_rows}
+
+
+# --- full-parameter gradients -------------------------------------------------------------------------------
+
+
+def test_full_parameter_gradient_is_the_mean_gradient_of_every_weight(tiny_model_dir):
+    from engine.replica import build_featurizer
+
+    tok = load_tokenizer(tiny_model_dir)
+    exs = tuple(tokenize_examples(tok, [Example((("user", r["prompt"]), ("assistant", r["response"])))
+                                        for r in chatterbot_pairs("german", 5)], 64))
+    f = build_featurizer(spec_for(tiny_model_dir, parameters="full"))
+    model = load_model(tiny_model_dir)
+    n_weights = sum(p.numel() for p in model.parameters())
+    assert f.dim == n_weights and f.token_budget is None
+    vec = f.featurize([WorkItem("g", exs)])[0]
+    ids, mask, labels = pad_batch(list(exs), tok.pad_token_id)
+    per_example_loss(model, ids, mask, labels).mean().backward()
+    expected = torch.cat([p.grad.reshape(-1) for _, p in model.named_parameters()]).numpy()
+    np.testing.assert_allclose(vec, expected, rtol=1e-4, atol=1e-6)
+    with pytest.raises(ConfigError, match="projection.kind.*compressing projection"):
+        config_from_dict({"data": {"target": {"kind": "chatterbot", "include": ["marathi"]},
+                                   "candidates": [{"kind": "chatterbot"}]},
+                          "features": {"parameters": "full"}, "projection": {"kind": "identity"}})
+
+
+# --- diagonal empirical Fisher ------------------------------------------------------------------------------
+
+
+def test_diag_fisher_gram_is_the_transformed_euclidean_gram():
+    rng = np.random.default_rng(0)
+    G = rng.normal(size=(6, 9)) * rng.uniform(0.1, 3, size=9)
+    G[:, 4] = 0.0  # a coordinate no candidate moves: outside M's support
+    g_tar = rng.normal(size=9)
+    K, beta, M = diag_fisher_gram(G, g_tar)
+    F = np.mean(G**2, axis=0)
+    M_ref = F / F.mean()
+    np.testing.assert_allclose(M, M_ref)
+    Gt = G * np.sqrt(M_ref)                                  # g~_i = M^(1/2) g_i
+    gt = np.where(M_ref > 0, g_tar / np.sqrt(np.where(M_ref > 0, M_ref, 1)), 0)  # M^(+/2) g_tar
+    np.testing.assert_allclose(K, Gt @ Gt.T, rtol=1e-12)
+    np.testing.assert_allclose(beta, Gt @ gt, rtol=1e-12)
+    assert np.all(np.linalg.eigvalsh(K) > -1e-10)
+    iso = np.sign(rng.normal(size=(4, 5)))  # all |g_id| equal: M = I, the Euclidean Gram
+    K_iso, beta_iso, _ = diag_fisher_gram(iso, np.ones(5))
+    np.testing.assert_allclose(K_iso, iso @ iso.T)
+    with pytest.raises(ValueError, match="every candidate vector is zero"):
+        diag_fisher_gram(np.zeros((2, 3)), np.ones(3))
+
+
+# --- the mathematics source ---------------------------------------------------------------------------------
+
+
+def test_mathematics_source_is_seeded_and_validated():
+    src = SourceConfig(kind="mathematics", include=["arithmetic__add_or_sub", "numbers__gcd"], examples_per_group=5)
+    groups = load_source(src)
+    assert sorted(groups) == ["arithmetic__add_or_sub", "numbers__gcd"]
+    assert all(len(g.examples) == 5 for g in groups.values())
+    assert all(numeric_exact_match(e.messages[1][1], e.messages[1][1]) == 1.0 for g in groups.values()
+               for e in g.examples)
+    assert load_source(src)["numbers__gcd"].examples == groups["numbers__gcd"].examples
+    other = load_source(SourceConfig(kind="mathematics", include=["numbers__gcd"], examples_per_group=5, seed=1))
+    assert other["numbers__gcd"].examples != groups["numbers__gcd"].examples
+    with pytest.raises(DataError, match="unknown module"):
+        load_source(SourceConfig(kind="mathematics", include=["arithmetic__nope"]))
+    with pytest.raises(ConfigError, match="not used by the mathematics source"):
+        SourceConfig(kind="mathematics", path="x").validate()

@@ -29,14 +29,16 @@ class GradientWorkerImpl:
         return {"pid": os.getpid(), "dim_in": self.grads.dim, "dim_out": self.grads.projector.dim_out,
                 "load_seconds": self.load_seconds}
 
-    def featurize(self, items: list[WorkItem]) -> tuple[list[str], np.ndarray, dict]:
-        """(names, [len(items), p] block, stats) for one block of groups."""
+    def featurize(self, items: list[WorkItem]) -> tuple[list[str], np.ndarray, dict, list[np.ndarray] | None]:
+        """(names, [len(items), p] block, stats, per-example [m_i, p] blocks or None) for one block of groups."""
         tokens0, sec0 = self.grads.tokens, self.grads.seconds
         block = self.grads.featurize(items)
         stats = {"tokens": self.grads.tokens - tokens0, "seconds": self.grads.seconds - sec0, "pid": os.getpid()}
         if hasattr(self.grads, "stats"):  # GRPO: prompts, reward sum, prompts whose rewards were all equal
             stats["grpo"] = dict(self.grads.stats)
-        return [it.name for it in items], block, stats
+        kept = self.grads.per_example
+        per_example = [kept.pop(it.name) for it in items] if kept else None
+        return [it.name for it in items], block, stats, per_example
 
 
 # Gradient calls are pure functions of (model, group): retrying them is safe (at-least-once),

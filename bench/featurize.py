@@ -132,7 +132,7 @@ def main() -> None:
         ray.get([w.featurize.remote(blocks[0][:1]) for w in workers])  # warm-up
         t0 = time.perf_counter()
         out = {}
-        for _, (names, X, _) in windowed(workers, blocks, lambda w, b: w.featurize.remote(b), 2 * n_workers,
+        for _, (names, X, _, _) in windowed(workers, blocks, lambda w, b: w.featurize.remote(b), 2 * n_workers,
                                            cost=block_tokens):
             out.update(zip(names, X))
         elapsed = time.perf_counter() - t0

@@ -186,6 +186,9 @@ class FeaturesConfig:
     metric: Literal["euclidean", "diag_fisher"] = opt(
         "euclidean", "`euclidean`: K = G G^T; `diag_fisher`: K = G M G^T with M = diag(mean_i g_i^2) over the "
         "candidates' (projected) vectors and beta on M's support, the paper's diagonal empirical Fisher (App. F.1).")
+    keep_per_example: bool = opt(
+        False, "one_step with packing (model.token_budget): also store every preview example's projected gradient "
+        "beside its group's mean (for confidence intervals); turns prefix sharing off.")
     tv_steps: int = opt(4, "Task vectors: optimizer steps per group.")
     tv_lr: float = opt(1e-3, "Task vectors: AdamW learning rate.")
     tv_batch_size: int = opt(4, "Task vectors: examples per step.")
@@ -332,6 +335,12 @@ class RunConfig:
     def validate(self) -> None:
         if not self.name or "/" in self.name or self.name in (".", ".."):
             raise ConfigError("must be a plain folder name", field="name", value=self.name)
+        if self.features.keep_per_example and (self.features.representation != "one_step"
+                                               or self.features.parameters != "lora"
+                                               or self.model.token_budget is None):
+            raise ConfigError("needs representation `one_step`, parameters `lora` and a model.token_budget "
+                              "(per-example gradients come from the packed path's hooks)",
+                              field="features.keep_per_example", value=True)
         if self.features.parameters == "full" and self.projection.kind == "identity":
             raise ConfigError("full-parameter gradients need a compressing projection (`countsketch`, `rademacher` "
                               "or `gaussian`): one identity vector per group would be the size of the model",

@@ -86,7 +86,8 @@ def fingerprint(cfg: RunConfig, model_dir: Path) -> dict:
     f = cfg.features
     prefix = {"task_vector": "tv_", "grpo": "grpo_"}.get(f.representation)
     # the metric is applied to stored vectors later, so vectors do not depend on it
-    features = {"representation": f.representation, "parameters": f.parameters, "format": 2} | {
+    features = {"representation": f.representation, "parameters": f.parameters, "format": 2,
+                "keep_per_example": f.keep_per_example} | {
         k: v for k, v in asdict(f).items() if prefix and k.startswith(prefix)}
     return {
         "features": features,
@@ -138,10 +139,11 @@ def featurize(cfg: RunConfig, spec: dict, data: PreparedData, store: VectorStore
         t0 = time.perf_counter()
         finished = 0
         try:
-            for block, (names, X, st) in windowed(workers, blocks, lambda w, b: w.featurize.remote(b),
-                                                  cfg.ray.max_in_flight * n_workers, cost=block_tokens):
+            for block, (names, X, st, per_example) in windowed(
+                    workers, blocks, lambda w, b: w.featurize.remote(b), cfg.ray.max_in_flight * n_workers,
+                    cost=block_tokens):
                 store.write_block(names, [keys[n] for n in names], [len(it.examples) for it in block],
-                                  [sum(len(e) for e in it.examples) for it in block], X)
+                                  [sum(len(e) for e in it.examples) for it in block], X, per_example)
                 reducer.add(names, X)
                 stats["tokens"] += st["tokens"]
                 stats["compute_seconds"] += st["seconds"]

@@ -60,4 +60,5 @@ def build_featurizer(spec: dict):
     # per-example hooks exist for LoRA's lora_B only; full-parameter gradients go one group at a time
     packed = spec.get("token_budget") if features.parameters == "lora" else None
     return GroupGradients(model, params, projector, spec["pad_id"], spec["batch_size"], device, autocast,
-                          param_names=[n for n, _ in named], token_budget=packed)
+                          param_names=[n for n, _ in named], token_budget=packed,
+                          keep_per_example=features.keep_per_example)

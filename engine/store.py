@@ -32,6 +32,18 @@ def _atomic_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def _per_example_column(per_example: list[np.ndarray], n_examples: list[int], p: int, names: list[str]):
+    """A list<fixed_size_list<float32, p>> column: one list of example vectors per group."""
+    for name, X, m in zip(names, per_example, n_examples):
+        if X.shape != (m, p) or not np.all(np.isfinite(X)):
+            raise StoreError(f"group {name!r}: per-example vectors of shape {X.shape} (expected {(m, p)}) "
+                             "or with non-finite values")
+    flat = np.concatenate(per_example).astype(np.float32).reshape(-1)
+    rows = pa.FixedSizeListArray.from_arrays(pa.array(flat, pa.float32()), p)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(n_examples)]).astype(np.int32))
+    return pa.ListArray.from_arrays(offsets, rows)
+
+
 class VectorStore:
     """A folder of Parquet blocks (group, key, n_examples, n_tokens, vector) and manifest.json.
 
@@ -70,8 +82,8 @@ class VectorStore:
         return {g: k for b in self.manifest["blocks"] for g, k in zip(b["groups"], b["keys"])}
 
     def write_block(self, names: list[str], keys: list[str], n_examples: list[int], n_tokens: list[int],
-                    vectors: np.ndarray) -> None:
-        """Persist one block and record it in the manifest (atomically)."""
+                    vectors: np.ndarray, per_example: list[np.ndarray] | None = None) -> None:
+        """Persist one block (and, optionally, each group's per-example vectors) in the manifest, atomically."""
         vectors = np.asarray(vectors, dtype=np.float32)
         if vectors.ndim != 2 or vectors.shape[0] != len(names):
             raise StoreError(f"block has {vectors.shape} vectors for {len(names)} groups")
@@ -83,13 +95,16 @@ class VectorStore:
             raise StoreError(f"block dimension {p} differs from the store's {dim}")
         idx = max((int(b["file"][6:12]) for b in self.manifest["blocks"]), default=-1) + 1
         name = f"block-{idx:06d}.parquet"
-        table = pa.table({
+        columns = {
             "group": pa.array(names, pa.string()),
             "key": pa.array(keys, pa.string()),
             "n_examples": pa.array(n_examples, pa.int32()),
             "n_tokens": pa.array(n_tokens, pa.int64()),
             "vector": pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1), pa.float32()), p),
-        })
+        }
+        if per_example is not None:
+            columns["example_vectors"] = _per_example_column(per_example, n_examples, p, names)
+        table = pa.table(columns)
         tmp = self.root / (name + ".tmp")
         pq.write_table(table, tmp)
         os.replace(tmp, self.root / name)
@@ -114,6 +129,27 @@ class VectorStore:
         if missing:
             raise StoreError(f"{self.root}: no stored vector for groups {missing[:10]}")
         return np.stack([rows[n] for n in names]), {n: counts[n] for n in names}
+
+    def load_examples(self, names: list[str]) -> dict[str, np.ndarray]:
+        """Per-example vectors ([m_i, p] float32) of `names`, for runs with features.keep_per_example."""
+        out: dict[str, np.ndarray] = {}
+        for b in self.manifest["blocks"]:
+            if not self._valid(b):
+                raise StoreError(f"{self.root / b['file']}: checksum mismatch; the block was changed or truncated")
+            t = pq.read_table(self.root / b["file"])
+            if "example_vectors" not in t.column_names:
+                continue
+            p = t.schema.field("vector").type.list_size
+            lists = t.column("example_vectors").combine_chunks()
+            offsets = lists.offsets.to_numpy()
+            X = lists.values.flatten().to_numpy(zero_copy_only=False).reshape(-1, p)
+            for i, g in enumerate(t.column("group").to_pylist()):
+                out[g] = X[offsets[i] : offsets[i + 1]]
+        missing = [n for n in names if n not in out]
+        if missing:
+            raise StoreError(f"{self.root}: no per-example vectors for groups {missing[:10]} "
+                             "(they are kept only with features.keep_per_example)")
+        return {n: out[n] for n in names}
 
     def mark_complete(self, names: list[str]) -> None:
         """Record that the store holds every group of the run."""

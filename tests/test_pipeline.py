@@ -174,6 +174,26 @@ def test_full_parameters_with_the_diagonal_fisher_metric(first_run):
     assert np.all(np.abs(table.column("cosine").to_numpy()) <= 1 + 1e-9)
 
 
+def test_per_example_vectors_are_kept_and_average_to_the_group_vector(first_run):
+    from engine.store import VectorStore
+
+    tmp, data, _ = first_run
+    cfg = data | {"name": "pe", "finetune": {"enabled": False}, "model": data["model"] | {"token_budget": 512},
+                  "features": {"keep_per_example": True}}
+    summary = run(config_from_dict(cfg))
+    assert summary["status"] == "complete"
+    root = tmp / "runs" / "pe" / "vectors"
+    store = VectorStore(root, json.loads((root / "manifest.json").read_text())["fingerprint"])
+    names = summary["order"]
+    X, counts = store.load(names)
+    per_example = store.load_examples(names)
+    for name, x in zip(names, X):
+        assert per_example[name].shape == (counts[name], X.shape[1])
+        np.testing.assert_allclose(per_example[name].mean(axis=0), x, rtol=1e-4, atol=1e-6)  # projection is linear
+    with pytest.raises(ValueError, match="keep_per_example"):
+        config_from_dict(cfg | {"features": {"keep_per_example": True, "representation": "task_vector"}})
+
+
 def test_cli_joins_an_existing_cluster_by_address(first_run, ray_session, tiny_model_dir):
     """`convalue run --address` from another process: a second driver on the session's running cluster."""
     import subprocess

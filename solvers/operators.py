@@ -31,6 +31,10 @@ class GramOperator:
         """K[:, A] @ w_A (a length-N vector; K is symmetric so rows of K are read)."""
         if A.size == 0:
             return np.zeros(self.n)
+        if 4 * A.size > self.n:  # a large support: one matvec beats gathering its rows
+            w = np.zeros(self.n)
+            w[A] = w_A
+            return self.K @ w
         return w_A @ self.K[A]
 
     def shifted_solver(self, rho: float):

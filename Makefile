@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml constraints.txt requirements-nodeps.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/convalue run examples/demo.yaml
+	$(VENV)/bin/convalue run examples/demo.yaml --overwrite
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .

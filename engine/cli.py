@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.out or args.name:
                 data = cfg.to_dict() | {k: v for k, v in (("out", args.out), ("name", args.name)) if v}
                 cfg = config_from_dict(data, file=args.config)
-            summary = run(cfg, address=args.address)
+            summary = run(cfg, address=args.address, overwrite=args.overwrite)
             run_dir = Path(cfg.out).expanduser() / cfg.name
             print("\n".join(summary["ranking"]))
             print(f"\nselected (top-{cfg.select.k} with positive score): {', '.join(summary['selected']) or 'none'}")

@@ -213,6 +213,16 @@ def test_cli_joins_an_existing_cluster_by_address(first_run, ray_session, tiny_m
     # gram.npy of the first run is never rewritten by re-solving (its scores may be, by other tests)
     np.testing.assert_allclose(np.load(tmp / "runs" / "joined" / "gram.npy"), np.load(tmp / "runs" / "t" / "gram.npy"),
                                rtol=1e-5)
+    # the same run folder with other projection settings: refused, then replaced with --overwrite
+    path.write_text(yaml.safe_dump(cfg | {"projection": cfg["projection"] | {"seed": 1}}))
+    r = subprocess.run([sys.executable, "-m", "engine", "run", str(path), "--address", gcs],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 2 and "made with other settings (differs in ['projection'])" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "engine", "run", str(path), "--address", gcs, "--overwrite"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    manifest = json.loads((tmp / "runs" / "joined" / "vectors" / "manifest.json").read_text())
+    assert manifest["fingerprint"]["projection"]["seed"] == 1 and manifest["complete"]
 
 
 def test_cost_weighted_budget_from_a_prices_file(first_run):

@@ -7,7 +7,8 @@ A_j = (r_j - mean(r)) / (std(r) + eps). The per-prompt surrogate (Shao et al. 20
     L(q) = -(1/G) sum_j (1/|o_j|) sum_t [ rho_jt A_j - kl_coef * KL_jt ],
     rho_jt = pi_theta(o_jt | .) / pi_theta_old(o_jt | .),  KL_jt = r - log r - 1 with r = pi_ref / pi_theta,
 
-and the group vector is the mean over prompts of grad L(q) at theta = theta_old = theta_ref = theta_0.
+with log pi taken under the sampling policy (logits / temperature, as TRL's GRPO trainer does), and
+the group vector is the mean over prompts of grad L(q) at theta = theta_old = theta_ref = theta_0.
 There rho = 1 with gradient grad log pi, and the k3 KL term and its gradient are exactly zero; it is
 still evaluated, so the loss is the full GRPO objective and not a special case written by hand.
 """
@@ -52,6 +53,13 @@ def surrogate_loss(logp, ref_logp, adv, weight, valid, kl_coef: float):
     return -(_per_row_mean(per_token, valid) * weight).sum()
 
 
+def token_logprobs(logits, target, temperature: float):
+    """log pi(o_t | .) of the sampled tokens under the sampling policy (logits / temperature, as TRL's GRPO)."""
+    import torch
+
+    return torch.log_softmax(logits.float() / temperature, dim=-1).gather(1, target[:, None])[:, 0]
+
+
 class GroupGrpoGradients:
     """Mean GRPO surrogate gradient of each group over `params` (lora_B, or every weight), then projected."""
 
@@ -62,7 +70,6 @@ class GroupGrpoGradients:
         self.params = params
         self.projector = projector
         self.tokenizer = tokenizer
-        self.reward_name = reward
         try:
             self.reward = load_reward(reward)
         except RewardError as exc:
@@ -143,7 +150,7 @@ class GroupGrpoGradients:
         for start in range(0, len(rows), step):
             ids, mask, labels = (t.to(self.device) for t in pad_batch(rows[start:start + step], self.pad_id))
             logits, target, valid = response_logits(self.model, ids, mask, labels)
-            logp = torch.log_softmax(logits.float(), dim=-1).gather(1, target[:, None])[:, 0]
+            logp = token_logprobs(logits, target, self.temperature)
             # featurisation is at theta_0 (LoRA B = 0, or the untouched base): pi_ref = pi_old = pi_theta
             chunk = slice(start, start + step)
             loss = surrogate_loss(logp, logp.detach(), torch.tensor(adv[chunk], dtype=torch.float32, device=self.device),

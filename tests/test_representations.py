@@ -101,7 +101,7 @@ def test_grpo_surrogate_gradient_is_the_advantage_weighted_policy_gradient(tiny_
         for p in f.params:
             p.grad = None
         logits, target, valid = response_logits(f.model, ids, mask, labels)
-        logp = torch.log_softmax(logits, -1).gather(1, target[:, None])[:, 0]
+        logp = torch.log_softmax(logits / f.temperature, -1).gather(1, target[:, None])[:, 0]
         if kl is None:  # the textbook policy gradient, written independently
             rows_ = torch.nonzero(valid, as_tuple=True)[0]
             per_row = torch.zeros(3).index_add(0, rows_, logp) / valid.sum(1)

@@ -5,15 +5,20 @@ from __future__ import annotations
 import numpy as np
 import ray
 
-from solvers import KMMSolution, solve_kmm
+from solvers import KMMSolution, solve_kmm, solve_kmm_gradients
 
 
 @ray.remote(num_cpus=1, max_restarts=1)
 class SolverActor:
-    """Thin shell around solvers.solve_kmm."""
+    """Thin shell around solvers.solve_kmm and solvers.solve_kmm_gradients."""
 
     def solve(self, K: np.ndarray, beta: np.ndarray, settings: dict) -> KMMSolution:
         """Solve with settings {gamma | budget, costs, method, normalize}; raises on a failed solve."""
         return solve_kmm(K, beta, gamma=settings.get("gamma"), budget=settings.get("budget"),
                          costs=settings.get("costs"), method=settings.get("method", "auto"),
                          normalize=settings.get("normalize", "none"))
+
+    def solve_gradients(self, G: np.ndarray, g_tar: np.ndarray, settings: dict) -> KMMSolution:
+        """Solve from the vectors (K never formed) with settings {gamma | budget, costs, normalize}."""
+        return solve_kmm_gradients(G, g_tar, gamma=settings.get("gamma"), budget=settings.get("budget"),
+                                   costs=settings.get("costs"), normalize=settings.get("normalize", "none"))

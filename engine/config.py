@@ -236,6 +236,10 @@ class SolverConfig:
     method: Literal["auto", "active_set", "cvxpy", "cvxpy_paper"] = opt(
         "auto", "`auto`/`active_set`: convalue's exact active-set solver; `cvxpy`: the CVXPY + OSQP reference "
         "(tight tolerances); `cvxpy_paper`: CVXPY + OSQP called as the paper does.")
+    space: Literal["auto", "gram", "gradients"] = opt(
+        "auto", "`gram`: form K = G G^T (written to gram.npy); `gradients`: solve from the stored vectors, K formed only "
+        "on the active set (for pools whose N x N Gram does not fit in memory); `auto`: `gradients` above "
+        "20,000 candidates.")
     normalize: Literal["none", "cosine"] = opt(
         "none", "`cosine` divides K_ij by sqrt(K_ii K_jj) and beta_i by sqrt(K_ii), removing gradient norms.")
     costs_file: str | None = opt(
@@ -243,6 +247,9 @@ class SolverConfig:
         "becomes sum_i c_i |w_i| (with `budget`: the marketplace's cost-weighted budget).")
 
     def validate(self) -> None:
+        if self.space == "gradients" and self.method.startswith("cvxpy"):
+            raise ConfigError("the CVXPY reference needs the Gram matrix: use `space: gram` with it",
+                              field="method", value=self.method)
         if self.costs_file is not None and not Path(self.costs_file).expanduser().is_file():
             raise ConfigError("is not an existing file", field="costs_file", value=self.costs_file)
         if (self.gamma is None) == (self.budget is None):

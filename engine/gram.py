@@ -8,20 +8,24 @@ import numpy as np
 class GramReducer:
     """Accumulates Gram tiles K[I, J] = G_I G_J^T as blocks of projected gradients arrive."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, tiles: bool = True) -> None:
+        self.tiles = tiles  # False: only collect the rows (gradient-space solves never form K)
         self._blocks: list[tuple[list[str], np.ndarray]] = []
         self._tiles: dict[tuple[int, int], np.ndarray] = {}
 
     def add(self, names: list[str], X: np.ndarray) -> None:
         """Add one block of rows; computes its tiles against every block seen so far."""
-        X = np.asarray(X, dtype=np.float64)
+        X = np.asarray(X, dtype=np.float64 if self.tiles else np.float32)
         j = len(self._blocks)
         self._blocks.append((list(names), X))
-        for i, (_, Xi) in enumerate(self._blocks):
-            self._tiles[(i, j)] = Xi @ X.T
+        if self.tiles:
+            for i, (_, Xi) in enumerate(self._blocks):
+                self._tiles[(i, j)] = Xi @ X.T
 
     def result(self, order: list[str], g_tar: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(K, beta) with rows in `order`; every name must have been added exactly once."""
+        if not self.tiles:
+            raise ValueError("this reducer collects rows only (tiles=False); it has no Gram matrix")
         added = [n for names, _ in self._blocks for n in names]
         pos = {n: i for i, n in enumerate(added)}
         if len(pos) != len(added):
@@ -45,23 +49,28 @@ class GramReducer:
         return np.stack([rows[n] for n in order])
 
 
-def diag_fisher_gram(G: np.ndarray, g_tar: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(K, beta, M) in the diagonal empirical-Fisher metric of paper App. F.1.
+def diag_fisher_vectors(G: np.ndarray, g_tar: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(G~, g~_tar, M) in the diagonal empirical-Fisher metric of paper App. F.1.
 
     M = diag(F), F = (1/N) sum_i g_i g_i^T over the N candidates; g~_i = M^(1/2) g_i and
-    g~_tar = M^(+/2) g_tar, so K = G M G^T and beta = G P_M g_tar with P_M the projector onto M's support.
-    M is scaled to mean 1, a global rescaling (the isotropic case is then M = I), so one gamma means
-    the same in both metrics.
+    g~_tar = M^(+/2) g_tar, so K = G~ G~^T = G M G^T and beta = G~ g~_tar = G P_M g_tar with P_M the
+    projector onto M's support. M is scaled to mean 1, a global rescaling (the isotropic case is then
+    M = I), so one gamma means the same in both metrics.
     """
     G = np.asarray(G, dtype=np.float64)
     M = np.mean(G**2, axis=0)
     if not M.any():
         raise ValueError("every candidate vector is zero: the diagonal Fisher metric is undefined")
     M = M / M.mean()
-    scaled = G * np.sqrt(M)
-    K = scaled @ scaled.T
-    beta = G @ np.where(M > 0, np.asarray(g_tar, dtype=np.float64), 0.0)
-    return K, beta, M
+    root = np.sqrt(M)
+    g = np.asarray(g_tar, dtype=np.float64)
+    return G * root, np.divide(g, root, out=np.zeros_like(g), where=M > 0), M
+
+
+def diag_fisher_gram(G: np.ndarray, g_tar: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(K, beta, M) in the diagonal empirical-Fisher metric (see diag_fisher_vectors)."""
+    Gt, gt, M = diag_fisher_vectors(G, g_tar)
+    return Gt @ Gt.T, Gt @ gt, M
 
 
 def gram_and_beta(G: np.ndarray, g_tar: np.ndarray, block_rows: int = 1024) -> tuple[np.ndarray, np.ndarray]:

@@ -22,7 +22,7 @@ from actors.solver import SolverActor
 from engine.config import RunConfig
 from engine.costs import load_costs
 from engine.featurize import block_tokens, plan_blocks
-from engine.gram import GramReducer, cosine, diag_fisher_gram
+from engine.gram import GramReducer, cosine, diag_fisher_vectors
 from engine.models import load_tokenizer, resolve_model_dir
 from engine.prepare import TARGET_KEY, PreparedData, prepare, preview_key
 from engine.report import (
@@ -36,7 +36,7 @@ from engine.report import (
 from engine.select import select_top_k
 from engine.store import VectorStore
 from engine.tokenize import tokenize_examples
-from solvers import solve_kmm
+from solvers import solve_kmm, solve_kmm_gradients
 
 log = logging.getLogger("convalue")
 RESULT_FILES = ("scores.parquet", "gram.npy", "beta.npy", "costs.npy", "summary.json")
@@ -165,6 +165,16 @@ def featurize(cfg: RunConfig, spec: dict, data: PreparedData, store: VectorStore
     return g_tar[0], stats
 
 
+GRADIENT_SPACE_MIN_N = 20_000
+
+
+def solver_space(cfg: RunConfig, n: int) -> str:
+    """`gram` or `gradients` (solver.space, with `auto` choosing gradients above GRADIENT_SPACE_MIN_N)."""
+    if cfg.solver.space != "auto":
+        return cfg.solver.space
+    return "gradients" if n > GRADIENT_SPACE_MIN_N else "gram"
+
+
 def check_nonzero(cfg: RunConfig, names: list[str], X: np.ndarray) -> None:
     """Refuse all-zero group vectors (a zero vector has no direction to value), saying why they arise."""
     zero = [n for n, row in zip(names, X) if not np.any(row)]
@@ -226,30 +236,39 @@ def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) 
         with timer.stage("ray_init"):
             started = connect(cfg, address)
         spec = _worker_spec(cfg, model_dir, tokenizer.pad_token_id)
-        reducer = GramReducer()
+        names = data.names()
+        space = solver_space(cfg, len(names))
+        reducer = GramReducer(tiles=space == "gram")
         stage = "featurize"
         with timer.stage("featurize"):
             g_tar, fstats = featurize(cfg, spec, data, store, reducer)
         summary["featurize"] = fstats
         stage = "gram"
-        names = data.names()
         with timer.stage("gram"):
             G = reducer.vectors(names)
             check_nonzero(cfg, [TARGET_KEY] + names, np.vstack([g_tar[None], G]))
+            Gm, gm = G, g_tar  # the vectors in the run's metric
             if cfg.features.metric == "diag_fisher":
-                K, beta, M = diag_fisher_gram(G, g_tar)
+                Gm, gm, M = diag_fisher_vectors(G, g_tar)
                 summary["metric"] = {"kind": "diag_fisher", "support": int(np.count_nonzero(M)),
                                      "max_over_mean": round(float(M.max()), 3)}
+            if space == "gradients":
+                K, beta = None, Gm @ gm
+            elif cfg.features.metric == "diag_fisher":
+                K, beta = Gm @ Gm.T, Gm @ gm
             else:
                 K, beta = reducer.result(names, g_tar)
         summary["order"] = names  # row order of gram.npy / beta.npy
+        summary["space"] = space
         stage = "solve"
         settings = {"gamma": cfg.solver.gamma, "budget": cfg.solver.budget, "method": cfg.solver.method,
                     "normalize": cfg.solver.normalize, "costs": costs}
         with timer.stage("solve"):
             solver = SolverActor.remote()
             try:
-                sol = ray.get(solver.solve.remote(ray.put(K), ray.put(beta), settings))
+                call = (solver.solve.remote(ray.put(K), ray.put(beta), settings) if K is not None
+                        else solver.solve_gradients.remote(ray.put(Gm), ray.put(gm), settings))
+                sol = ray.get(call)
             finally:
                 ray.kill(solver)
         summary["solver"] = sol.summary() | {"normalize": cfg.solver.normalize}
@@ -260,7 +279,8 @@ def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) 
         table = scores_table(names, n_examples, [len(it.examples) for it in data.items], w, beta,
                              cosine(G, g_tar), selected)
         run_dir.mkdir(parents=True, exist_ok=True)
-        write_npy(K, run_dir / "gram.npy")
+        if K is not None:
+            write_npy(K, run_dir / "gram.npy")
         write_npy(beta, run_dir / "beta.npy")
         if costs is not None:
             write_npy(costs, run_dir / "costs.npy")
@@ -289,21 +309,44 @@ def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) 
     return summary
 
 
+def _stored_vectors(run_dir: Path, summary: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(G, g_tar) of a finished run from its vector store, in the run's metric and row order."""
+    root = run_dir / "vectors"
+    manifest = json.loads((root / "manifest.json").read_text(encoding="utf-8"))
+    store = VectorStore(root, manifest["fingerprint"])
+    G, _ = store.load(summary["order"])
+    g_tar = store.load([TARGET_KEY])[0][0].astype(np.float64)
+    if summary["config"]["features"].get("metric") == "diag_fisher":
+        G, g_tar, _ = diag_fisher_vectors(G, g_tar)
+    return G, g_tar
+
+
 def resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method: str | None,
             normalize: str | None) -> dict:
-    """Re-solve a saved run from gram.npy/beta.npy (no gradients recomputed); rewrites its scores."""
+    """Re-solve a saved run (no gradients recomputed) from gram.npy/beta.npy, or from its stored vectors when
+    it was solved in gradient space; rewrites its scores."""
     summary_path = run_dir / "summary.json"
-    if not summary_path.is_file() or not (run_dir / "gram.npy").is_file():
-        raise FileNotFoundError(f"{run_dir}: not a finished run folder (summary.json and gram.npy needed)")
+    if not summary_path.is_file():
+        raise FileNotFoundError(f"{run_dir}: not a finished run folder (summary.json needed)")
     summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    space = summary.get("space", "gram")
+    if space == "gram" and not (run_dir / "gram.npy").is_file():
+        raise FileNotFoundError(f"{run_dir}: not a finished run folder (gram.npy needed)")
     old = summary.get("solver") or {}
     if gamma is None and budget is None:
         gamma, budget = old.get("gamma"), old.get("budget")
     normalize = normalize or old.get("normalize", "none")
-    K = np.load(run_dir / "gram.npy")
     beta = np.load(run_dir / "beta.npy")
     costs = np.load(run_dir / "costs.npy") if (run_dir / "costs.npy").is_file() else None
-    sol = solve_kmm(K, beta, gamma=gamma, budget=budget, costs=costs, method=method or "auto", normalize=normalize)
+    if space == "gram":
+        K = np.load(run_dir / "gram.npy")
+        sol = solve_kmm(K, beta, gamma=gamma, budget=budget, costs=costs, method=method or "auto",
+                        normalize=normalize)
+    else:
+        if method not in (None, "auto", "active_set"):
+            raise ValueError(f"{run_dir} was solved in gradient space (no gram.npy): method {method!r} needs the Gram")
+        Gm, gm = _stored_vectors(run_dir, summary)
+        sol = solve_kmm_gradients(Gm, gm, gamma=gamma, budget=budget, costs=costs, normalize=normalize)
     prev = pq.read_table(run_dir / "scores.parquet").to_pylist()
     if len(prev) != len(beta):
         raise ValueError(f"{run_dir}: scores.parquet has {len(prev)} rows but beta.npy has {len(beta)}")

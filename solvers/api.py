@@ -153,8 +153,13 @@ def solve_kmm_gradients(
     gamma: float | None = None,
     budget: float | None = None,
     costs: np.ndarray | None = None,
+    normalize: str = "none",
 ) -> KMMSolution:
-    """Solve KMM from the gradients themselves (N x p rows): K = G G^T is formed only on the active set."""
+    """Solve KMM from the gradients themselves (N x p rows): K = G G^T is formed only on the active set.
+
+    normalize="cosine" divides every row by its norm: K_ij / sqrt(K_ii K_jj) and beta_i / sqrt(K_ii), as in
+    make_problem.
+    """
     G = np.asarray(G, dtype=np.float64)
     g_tar = np.asarray(g_tar, dtype=np.float64)
     if G.ndim != 2 or g_tar.ndim != 1 or G.shape[1] != g_tar.shape[0]:
@@ -162,8 +167,12 @@ def solve_kmm_gradients(
     if not (np.all(np.isfinite(G)) and np.all(np.isfinite(g_tar))):
         raise KMMInputError("G or g_tar contains NaN or inf")
     check_settings(gamma, budget)
+    if normalize not in ("none", "cosine"):
+        raise KMMInputError(f"normalize must be 'none' or 'cosine', got {normalize!r}")
     op = GradientOperator(G, g_tar)
     check_norms(op.diag, 0.0)
+    if normalize == "cosine":
+        op = GradientOperator(G / np.sqrt(op.diag)[:, None], g_tar)
     # K is never formed: the shell carries settings, beta and costs (for .l1 and .form)
     shell = KMMProblem(K=np.empty((0, 0)), beta=op.beta, gamma=gamma, budget=budget,
                        costs=check_costs(costs, op.n))

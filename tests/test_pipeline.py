@@ -194,6 +194,32 @@ def test_per_example_vectors_are_kept_and_average_to_the_group_vector(first_run)
         config_from_dict(cfg | {"features": {"keep_per_example": True, "representation": "task_vector"}})
 
 
+def test_gradient_space_run_matches_the_gram_space_solution_and_resolves(first_run):
+    """solver.space: gradients never forms K; its scores equal the Gram-space solution, and it re-solves."""
+    tmp, data, _ = first_run
+    cfg = data | {"name": "gs", "finetune": {"enabled": False}, "solver": data["solver"] | {"space": "gradients"}}
+    summary = run(config_from_dict(cfg))
+    gs = tmp / "runs" / "gs"
+    assert summary["status"] == "complete" and summary["space"] == "gradients" and not (gs / "gram.npy").exists()
+    K, beta = np.load(tmp / "runs" / "t" / "gram.npy"), np.load(tmp / "runs" / "t" / "beta.npy")
+    order = summary["order"]
+
+    def scores(run_dir):
+        rows = pq.read_table(run_dir / "scores.parquet").to_pylist()
+        return np.array([{r["group"]: r["score"] for r in rows}[n] for n in order])
+
+    expected = solve_kmm(K, beta, gamma=data["solver"]["gamma"], normalize="cosine").w
+    np.testing.assert_allclose(scores(gs), expected, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(np.load(gs / "beta.npy"), beta, rtol=1e-6)
+    resolve(gs, gamma=0.004, budget=None, method=None, normalize=None)
+    np.testing.assert_allclose(scores(gs), solve_kmm(K, beta, gamma=0.004, normalize="cosine").w, rtol=1e-6,
+                               atol=1e-9)
+    with pytest.raises(ValueError, match="needs the Gram"):
+        resolve(gs, gamma=0.004, budget=None, method="cvxpy", normalize=None)
+    with pytest.raises(ValueError, match="space: gram"):
+        config_from_dict(cfg | {"solver": cfg["solver"] | {"method": "cvxpy"}})
+
+
 def test_cli_joins_an_existing_cluster_by_address(first_run, ray_session, tiny_model_dir):
     """`convalue run --address` from another process: a second driver on the session's running cluster."""
     import subprocess

@@ -204,6 +204,12 @@ def test_gradient_space_solver_matches_gram_solver():
         b = solve_kmm(G @ G.T, G @ g, **kw, method="cvxpy")
         assert a.status == "optimal"
         assert a.objective <= b.objective + 1e-6 * max(1.0, abs(b.objective)), kw
+    G = G * rng.uniform(0.2, 5.0, size=(40, 1))  # unequal norms: cosine normalisation matters
+    a = solve_kmm_gradients(G, g, gamma=0.05, normalize="cosine")
+    b = solve_kmm(G @ G.T, G @ g, gamma=0.05, normalize="cosine", method="cvxpy")
+    assert a.objective <= b.objective + 1e-6 * max(1.0, abs(b.objective))
+    with pytest.raises(KMMInputError, match="normalize must be"):
+        solve_kmm_gradients(G, g, gamma=0.05, normalize="l2")
 
 
 def test_reference_paper_setting_runs():

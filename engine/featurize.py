@@ -1,4 +1,4 @@
-"""Group vectors (Ray-free; actors wrap it): mean SFT-loss gradients at theta_0 over lora_B, or task vectors."""
+"""Group vectors (Ray-free; actors wrap it): mean SFT-loss gradients at theta_0 (lora_B or every weight), or task vectors."""
 
 from __future__ import annotations
 
@@ -208,7 +208,7 @@ class PerExampleGradients:
 
 
 class GroupGradients:
-    """Computes g = (1/m) sum_j grad l(x_j; theta_0) over the lora_B parameters, then projects it."""
+    """Computes g = (1/m) sum_j grad l(x_j; theta_0) over the given parameters (lora_B, or every weight), then projects it."""
 
     def __init__(self, peft_model, params: list, projector, pad_id: int, batch_size: int = 8,
                  device: str = "cpu", autocast_dtype=None, *, param_names: list[str] | None = None,

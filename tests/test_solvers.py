@@ -242,3 +242,33 @@ def test_gradient_space_solver_with_prices_and_bad_settings():
     G[3] = 0.0
     with pytest.raises(KMMInputError, match="zero-norm gradient"):
         solve_kmm_gradients(G, g, gamma=0.1)
+
+
+def test_mixed_precision_support_solve_refines_to_float64_or_declines():
+    from solvers.active_set import _mixed_precision_solve
+
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(300, 600))
+    K = X @ X.T / 600  # well conditioned
+    b = rng.normal(size=300)
+    x = _mixed_precision_solve(K, b)
+    assert x is not None and np.linalg.norm(K @ x - b) <= 1e-12 * np.linalg.norm(b)
+    K[:, 1], K[1, :] = K[:, 0], K[0, :]
+    K[1, 1] = K[0, 0] * (1 + 1e-9)  # a duplicated candidate: singular in float32
+    assert _mixed_precision_solve(K, b) is None  # the caller then uses the float64 factor / least squares
+
+
+def test_large_dense_supports_take_the_float32_path_and_stay_exact():
+    """Supports above MIXED_MIN_N factor in float32; the answer must still match the reference."""
+    from solvers.active_set import MIXED_MIN_N
+
+    rng = np.random.default_rng(9)
+    centers = rng.normal(size=(30, 1500))
+    G = centers[rng.integers(0, 30, size=400)] + 0.5 * rng.normal(size=(400, 1500))
+    G /= np.linalg.norm(G, axis=1, keepdims=True)
+    g = centers[:4].sum(axis=0) / np.linalg.norm(centers[:4].sum(axis=0))
+    K, beta = G @ G.T, G @ g
+    a = solve_kmm(K, beta, gamma=1e-4)
+    assert np.count_nonzero(a.w) > MIXED_MIN_N and a.kkt < 1e-10
+    b = solve_kmm(K, beta, gamma=1e-4, method="cvxpy")
+    assert a.objective <= b.objective + 1e-9 * max(1.0, abs(b.objective))

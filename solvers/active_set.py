@@ -2,10 +2,12 @@
 
 For a support A with signs s the penalised optimum solves K_AA w_A = beta_A - gamma s_A. Sparse
 solutions: primal-dual active set (PDAS: A and s from the fixed point w_i = soft(w_i + d_i / K_ii,
-gamma / K_ii), d = beta - K w) with gamma continuation, and orthant-projected Newton when PDAS
-cycles. Dense solutions: ADMM with K + rho I factored once, polished by an exact support solve.
-Degenerate (rank-deficient) cases: an NNLS polish on the equicorrelation set, then the CVXPY
-reference, then coordinate descent. The budget form follows the penalised path (solve_budget).
+gamma / K_ii), d = beta - K w) straight at gamma, then with gamma continuation and orthant-projected
+Newton when it cycles. Dense solutions: ADMM with K + rho I factored once in float32, polished by an
+exact support solve once the support holds still. Large support systems factor in float32 and are
+refined to float64 accuracy. Degenerate (rank-deficient) cases: an NNLS polish on the
+equicorrelation set, then the CVXPY reference, then coordinate descent. The budget form follows the
+penalised path (solve_budget).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import numpy as np
 import scipy.linalg as sla
 
 from solvers.operators import cholesky_solve
+
+MIXED_MIN_N = 256  # support systems at least this large factor in float32 (then refine)
 
 
 def _late(deadline: float | None) -> bool:
@@ -46,8 +50,6 @@ def _solve_support(Kaa: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     except np.linalg.LinAlgError:  # the SVD can fail to converge on large singular supports
         return sla.lstsq(Kaa, rhs, cond=1e-12, lapack_driver="gelsy", check_finite=False)[0]
 
-
-MIXED_MIN_N = 256
 
 
 def _mixed_precision_solve(Kaa: np.ndarray, rhs: np.ndarray, steps: int = 4) -> np.ndarray | None:

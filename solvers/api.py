@@ -16,6 +16,7 @@ from solvers.problem import (
     KMMProblem,
     KMMSolveError,
     check_costs,
+    check_normalize,
     check_norms,
     check_settings,
     make_problem,
@@ -167,8 +168,7 @@ def solve_kmm_gradients(
     if not (np.all(np.isfinite(G)) and np.all(np.isfinite(g_tar))):
         raise KMMInputError("G or g_tar contains NaN or inf")
     check_settings(gamma, budget)
-    if normalize not in ("none", "cosine"):
-        raise KMMInputError(f"normalize must be 'none' or 'cosine', got {normalize!r}")
+    check_normalize(normalize)
     op = GradientOperator(G, g_tar)
     check_norms(op.diag, 0.0)
     if normalize == "cosine":

@@ -57,4 +57,3 @@ def solve_cvxpy(problem: KMMProblem, *, tolerance: str = "tight") -> tuple[np.nd
         "time_s": elapsed,
         "method": f"cvxpy-osqp-{tolerance}",
     }
-

@@ -36,7 +36,7 @@ class GradientWorkerImpl:
         stats = {"tokens": self.grads.tokens - tokens0, "seconds": self.grads.seconds - sec0, "pid": os.getpid()}
         if hasattr(self.grads, "stats"):  # GRPO: prompts, reward sum, prompts whose rewards were all equal
             stats["grpo"] = dict(self.grads.stats)
-        kept = self.grads.per_example
+        kept = getattr(self.grads, "per_example", None)  # only GroupGradients keeps per-example vectors
         per_example = [kept.pop(it.name) for it in items] if kept else None
         return [it.name for it in items], block, stats, per_example
 

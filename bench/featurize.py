@@ -67,17 +67,19 @@ def main() -> None:
 
     from actors.dispatch import windowed
     from actors.gradient_worker import GradientWorker
-    from engine.config import DataConfig, LoraConfig, ModelConfig, ProjectionConfig, SourceConfig
-    from engine.featurize import block_tokens, plan_blocks
-    from engine.models import (
-        attach_lora,
-        load_model,
-        load_tokenizer,
-        lora_b_parameters,
-        resolve_model_dir,
+    from engine.config import (
+        DataConfig,
+        FeaturesConfig,
+        LoraConfig,
+        ModelConfig,
+        ProjectionConfig,
+        SourceConfig,
     )
+    from engine.featurize import block_tokens, plan_blocks
+    from engine.models import load_model, load_tokenizer, resolve_model_dir
     from engine.prepare import prepare
     from engine.projection import make_projector
+    from engine.replica import featurised_parameters
 
     model_dir = resolve_model_dir(ModelConfig())
     tok = load_tokenizer(model_dir)
@@ -93,10 +95,7 @@ def main() -> None:
 
     # (a) naive, in-process, 1 thread
     torch.set_num_threads(1)
-    model = attach_lora(load_model(model_dir), lora, dropout=0.0)
-    for n, p in model.named_parameters():
-        p.requires_grad_("lora_B" in n)
-    named = lora_b_parameters(model)
+    model, named = featurised_parameters(load_model(model_dir), FeaturesConfig(), lora)  # lora_B, as the workers
     params = [p for _, p in named]
     d = sum(p.numel() for p in params)
     projector = make_projector(proj_cfg.kind, d, proj_cfg.dim, proj_cfg.seed)

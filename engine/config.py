@@ -201,7 +201,7 @@ class FeaturesConfig:
     grpo_temperature: float = opt(0.6, "GRPO: sampling temperature.")
     grpo_top_p: float = opt(0.95, "GRPO: nucleus sampling threshold.")
     grpo_kl_coef: float = opt(0.005, "GRPO: weight of the k3 KL estimator against theta_0 in the surrogate loss.")
-    grpo_seed: int = opt(0, "GRPO: sampling seed (each prompt's generator is keyed by group, prompt and this seed).")
+    grpo_seed: int = opt(0, "GRPO: sampling seed (each group's generate call is seeded by this seed and the group's name).")
 
     def validate(self) -> None:
         for name in ("tv_steps", "tv_batch_size", "grpo_max_new_tokens"):

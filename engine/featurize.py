@@ -58,7 +58,7 @@ def _decoder_and_head(model):
     return (decoder, head) if decoder is not None and head is not None else None
 
 
-def _per_row_mean(values, valid):
+def per_row_mean(values, valid):
     """Per-example mean of token values given at the valid positions (row-major): a [B] tensor."""
     import torch
 
@@ -83,12 +83,27 @@ def response_logits(model, ids, mask, labels):
     return logits, target[valid], valid
 
 
-def per_example_loss(model, ids, mask, labels):
-    """Mean token cross-entropy over each example's response tokens: a [B] tensor."""
+def mean_token_ce(logits, target, valid):
+    """Per-example mean cross-entropy from the logits and targets at the valid positions: a [B] tensor."""
     import torch
 
-    logits, target, valid = response_logits(model, ids, mask, labels)
-    return _per_row_mean(torch.nn.functional.cross_entropy(logits.float(), target, reduction="none"), valid)
+    return per_row_mean(torch.nn.functional.cross_entropy(logits.float(), target, reduction="none"), valid)
+
+
+def per_example_loss(model, ids, mask, labels):
+    """Mean token cross-entropy over each example's response tokens: a [B] tensor."""
+    return mean_token_ce(*response_logits(model, ids, mask, labels))
+
+
+def take_flat_grad(params: list) -> np.ndarray:
+    """The accumulated .grad of params as one float32 vector (zeros where none arrived); clears .grad."""
+    import torch
+
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().float().reshape(-1)
+                      for p in params]).cpu().numpy()
+    for p in params:
+        p.grad = None
+    return flat
 
 
 def shared_prefix_length(examples: list[TokenizedExample], min_length: int = 8) -> int:
@@ -133,8 +148,7 @@ def shared_prefix_loss(model, examples: list[TokenizedExample], owners: list[int
                      use_cache=True).last_hidden_state[:, :-1]
     target = labels[:, 1:]
     valid = target != IGNORE
-    ce = torch.nn.functional.cross_entropy(head(hidden[valid]).float(), target[valid], reduction="none")
-    return _per_row_mean(ce, valid), groups
+    return mean_token_ce(head(hidden[valid]), target[valid], valid), groups
 
 
 def pack_by_tokens(lengths: list[int], token_budget: int) -> list[list[int]]:
@@ -235,7 +249,6 @@ class GroupGradients:
 
     def raw_gradient(self, examples: tuple[TokenizedExample, ...]) -> np.ndarray:
         """The unprojected mean gradient (float32, length d)."""
-        import torch
 
         if not examples:
             raise ValueError("cannot take the gradient of an empty group")
@@ -252,9 +265,7 @@ class GroupGradients:
                 loss = per_example_loss(self.model, ids, mask, labels).sum() / m
             loss.backward()
             self.tokens += int(mask.sum())
-        flat = torch.cat([p.grad.detach().float().reshape(-1) for p in self.params]).cpu().numpy()
-        for p in self.params:
-            p.grad = None
+        flat = take_flat_grad(self.params)
         self.seconds += time.perf_counter() - t0
         return flat
 
@@ -342,7 +353,6 @@ class GroupTaskVectors:
         self.pad_id, self.steps, self.lr, self.batch_size, self.device = pad_id, steps, lr, batch_size, device
         self.tokens = 0
         self.seconds = 0.0
-        self.per_example: dict[str, np.ndarray] = {}
 
     @property
     def dim(self) -> int:

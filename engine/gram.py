@@ -1,4 +1,4 @@
-"""K = G G^T and beta = G g_tar, reduced tile by tile as row blocks arrive (BLAS, float64 accumulation)."""
+"""K = G G^T reduced tile by tile as row blocks arrive (BLAS, float64), and the metric the Gram is taken in."""
 
 from __future__ import annotations
 
@@ -22,10 +22,8 @@ class GramReducer:
             for i, (_, Xi) in enumerate(self._blocks):
                 self._tiles[(i, j)] = Xi @ X.T
 
-    def result(self, order: list[str], g_tar: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(K, beta) with rows in `order`; every name must have been added exactly once."""
-        if not self.tiles:
-            raise ValueError("this reducer collects rows only (tiles=False); it has no Gram matrix")
+    def _positions(self, order: list[str]) -> dict[str, int]:
+        """Row position of every added name; each must have been added once, and every name of order."""
         added = [n for names, _ in self._blocks for n in names]
         pos = {n: i for i, n in enumerate(added)}
         if len(pos) != len(added):
@@ -34,17 +32,24 @@ class GramReducer:
         missing = [n for n in order if n not in pos]
         if missing:
             raise ValueError(f"no gradient for groups {missing[:10]}")
+        return pos
+
+    def gram(self, order: list[str]) -> np.ndarray:
+        """K with rows and columns in `order`, assembled from the tiles."""
+        if not self.tiles:
+            raise ValueError("this reducer collects rows only (tiles=False); it has no Gram matrix")
+        pos = self._positions(order)
         offsets = np.cumsum([0] + [len(names) for names, _ in self._blocks])
-        K = np.empty((len(added), len(added)))
+        K = np.empty((offsets[-1], offsets[-1]))
         for (i, j), tile in self._tiles.items():
             K[offsets[i] : offsets[i + 1], offsets[j] : offsets[j + 1]] = tile
             K[offsets[j] : offsets[j + 1], offsets[i] : offsets[i + 1]] = tile.T
         perm = np.array([pos[n] for n in order])
-        beta = self.vectors(order) @ np.asarray(g_tar, dtype=np.float64)
-        return K[np.ix_(perm, perm)], beta
+        return K[np.ix_(perm, perm)]
 
     def vectors(self, order: list[str]) -> np.ndarray:
-        """The added rows in `order` (float64 [len(order), p])."""
+        """The added rows in `order` ([len(order), p]; float64, or float32 without tiles)."""
+        self._positions(order)
         rows = {n: X[i] for names, X in self._blocks for i, n in enumerate(names)}
         return np.stack([rows[n] for n in order])
 
@@ -67,10 +72,11 @@ def diag_fisher_vectors(G: np.ndarray, g_tar: np.ndarray) -> tuple[np.ndarray, n
     return G * root, np.divide(g, root, out=np.zeros_like(g), where=M > 0), M
 
 
-def diag_fisher_gram(G: np.ndarray, g_tar: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(K, beta, M) in the diagonal empirical-Fisher metric (see diag_fisher_vectors)."""
-    Gt, gt, M = diag_fisher_vectors(G, g_tar)
-    return Gt @ Gt.T, Gt @ gt, M
+def metric_vectors(metric: str, G: np.ndarray, g_tar: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(G, g_tar) in the run's metric (features.metric), and M for `diag_fisher` (None for `euclidean`)."""
+    if metric == "diag_fisher":
+        return diag_fisher_vectors(G, g_tar)
+    return G, g_tar, None
 
 
 def gram_and_beta(G: np.ndarray, g_tar: np.ndarray, block_rows: int = 1024) -> tuple[np.ndarray, np.ndarray]:

@@ -20,7 +20,14 @@ import zlib
 
 import numpy as np
 
-from engine.featurize import IGNORE, WorkItem, _per_row_mean, pad_batch, response_logits
+from engine.featurize import (
+    IGNORE,
+    WorkItem,
+    pad_batch,
+    per_row_mean,
+    response_logits,
+    take_flat_grad,
+)
 from engine.rewards import RewardError, load_reward, score
 from engine.tokenize import PromptExample, TokenizedExample
 
@@ -50,7 +57,7 @@ def surrogate_loss(logp, ref_logp, adv, weight, valid, kl_coef: float):
     log_r = ref_logp - logp
     kl = torch.exp(log_r) - log_r - 1
     per_token = ratio * adv[rows] - kl_coef * kl
-    return -(_per_row_mean(per_token, valid) * weight).sum()
+    return -(per_row_mean(per_token, valid) * weight).sum()
 
 
 def token_logprobs(logits, target, temperature: float):
@@ -81,7 +88,6 @@ class GroupGrpoGradients:
         self.tokens = 0
         self.seconds = 0.0
         self.stats = {"prompts": 0, "zero_advantage_prompts": 0, "reward_sum": 0.0}  # of the last featurize call
-        self.per_example: dict[str, np.ndarray] = {}
 
     @property
     def dim(self) -> int:
@@ -157,11 +163,7 @@ class GroupGrpoGradients:
                                   torch.tensor(weight[chunk], dtype=torch.float32, device=self.device), valid, self.kl_coef)
             loss.backward()
             self.tokens += int(mask.sum())
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        flat = torch.cat([g.detach().float().reshape(-1) for g in grads]).cpu().numpy()
-        for p in self.params:
-            p.grad = None
-        return flat
+        return take_flat_grad(self.params)
 
     def featurize(self, items: list[WorkItem]) -> np.ndarray:
         """Projected GRPO gradients of several groups: a [len(items), p] float32 block."""

@@ -22,7 +22,7 @@ from actors.solver import SolverActor
 from engine.config import RunConfig
 from engine.costs import load_costs
 from engine.featurize import block_tokens, plan_blocks
-from engine.gram import GramReducer, cosine, diag_fisher_vectors
+from engine.gram import GramReducer, cosine, metric_vectors
 from engine.models import load_tokenizer, resolve_model_dir
 from engine.prepare import TARGET_KEY, PreparedData, prepare, preview_key
 from engine.report import (
@@ -85,9 +85,9 @@ def fingerprint(cfg: RunConfig, model_dir: Path) -> dict:
 
     f = cfg.features
     prefix = {"task_vector": "tv_", "grpo": "grpo_"}.get(f.representation)
-    # the metric is applied to stored vectors later, so vectors do not depend on it
-    features = {"representation": f.representation, "parameters": f.parameters, "format": 2,
-                "keep_per_example": f.keep_per_example} | {
+    # the metric is applied to stored vectors later, so vectors do not depend on it;
+    # format 2: the CountSketch hash is drawn block by block (vectors of format 1 differ)
+    features = {"representation": f.representation, "format": 2, "keep_per_example": f.keep_per_example} | {
         k: v for k, v in asdict(f).items() if prefix and k.startswith(prefix)}
     return {
         "features": features,
@@ -143,7 +143,7 @@ def featurize(cfg: RunConfig, spec: dict, data: PreparedData, store: VectorStore
                     workers, blocks, lambda w, b: w.featurize.remote(b), cfg.ray.max_in_flight * n_workers,
                     cost=block_tokens):
                 store.write_block(names, [keys[n] for n in names], [len(it.examples) for it in block],
-                                  [sum(len(e) for e in it.examples) for it in block], X, per_example)
+                                  [block_tokens([it]) for it in block], X, per_example)
                 reducer.add(names, X)
                 stats["tokens"] += st["tokens"]
                 stats["compute_seconds"] += st["seconds"]
@@ -175,16 +175,15 @@ def solver_space(cfg: RunConfig, n: int) -> str:
     return "gradients" if n > GRADIENT_SPACE_MIN_N else "gram"
 
 
-def check_nonzero(cfg: RunConfig, names: list[str], X: np.ndarray) -> None:
+def check_nonzero(cfg: RunConfig, names: list[str], G: np.ndarray, g_tar: np.ndarray) -> None:
     """Refuse all-zero group vectors (a zero vector has no direction to value), saying why they arise."""
-    zero = [n for n, row in zip(names, X) if not np.any(row)]
+    zero = (["the target"] if not np.any(g_tar) else []) + [n for n, row in zip(names, G) if not np.any(row)]
     if not zero:
         return
-    shown = ["the target" if n == TARGET_KEY else n for n in zero]
     why = ("every prompt's completions got the same reward, so every advantage is 0: raise "
            "features.grpo_generations or grpo_temperature, or use a reward that separates completions"
            if cfg.features.representation == "grpo" else "the loss does not depend on the featurised parameters")
-    raise ValueError(f"group vector is exactly zero for {shown[:10]} ({len(zero)} in all): {why}")
+    raise ValueError(f"group vector is exactly zero for {zero[:10]} ({len(zero)} in all): {why}")
 
 
 def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, selected: list[str],
@@ -246,18 +245,16 @@ def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) 
         stage = "gram"
         with timer.stage("gram"):
             G = reducer.vectors(names)
-            check_nonzero(cfg, [TARGET_KEY] + names, np.vstack([g_tar[None], G]))
-            Gm, gm = G, g_tar  # the vectors in the run's metric
-            if cfg.features.metric == "diag_fisher":
-                Gm, gm, M = diag_fisher_vectors(G, g_tar)
-                summary["metric"] = {"kind": "diag_fisher", "support": int(np.count_nonzero(M)),
+            check_nonzero(cfg, names, G, g_tar)
+            Gm, gm, M = metric_vectors(cfg.features.metric, G, g_tar)  # the vectors in the run's metric
+            if M is not None:
+                summary["metric"] = {"kind": cfg.features.metric, "support": int(np.count_nonzero(M)),
                                      "max_over_mean": round(float(M.max()), 3)}
+            beta = Gm @ gm
             if space == "gradients":
-                K, beta = None, Gm @ gm
-            elif cfg.features.metric == "diag_fisher":
-                K, beta = Gm @ Gm.T, Gm @ gm
-            else:
-                K, beta = reducer.result(names, g_tar)
+                K = None
+            else:  # the Euclidean Gram was reduced while blocks arrived; another metric is formed here
+                K = reducer.gram(names) if M is None else Gm @ Gm.T
         summary["order"] = names  # row order of gram.npy / beta.npy
         summary["space"] = space
         stage = "solve"
@@ -316,8 +313,7 @@ def _stored_vectors(run_dir: Path, summary: dict) -> tuple[np.ndarray, np.ndarra
     store = VectorStore(root, manifest["fingerprint"])
     G, _ = store.load(summary["order"])
     g_tar = store.load([TARGET_KEY])[0][0].astype(np.float64)
-    if summary["config"]["features"].get("metric") == "diag_fisher":
-        G, g_tar, _ = diag_fisher_vectors(G, g_tar)
+    G, g_tar, _ = metric_vectors(summary["config"]["features"]["metric"], G, g_tar)
     return G, g_tar
 
 

@@ -31,14 +31,17 @@ def last_number(text: str) -> Fraction | None:
         return None
 
 
-def numeric_exact_match(completion: str, reference: str) -> float:
-    """1.0 if the completion's last number equals the reference's final answer (after `####` if present), else 0.0."""
-    answer = reference.split("####")[-1]
-    expected = last_number(answer)
+def final_answer(reference: str) -> Fraction:
+    """The reference's numeric final answer (its last number, after `####` if present)."""
+    expected = last_number(reference.split("####")[-1])
     if expected is None:
         raise RewardError(f"reference {reference[:80]!r} has no numeric final answer")
-    got = last_number(completion)
-    return 1.0 if got is not None and got == expected else 0.0
+    return expected
+
+
+def numeric_exact_match(completion: str, reference: str) -> float:
+    """1.0 if the completion's last number equals the reference's final answer, else 0.0."""
+    return 1.0 if last_number(completion) == final_answer(reference) else 0.0
 
 
 def numeric_closeness(completion: str, reference: str) -> float:
@@ -46,12 +49,11 @@ def numeric_closeness(completion: str, reference: str) -> float:
 
     A shaped reward for small models, whose exact-match rewards are almost all zero (no GRPO signal).
     """
-    if numeric_exact_match(completion, reference) == 1.0:
-        return 1.0
-    got = last_number(completion)
+    expected, got = final_answer(reference), last_number(completion)
     if got is None:
         return 0.0
-    expected = last_number(reference.split("####")[-1])
+    if got == expected:
+        return 1.0
     return 0.5 * math.exp(-abs(float(got - expected)) / (abs(float(expected)) + 1.0))
 
 
@@ -90,11 +92,10 @@ def load_reward(spec: str) -> RewardFn:
 def score(fn: RewardFn, completion: str, reference: str, where: str) -> float:
     """fn(completion, reference) as a finite float; any failure names the group, prompt and completion."""
     try:
-        value = fn(completion, reference)
-        value = float(value)
+        value = float(fn(completion, reference))
     except Exception as exc:  # user code: every failure becomes one clear error, never a skipped prompt
         raise RewardError(f"{where}: reward function {getattr(fn, '__name__', fn)!r} raised "
                           f"{type(exc).__name__}: {exc} (completion {completion[:60]!r})") from exc
-    if value != value or value in (float("inf"), float("-inf")):
+    if not math.isfinite(value):
         raise RewardError(f"{where}: reward function returned {value}, not a finite number")
     return value

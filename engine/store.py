@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -112,15 +113,19 @@ class VectorStore:
                                         "sha256": _sha256(self.root / name)})
         _atomic_json(self.manifest_path, self.manifest)
 
-    def load(self, names: list[str]) -> tuple[np.ndarray, dict[str, int]]:
-        """Vectors for `names` in that order ([N, p] float32) and their n_examples; checksums verified."""
-        rows: dict[str, np.ndarray] = {}
-        counts: dict[str, int] = {}
+    def _tables(self) -> Iterator[tuple[pa.Table, int]]:
+        """Every block's table (checksum verified first) and its vector dimension p."""
         for b in self.manifest["blocks"]:
             if not self._valid(b):
                 raise StoreError(f"{self.root / b['file']}: checksum mismatch; the block was changed or truncated")
             t = pq.read_table(self.root / b["file"])
-            p = t.schema.field("vector").type.list_size
+            yield t, t.schema.field("vector").type.list_size
+
+    def load(self, names: list[str]) -> tuple[np.ndarray, dict[str, int]]:
+        """Vectors for `names` in that order ([N, p] float32) and their n_examples; checksums verified."""
+        rows: dict[str, np.ndarray] = {}
+        counts: dict[str, int] = {}
+        for t, p in self._tables():
             vec = t.column("vector").combine_chunks().flatten().to_numpy(zero_copy_only=False).reshape(-1, p)
             for i, g in enumerate(t.column("group").to_pylist()):
                 rows[g] = vec[i]
@@ -133,13 +138,9 @@ class VectorStore:
     def load_examples(self, names: list[str]) -> dict[str, np.ndarray]:
         """Per-example vectors ([m_i, p] float32) of `names`, for runs with features.keep_per_example."""
         out: dict[str, np.ndarray] = {}
-        for b in self.manifest["blocks"]:
-            if not self._valid(b):
-                raise StoreError(f"{self.root / b['file']}: checksum mismatch; the block was changed or truncated")
-            t = pq.read_table(self.root / b["file"])
+        for t, p in self._tables():
             if "example_vectors" not in t.column_names:
                 continue
-            p = t.schema.field("vector").type.list_size
             lists = t.column("example_vectors").combine_chunks()
             offsets = lists.offsets.to_numpy()
             X = lists.values.flatten().to_numpy(zero_copy_only=False).reshape(-1, p)

@@ -81,7 +81,7 @@ def test_gram_reducer_matches_dense_product():
     red = GramReducer()
     for chunk in ([3, 4, 5], [0], [10, 1, 2], [6, 7, 8, 9]):
         red.add([names[i] for i in chunk], G[chunk])
-    K, beta = red.result(names, g)
+    K, beta = red.gram(names), red.vectors(names) @ g
     K2, beta2 = gram_and_beta(G, g, block_rows=4)
     G64 = G.astype(np.float64)
     np.testing.assert_allclose(K, G64 @ G64.T, rtol=1e-12)
@@ -93,7 +93,7 @@ def test_gram_reducer_matches_dense_product():
     assert np.all(np.abs(c) <= 1 + 1e-12)
     np.testing.assert_array_equal(red.vectors(["g2", "g0"]), G64[[2, 0]])
     with pytest.raises(ValueError, match="no gradient"):
-        red.result(names + ["absent"], g)
+        red.gram(names + ["absent"])
 
 
 def test_store_round_trip_resume_and_checksums(tmp_path):

@@ -20,7 +20,7 @@ from engine.config import (
 )
 from engine.data import DataError, Example, load_source
 from engine.featurize import IGNORE, WorkItem, pad_batch, per_example_loss, response_logits
-from engine.gram import diag_fisher_gram
+from engine.gram import diag_fisher_vectors
 from engine.grpo import GrpoError, advantages, surrogate_loss
 from engine.models import load_model, load_tokenizer
 from engine.prepare import prepare
@@ -198,7 +198,8 @@ def test_diag_fisher_gram_is_the_transformed_euclidean_gram():
     G = rng.normal(size=(6, 9)) * rng.uniform(0.1, 3, size=9)
     G[:, 4] = 0.0  # a coordinate no candidate moves: outside M's support
     g_tar = rng.normal(size=9)
-    K, beta, M = diag_fisher_gram(G, g_tar)
+    Gv, gv, M = diag_fisher_vectors(G, g_tar)
+    K, beta = Gv @ Gv.T, Gv @ gv
     F = np.mean(G**2, axis=0)
     M_ref = F / F.mean()
     np.testing.assert_allclose(M, M_ref)
@@ -208,10 +209,11 @@ def test_diag_fisher_gram_is_the_transformed_euclidean_gram():
     np.testing.assert_allclose(beta, Gt @ gt, rtol=1e-12)
     assert np.all(np.linalg.eigvalsh(K) > -1e-10)
     iso = np.sign(rng.normal(size=(4, 5)))  # all |g_id| equal: M = I, the Euclidean Gram
-    K_iso, beta_iso, _ = diag_fisher_gram(iso, np.ones(5))
+    iso_v, _, _ = diag_fisher_vectors(iso, np.ones(5))
+    K_iso = iso_v @ iso_v.T
     np.testing.assert_allclose(K_iso, iso @ iso.T)
     with pytest.raises(ValueError, match="every candidate vector is zero"):
-        diag_fisher_gram(np.zeros((2, 3)), np.ones(3))
+        diag_fisher_vectors(np.zeros((2, 3)), np.ones(3))
 
 
 # --- the mathematics source ---------------------------------------------------------------------------------

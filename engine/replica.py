@@ -31,7 +31,7 @@ def featurised_parameters(model, features: FeaturesConfig, lora: LoraConfig) -> 
 
 
 def build_featurizer(spec: dict):
-    """The featuriser for a worker spec (see engine.pipeline.worker_spec): one of GroupGradients,
+    """The featuriser for a worker spec (see engine.pipeline._worker_spec): one of GroupGradients,
     GroupTaskVectors or GroupGrpoGradients, with its model replica and projector."""
     import torch
 

@@ -12,9 +12,24 @@ import zlib
 import numpy as np
 
 
+def _integral(x):
+    return int(x) if isinstance(x, float) and x.is_integer() else x
+
+
+_randrange = random.Random.randrange
+
+
+def _randrange_integral_floats(self, start, stop=None, step=1):
+    """random.randrange as before Python 3.12: an integral float (`10 ** 2 / 2`) counts as that integer."""
+    return _randrange(self, _integral(start), None if stop is None else _integral(stop), _integral(step))
+
+
 def generators() -> dict[str, object]:
     """The package's training modules by flat name (e.g. `arithmetic__add_or_sub`)."""
-    # two shims for the 2019 code (see ../shared/notes): sympy moved base_solution_linear; numpy 2 dropped np.object
+    # shims for the 2019 code (see ../shared/notes): sympy moved base_solution_linear; numpy 2 dropped np.object;
+    # Python 3.12 refuses the integral floats that numbers__round_number & co. pass to random.randint (the
+    # draws are the same as on 3.11, which converted them).
+    random.Random.randrange = _randrange_integral_floats
     importlib.import_module("sympy.solvers.diophantine")
     from sympy.solvers.diophantine.diophantine import base_solution_linear
 

@@ -28,7 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def naive_group_gradient(model, params, examples, pad_id: int) -> tuple[np.ndarray, float]:
+def naive_group_gradient(model, params, examples, pad_id: int, device: str = "cpu") -> tuple[np.ndarray, float]:
     """The reference loop: batch size 1, full logits, backward per example, copy to CPU, mean."""
     import torch
 
@@ -38,7 +38,7 @@ def naive_group_gradient(model, params, examples, pad_id: int) -> tuple[np.ndarr
     total = None
     backward_s = 0.0
     for ex in examples:
-        ids, mask, labels = pad_batch([ex], pad_id)
+        ids, mask, labels = (t.to(device) for t in pad_batch([ex], pad_id))
         t0 = time.perf_counter()
         logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),

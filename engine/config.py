@@ -40,7 +40,9 @@ class ModelConfig:
     source: str = opt("smollm2-135m-instruct",
                       "A built-in model name (`smollm2-135m-instruct`) or a local Hugging Face model folder.")
     max_length: int = opt(128, "Tokens per example after chat formatting; longer examples are cut on the right.")
-    dtype: Literal["float32", "bfloat16"] = opt("float32", "Compute dtype of the model weights (bfloat16: autocast on CUDA).")
+    dtype: Literal["float32", "bfloat16"] = opt("float32", "Dtype of the base weights. bfloat16: bf16 weights and bf16 autocast on "
+                                                   "CUDA (LoRA weights stay fp32); on a CPU without bf16 matrix units it is "
+                                                   "far slower than float32.")
     batch_size: int = opt(8, "Examples per forward/backward pass while featurising one group at a time "
                           "(used when token_budget is null).")
     token_budget: int | None = opt(

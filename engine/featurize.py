@@ -206,7 +206,7 @@ class PerExampleGradients:
                 h = self._inputs[k][c]
                 g = self._grads[k].get(c)
                 if g is None:  # no gradient reached this output (e.g. the last layer's prefix queries)
-                    parts.append(torch.zeros(h.shape[0], mod.weight.numel()))
+                    parts.append(torch.zeros(h.shape[0], mod.weight.numel(), device=h.device))
                     continue
                 parts.append(torch.einsum("bto,btr->bor", g.float(), h.float()).reshape(h.shape[0], -1))
             out.append(torch.cat(parts, dim=1))
@@ -287,7 +287,8 @@ class GroupGradients:
         lengths = [len(ex) for _, ex in flat]
         if max(lengths) > self.token_budget:
             raise ValueError(f"an example of {max(lengths)} tokens exceeds the token budget {self.token_budget}")
-        sums = torch.zeros(len(items), self.dim)
+        # group sums stay on the device: only [groups, d] crosses to the host, not [examples, d] per batch
+        sums = torch.zeros(len(items), self.dim, device=self.device)
         per_example = [None] * len(flat)
         for batch in pack_by_tokens(lengths, self.token_budget):
             exs = [flat[i][1] for i in batch]
@@ -303,16 +304,17 @@ class GroupGradients:
                     ids, mask, labels = (t.to(self.device) for t in pad_batch(exs, self.pad_id))
                     losses = per_example_loss(self.model, ids, mask, labels)
             losses.sum().backward()
-            calls = [g.cpu() for g in self._hooks.collect()]
+            calls = self._hooks.collect()
             for p in self.params:
                 p.grad = None
             grads = calls[-1]
-            sums.index_add_(0, torch.tensor(owners), grads)
+            sums.index_add_(0, torch.tensor(owners, device=grads.device), grads)
             if share:  # each group's shared-prefix row carries that group's prefix contribution
-                sums.index_add_(0, torch.tensor(prefix_owners), calls[0])
+                sums.index_add_(0, torch.tensor(prefix_owners, device=grads.device), calls[0])
             if self.keep_per_example:
+                rows = grads.cpu().numpy()
                 for row, i in enumerate(batch):
-                    per_example[i] = grads[row].numpy()
+                    per_example[i] = rows[row]
             self.tokens += sum(len(e) for e in exs)  # input tokens (a shared prefix is computed once)
         counts = torch.tensor([len(it.examples) for it in items], dtype=torch.float32)
         self.seconds += time.perf_counter() - t0
@@ -322,7 +324,7 @@ class GroupGradients:
             for it in items:
                 groups.append(np.stack(per_example[pos : pos + len(it.examples)]))
                 pos += len(it.examples)
-        return (sums / counts[:, None]).numpy(), groups
+        return (sums.cpu() / counts[:, None]).numpy(), groups
 
     def featurize(self, items: list[WorkItem]) -> np.ndarray:
         """Projected mean gradients of several groups: a [len(items), p] float32 block."""

@@ -1,0 +1,260 @@
+"""Featurisation on one CUDA GPU (SmolLM2 + chatterbot groups), in one run: the CUDA path checked and timed.
+
+(a) the naive loop on the GPU: fp32 weights, batch size 1, full-vocabulary logits, one backward per
+    example, CPU copy, mean (as the paper's reference code does it);
+(b) convalue's featuriser on the GPU, fp32 weights (token-budget packing across groups, per-example
+    gradients from one backward, LM head on response tokens only);
+(c) the same with model.dtype: bfloat16 (bf16 weights, bf16 autocast; LoRA weights stay fp32);
+(d) (b) inside Ray GradientWorker actors that hold the GPU (num_gpus): 1 worker x 1 GPU, then
+    2 workers x 0.5 GPU;
+(e) task vectors on the GPU against the same on the CPU;
+(f) full-parameter gradients (CountSketch) on the GPU against the CPU; per-example vectors kept on the GPU.
+Checks (b), (c), (d) against (a) and (b) against the CPU featuriser by cosine, prints tokens/s and
+ratios, and ends with one JSON line. The CPU targets of issue 4 live in bench/featurize.py.
+
+    python bench/featurize_gpu.py [--groups 18 --m 32 --max-length 256 --token-budget 16384]
+
+`--device cpu` runs the same code on the CPU (a dry run of this script, not a GPU figure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+sys.path[0] = str(Path(__file__).resolve().parents[1])
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from bench.featurize import naive_group_gradient  # noqa: E402
+
+LANGS = ["english", "spanish", "german", "italian", "portuguese", "dutch", "french", "swedish", "turkish",
+         "indonesian", "russian", "hindi", "bengali", "hebrew", "chinese", "japanese", "korean", "persian"]
+
+
+def min_cosine(A: dict[str, np.ndarray], B: dict[str, np.ndarray]) -> float:
+    """Smallest cosine between same-named vectors of A and B (over B's names)."""
+    return min(float(A[n] @ B[n] / (np.linalg.norm(A[n]) * np.linalg.norm(B[n]))) for n in B)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda", help="cuda (the point of this script) or cpu (a dry run)")
+    ap.add_argument("--groups", type=int, default=18)
+    ap.add_argument("--m", type=int, default=32, help="preview examples per group")
+    ap.add_argument("--max-length", type=int, default=256)
+    ap.add_argument("--token-budget", type=int, default=16384)
+    ap.add_argument("--groups-per-call", type=int, default=6)
+    ap.add_argument("--dim", type=int, default=8192)
+    ap.add_argument("--cpu-groups", type=int, default=3, help="groups also featurised on the CPU for the cosine")
+    ap.add_argument("--profile", type=int, default=0, help="print this many rows of a torch.profiler table "
+                    "(one block, fp32 and bf16)")
+    args = ap.parse_args()
+
+    import ray
+    import torch
+
+    from actors.dispatch import windowed
+    from actors.gradient_worker import GradientWorker
+    from engine.config import (
+        DataConfig,
+        FeaturesConfig,
+        LoraConfig,
+        ModelConfig,
+        ProjectionConfig,
+        SourceConfig,
+    )
+    from engine.featurize import block_tokens, plan_blocks
+    from engine.models import load_model, load_tokenizer, resolve_model_dir
+    from engine.prepare import prepare
+    from engine.replica import build_featurizer, featurised_parameters
+
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        sys.exit("bench/featurize_gpu.py: no CUDA device here (torch.cuda.is_available() is False); "
+                 "use --device cpu for a dry run")
+    dev = args.device
+    gpu = torch.cuda.get_device_name(0) if dev.startswith("cuda") else "none"
+    model_dir = resolve_model_dir(ModelConfig())
+    tok = load_tokenizer(model_dir)
+    data = prepare(DataConfig(target=SourceConfig(kind="chatterbot", include=["marathi"]),
+                              candidates=[SourceConfig(kind="chatterbot", include=LANGS[: args.groups])],
+                              preview_size=args.m, small_groups="keep"), tok, args.max_length)
+    items = data.items
+    tokens = sum(len(e) for it in items for e in it.examples)
+    lora = LoraConfig()
+    proj = ProjectionConfig(kind="countsketch", dim=args.dim, seed=0)
+    spec = {"model_dir": str(model_dir), "dtype": "float32", "lora": asdict(lora), "projection": asdict(proj),
+            "pad_id": tok.pad_token_id, "batch_size": 8, "threads": 1, "device": dev,
+            "token_budget": args.token_budget, "max_length": args.max_length, "features": {}}
+    blocks = plan_blocks(items, args.groups_per_call)
+
+    def sync() -> None:
+        if dev.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    def in_process(s: dict, subset=None, profile: str | None = None) -> tuple[float, float, dict[str, np.ndarray], float]:
+        """(cold seconds, warm seconds, vectors, peak GPU GiB) of the worker's featuriser run in this process.
+
+        cold: the first pass over the blocks (each new batch shape pays its kernel and cuBLAS set-up once);
+        warm: a second pass over the same blocks, the steady state of a long run.
+        """
+        f = build_featurizer(s)
+        f.featurize(blocks[0][:1])  # warm-up (CUDA context, allocator)
+        todo = plan_blocks(subset, args.groups_per_call) if subset else blocks
+        if dev.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+        times, out = [], {}
+        for _ in range(1 if subset else 2):
+            sync()
+            t0 = time.perf_counter()
+            for b in todo:
+                out.update(zip([it.name for it in b], f.featurize(b)))
+            sync()
+            times.append(time.perf_counter() - t0)
+        if profile and args.profile:
+            from torch.profiler import ProfilerActivity
+            from torch.profiler import profile as torch_profile
+
+            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.startswith("cuda") else [])
+            with torch_profile(activities=acts) as prof:
+                f.featurize(todo[0])
+                sync()
+            for key in ["self_cuda_time_total"] * dev.startswith("cuda") + ["self_cpu_time_total"]:
+                print(f"--- profile, {profile}: one block of {len(todo[0])} groups, by {key}")
+                print(prof.key_averages().table(sort_by=key, row_limit=args.profile))
+        peak = torch.cuda.max_memory_allocated() / 2**30 if dev.startswith("cuda") else 0.0
+        return times[0], times[-1], out, peak
+
+    # (a) naive loop on the device
+    model, named = featurised_parameters(load_model(model_dir, "float32", dev), FeaturesConfig(), lora)
+    params = [p for _, p in named]
+    from engine.projection import make_projector
+
+    projector = make_projector(proj.kind, sum(p.numel() for p in params), proj.dim, proj.seed)
+    naive_group_gradient(model, params, items[0].examples[:1], tok.pad_token_id, dev)  # warm-up
+    sync()
+    t0 = time.perf_counter()
+    raw = [naive_group_gradient(model, params, it.examples, tok.pad_token_id, dev)[0] for it in items]
+    naive_s = time.perf_counter() - t0
+    naive = dict(zip([it.name for it in items], projector.project(np.stack(raw))))
+    del model, named, params
+    if dev.startswith("cuda"):
+        torch.cuda.empty_cache()
+
+    # (b), (c) the worker's featuriser in this process
+    fp32_cold, fp32_s, fp32, fp32_peak = in_process(spec, profile="fp32")
+    bf16_cold, bf16_s, bf16, bf16_peak = in_process(spec | {"dtype": "bfloat16"}, profile="bf16")
+    # (b) on the CPU, a few groups: the same featuriser gives the same vectors on either device
+    torch.set_num_threads(min(8, os.cpu_count() or 1))
+    *_, on_cpu, _ = in_process(spec | {"device": "cpu"}, subset=items[: args.cpu_groups])
+    # per-example vectors kept on the device: their mean is the group vector
+    f = build_featurizer(spec | {"features": asdict(FeaturesConfig(keep_per_example=True))})
+    X = f.featurize(blocks[0])
+    per_example_err = max(float(np.abs(f.per_example[it.name].mean(0) - x).max() / np.abs(x).max())
+                          for it, x in zip(blocks[0], X))
+    del f
+
+    # (d) Ray actors holding the GPU: free this process's cached blocks first (fractional GPUs share its memory)
+    import gc
+
+    gc.collect()
+    if dev.startswith("cuda"):
+        torch.cuda.empty_cache()
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             _node_ip_address="127.0.0.1", runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}})
+    gpus_total = ray.cluster_resources().get("GPU", 0.0)
+
+    def on_ray(n_workers: int, gpus_each: float) -> tuple[float, dict[str, np.ndarray]]:
+        workers = [GradientWorker.options(num_cpus=1, num_gpus=gpus_each).remote(spec) for _ in range(n_workers)]
+        ray.get([w.featurize.remote(blocks[0][:1]) for w in workers])  # load + warm-up
+        t0 = time.perf_counter()
+        out = {}
+        for _, (names, X, _, _) in windowed(workers, blocks, lambda w, b: w.featurize.remote(b), 2 * n_workers,
+                                           cost=block_tokens):
+            out.update(zip(names, X))
+        elapsed = time.perf_counter() - t0
+        for w in workers:
+            ray.kill(w)
+        return elapsed, out
+
+    gpu_each = 1.0 if gpus_total >= 1 else 0.0
+    ray1_s, ray1 = on_ray(1, gpu_each)
+    ray2_s, ray2 = on_ray(2, gpu_each / 2)
+    ray.shutdown()
+
+    # (e) task vectors: the GPU against the CPU, on two groups
+    tv = spec | {"features": asdict(FeaturesConfig(representation="task_vector", tv_steps=3))}
+    tv_items = items[:2]
+    f = build_featurizer(tv)
+    t0 = time.perf_counter()
+    tv_dev = dict(zip([it.name for it in tv_items], f.featurize(tv_items)))
+    tv_s = time.perf_counter() - t0
+    del f
+    f = build_featurizer(tv | {"device": "cpu"})
+    tv_cpu = dict(zip([it.name for it in tv_items], f.featurize(tv_items)))
+
+    # (f) full-parameter gradients (every weight, CountSketch): the device against the CPU, on one group of 8
+    full = spec | {"features": asdict(FeaturesConfig(parameters="full"))}
+    one = [type(items[0])(items[0].name, items[0].examples[:8])]
+    f = build_featurizer(full)
+    f.featurize(one)
+    if dev.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    sync()
+    t0 = time.perf_counter()
+    full_dev = dict(zip([one[0].name], f.featurize(one)))
+    full_s = time.perf_counter() - t0
+    full_peak = torch.cuda.max_memory_allocated() / 2**30 if dev.startswith("cuda") else 0.0
+    del f
+    full_cpu = dict(zip([one[0].name], build_featurizer(full | {"device": "cpu"}).featurize(one)))
+
+    fig = {
+        "bench": "featurize_gpu", "device": dev, "gpu": gpu, "groups": len(items),
+        "examples": sum(len(it.examples) for it in items), "tokens": tokens, "max_length": args.max_length,
+        "token_budget": args.token_budget,
+        "naive_tok_s": round(tokens / naive_s, 1), "fp32_tok_s": round(tokens / fp32_s, 1),
+        "bf16_tok_s": round(tokens / bf16_s, 1), "fp32_cold_tok_s": round(tokens / fp32_cold, 1),
+        "bf16_cold_tok_s": round(tokens / bf16_cold, 1), "ray_1w_tok_s": round(tokens / ray1_s, 1),
+        "ray_2w_tok_s": round(tokens / ray2_s, 1),
+        "speedup_fp32_vs_naive": round(naive_s / fp32_s, 2), "speedup_bf16_vs_fp32": round(fp32_s / bf16_s, 2),
+        "speedup_ray_2w_vs_1w": round(ray1_s / ray2_s, 2),
+        "cos_fp32_vs_naive": round(min_cosine(naive, fp32), 6), "cos_bf16_vs_naive": round(min_cosine(naive, bf16), 6),
+        "cos_fp32_gpu_vs_cpu": round(min_cosine(fp32, on_cpu), 6),
+        "max_abs_ray_1w_vs_in_process": float(max(np.abs(ray1[n] - fp32[n]).max() for n in fp32)),
+        "cos_ray_2w_vs_naive": round(min_cosine(naive, ray2), 6),
+        "cos_task_vector_gpu_vs_cpu": round(min_cosine(tv_dev, tv_cpu), 6), "task_vector_s_per_group": round(tv_s / 2, 3),
+        "per_example_mean_rel_err": per_example_err,
+        "cos_full_gpu_vs_cpu": round(min_cosine(full_dev, full_cpu), 6), "full_s_per_group_of_8": round(full_s, 3),
+        "peak_gib_full": round(full_peak, 2),
+        "peak_gib_fp32": round(fp32_peak, 2), "peak_gib_bf16": round(bf16_peak, 2), "ray_gpus": gpus_total,
+    }
+    print(f"{gpu}: {len(items)} groups x {args.m} examples, {tokens} tokens (max_length {args.max_length})")
+    print(f"(a) naive loop, fp32           {naive_s:8.2f} s {fig['naive_tok_s']:10.1f} tok/s")
+    print(f"(b), (c) below: a warm second pass over the same blocks; the first pass ran at "
+          f"{fig['fp32_cold_tok_s']} (fp32) and {fig['bf16_cold_tok_s']} (bf16) tok/s")
+    print(f"(b) convalue, fp32             {fp32_s:8.2f} s {fig['fp32_tok_s']:10.1f} tok/s  (b)/(a) = "
+          f"{fig['speedup_fp32_vs_naive']}x  cos vs (a) {fig['cos_fp32_vs_naive']}  vs CPU {fig['cos_fp32_gpu_vs_cpu']}")
+    print(f"(c) convalue, bf16             {bf16_s:8.2f} s {fig['bf16_tok_s']:10.1f} tok/s  (c)/(b) = "
+          f"{fig['speedup_bf16_vs_fp32']}x  cos vs (a) {fig['cos_bf16_vs_naive']}")
+    print(f"(d) Ray, 1 worker x {gpu_each} GPU   {ray1_s:8.2f} s {fig['ray_1w_tok_s']:10.1f} tok/s  "
+          f"max |diff| vs (b) {fig['max_abs_ray_1w_vs_in_process']:.2e}")
+    print(f"    Ray, 2 workers x {gpu_each / 2} GPU {ray2_s:7.2f} s {fig['ray_2w_tok_s']:10.1f} tok/s  "
+          f"x{fig['speedup_ray_2w_vs_1w']} vs 1 worker, cos vs (a) {fig['cos_ray_2w_vs_naive']}")
+    print(f"(e) task vectors: {fig['task_vector_s_per_group']} s/group, cos GPU vs CPU {fig['cos_task_vector_gpu_vs_cpu']}")
+    print(f"    per-example vectors kept: their mean matches the group vector to {per_example_err:.1e} (relative)")
+    print(f"(f) full-parameter, 1 group of 8: {full_s:.3f} s, cos GPU vs CPU {fig['cos_full_gpu_vs_cpu']}, "
+          f"peak {fig['peak_gib_full']} GiB")
+    print(json.dumps(fig))
+
+
+if __name__ == "__main__":
+    main()

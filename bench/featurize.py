@@ -60,6 +60,7 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=64)
     ap.add_argument("--token-budget", type=int, default=2048, help="as model.token_budget")
     ap.add_argument("--dim", type=int, default=8192)
+    ap.add_argument("--split-cost-tokens", type=int, default=None, help="as model.split_cost_tokens (a huge value: no cuts)")
     args = ap.parse_args()
 
     import ray
@@ -120,7 +121,7 @@ def main() -> None:
              _node_ip_address="127.0.0.1", runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}})
     spec = {"model_dir": str(model_dir), "dtype": "float32", "lora": lora.__dict__, "projection": proj_cfg.__dict__,
             "pad_id": tok.pad_token_id, "batch_size": 8, "threads": 1, "device": "cpu",
-            "token_budget": args.token_budget}
+            "token_budget": args.token_budget, "split_cost_tokens": args.split_cost_tokens}
     blocks = plan_blocks(items, args.groups_per_call)  # as the pipeline plans them
 
     def convalue(n_workers: int) -> tuple[float, float, dict]:

@@ -48,6 +48,10 @@ class ModelConfig:
     token_budget: int | None = opt(
         2048, "Tokens per packed featurisation batch: examples of many groups, sorted by length, share a batch and "
         "per-example gradients come from one backward. null: one group at a time.")
+    split_cost_tokens: int | None = opt(
+        None, "Padding against forward calls: a packed batch is cut into runs of similar length (one padded forward "
+        "each) wherever a cut saves more than this many padded tokens. null: 32 on CPU workers, no cuts on GPU "
+        "workers (there a forward's kernel launches cost more than its padding).")
     cache_dir: str = opt("~/.cache/convalue/models",
                          "Where built-in models are converted once to safetensors (keyed by transformers version).")
 
@@ -57,6 +61,8 @@ class ModelConfig:
         if self.token_budget is not None and self.token_budget < self.max_length:
             raise ConfigError(f"must be >= max_length ({self.max_length}) so every example fits a batch",
                               field="token_budget", value=self.token_budget)
+        if self.split_cost_tokens is not None and self.split_cost_tokens < 0:
+            raise ConfigError("must be >= 0 (or null)", field="split_cost_tokens", value=self.split_cost_tokens)
         if self.max_length < 8:
             raise ConfigError("must be >= 8", field="max_length", value=self.max_length)
         if self.source not in BUILTIN_MODELS:

@@ -121,12 +121,13 @@ def shared_prefix_length(examples: list[TokenizedExample], min_length: int = 8) 
 
 
 def shared_prefix_loss(model, examples: list[TokenizedExample], owners: list[int], P: int, pad_id: int,
-                       device: str):
+                       device: str, runs: list[list[int]] | None = None):
     """Per-example losses with the first P tokens (shared_prefix_length) computed once per owner (group).
 
-    Returns (losses [B], prefix rows' owners). The prefix's KV cache is expanded to each owner's
-    examples, so gradients reach each owner's prefix row summed over that owner's examples, which
-    is exactly what a per-group mean needs.
+    Returns (losses, prefix rows' owners); losses are in the order of the concatenated `runs` (index
+    lists into examples, one decoder call each; default: one call for all). The prefix's KV cache is
+    expanded to each owner's examples, so gradients reach each owner's prefix row summed over that
+    owner's examples, which is exactly what a per-group mean needs.
     """
     import torch
     from transformers import DynamicCache
@@ -136,19 +137,41 @@ def shared_prefix_loss(model, examples: list[TokenizedExample], owners: list[int
     row = {g: i for i, g in enumerate(groups)}
     prefix = torch.tensor([examples[0].input_ids[:P]] * len(groups), device=device)
     cache = decoder(input_ids=prefix, attention_mask=torch.ones_like(prefix), use_cache=True).past_key_values
-    select = torch.tensor([row[o] for o in owners], device=device)
-    expanded = DynamicCache()
-    for i, layer in enumerate(cache.layers):
-        expanded.update(layer.keys.index_select(0, select), layer.values.index_select(0, select), i)
-    suffix = [TokenizedExample(e.input_ids[P:], e.labels[P:]) for e in examples]
-    ids, mask, labels = (t.to(device) for t in pad_batch(suffix, pad_id))
-    full_mask = torch.cat([torch.ones(len(examples), P, dtype=mask.dtype, device=device), mask], dim=1)
-    positions = (torch.arange(ids.shape[1], device=device) + P).expand(ids.shape[0], -1)
-    hidden = decoder(input_ids=ids, attention_mask=full_mask, position_ids=positions, past_key_values=expanded,
-                     use_cache=True).last_hidden_state[:, :-1]
-    target = labels[:, 1:]
-    valid = target != IGNORE
-    return mean_token_ce(head(hidden[valid]), target[valid], valid), groups
+    losses = []
+    for run in runs or [list(range(len(examples)))]:
+        select = torch.tensor([row[owners[i]] for i in run], device=device)
+        expanded = DynamicCache()
+        for i, layer in enumerate(cache.layers):
+            expanded.update(layer.keys.index_select(0, select), layer.values.index_select(0, select), i)
+        suffix = [TokenizedExample(examples[i].input_ids[P:], examples[i].labels[P:]) for i in run]
+        ids, mask, labels = (t.to(device) for t in pad_batch(suffix, pad_id))
+        full_mask = torch.cat([torch.ones(len(run), P, dtype=mask.dtype, device=device), mask], dim=1)
+        positions = (torch.arange(ids.shape[1], device=device) + P).expand(ids.shape[0], -1)
+        hidden = decoder(input_ids=ids, attention_mask=full_mask, position_ids=positions, past_key_values=expanded,
+                         use_cache=True).last_hidden_state[:, :-1]
+        target = labels[:, 1:]
+        valid = target != IGNORE
+        losses.append(mean_token_ce(head(hidden[valid]), target[valid], valid))
+    return torch.cat(losses), groups
+
+
+def length_runs(lengths: list[int], overhead: int) -> list[list[int]]:
+    """Indices split into runs of similar length (longest first), each run one padded call: the split that
+    minimises padded tokens + `overhead` tokens per call (exact dynamic programme over the sorted lengths)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    n = len(order)
+    best = [0] + [None] * n
+    start = [0] * (n + 1)
+    for j in range(1, n + 1):
+        for i in range(j):  # the last run is order[i:j]; its longest is order[i]
+            cost = best[i] + (j - i) * lengths[order[i]] + overhead
+            if best[j] is None or cost < best[j]:
+                best[j], start[j] = cost, i
+    runs, j = [], n
+    while j > 0:
+        runs.append(order[start[j] : j])
+        j = start[j]
+    return runs[::-1]
 
 
 def pack_by_tokens(lengths: list[int], token_budget: int) -> list[list[int]]:
@@ -226,11 +249,13 @@ class GroupGradients:
 
     def __init__(self, peft_model, params: list, projector, pad_id: int, batch_size: int = 8,
                  device: str = "cpu", autocast_dtype=None, *, param_names: list[str] | None = None,
-                 token_budget: int | None = None, keep_per_example: bool = False, share_prefix: bool = True):
+                 token_budget: int | None = None, keep_per_example: bool = False, share_prefix: bool = True,
+                 split_overhead: int | None = None):
         self.model = peft_model.eval()  # eval: no dropout, deterministic
         self.params = params
         self.token_budget = token_budget
         self.share_prefix = share_prefix
+        self.split_overhead = split_overhead
         self.keep_per_example = keep_per_example
         self.per_example: dict[str, np.ndarray] = {}
         self._hooks = PerExampleGradients(peft_model, param_names) if token_budget else None
@@ -296,25 +321,28 @@ class GroupGradients:
             prefix = (shared_prefix_length(exs) if self.share_prefix and not self.keep_per_example
                       and len(batch) > 1 and _decoder_and_head(self.model) is not None else 0)
             share = prefix > 0
+            runs = (length_runs([len(e) - prefix for e in exs], self.split_overhead)
+                    if self.split_overhead is not None else [list(range(len(exs)))])
             with self._autocast():
                 if share:
                     losses, prefix_owners = shared_prefix_loss(self.model, exs, owners, prefix, self.pad_id,
-                                                               self.device)
+                                                               self.device, runs)
                 else:
-                    ids, mask, labels = (t.to(self.device) for t in pad_batch(exs, self.pad_id))
-                    losses = per_example_loss(self.model, ids, mask, labels)
+                    losses = torch.cat([per_example_loss(self.model, *(t.to(self.device) for t in pad_batch(
+                        [exs[i] for i in run], self.pad_id))) for run in runs])
             losses.sum().backward()
             calls = self._hooks.collect()
             for p in self.params:
                 p.grad = None
-            grads = calls[-1]
-            sums.index_add_(0, torch.tensor(owners, device=grads.device), grads)
+            order = [i for run in runs for i in run]  # the examples' rows, run after run
+            grads = torch.cat(calls[1:] if share else calls)
+            sums.index_add_(0, torch.tensor([owners[i] for i in order], device=grads.device), grads)
             if share:  # each group's shared-prefix row carries that group's prefix contribution
                 sums.index_add_(0, torch.tensor(prefix_owners, device=grads.device), calls[0])
             if self.keep_per_example:
                 rows = grads.cpu().numpy()
-                for row, i in enumerate(batch):
-                    per_example[i] = rows[row]
+                for row, i in enumerate(order):
+                    per_example[batch[i]] = rows[row]
             self.tokens += sum(len(e) for e in exs)  # input tokens (a shared prefix is computed once)
         counts = torch.tensor([len(it.examples) for it in items], dtype=torch.float32)
         self.seconds += time.perf_counter() - t0

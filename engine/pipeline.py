@@ -107,7 +107,7 @@ def _worker_spec(cfg: RunConfig, model_dir: Path, pad_id: int) -> dict:
     return {"model_dir": str(model_dir), "dtype": cfg.model.dtype, "lora": asdict(cfg.lora),
             "max_length": cfg.model.max_length,
             "projection": asdict(cfg.projection), "pad_id": pad_id, "batch_size": cfg.model.batch_size,
-            "token_budget": cfg.model.token_budget,
+            "token_budget": cfg.model.token_budget, "split_cost_tokens": cfg.model.split_cost_tokens,
             "threads": cfg.ray.cpus_per_worker, "device": "cuda" if cfg.ray.gpus_per_worker > 0 else "cpu",
             "finetune": asdict(cfg.finetune), "features": asdict(cfg.features)}
 

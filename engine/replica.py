@@ -6,6 +6,10 @@ from pathlib import Path
 
 from engine.config import FeaturesConfig, LoraConfig, ProjectionConfig
 
+# model.split_cost_tokens on CPU workers (null): on bench/featurize.py's data a cut into length runs pays
+# for itself well below 32 padded tokens per extra forward, and 0 (a forward per distinct length) is slower
+CPU_SPLIT_COST_TOKENS = 32
+
 
 def featurised_parameters(model, features: FeaturesConfig, lora: LoraConfig) -> tuple[object, list[tuple[str, object]]]:
     """(model to run, [(name, parameter)] to featurise, in a fixed order) with requires_grad set to match.
@@ -59,6 +63,9 @@ def build_featurizer(spec: dict):
     autocast = torch.bfloat16 if (device.startswith("cuda") and spec["dtype"] == "bfloat16") else None
     # per-example hooks exist for LoRA's lora_B only; full-parameter gradients go one group at a time
     packed = spec.get("token_budget") if features.parameters == "lora" else None
+    split = spec.get("split_cost_tokens")
+    if split is None and not device.startswith("cuda"):
+        split = CPU_SPLIT_COST_TOKENS
     return GroupGradients(model, params, projector, spec["pad_id"], spec["batch_size"], device, autocast,
                           param_names=[n for n, _ in named], token_budget=packed,
-                          keep_per_example=features.keep_per_example)
+                          keep_per_example=features.keep_per_example, split_overhead=split)

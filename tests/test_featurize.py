@@ -32,6 +32,14 @@ def examples(tiny_model_dir):
     return tuple(tokenize_examples(tok, exs, 64))
 
 
+@pytest.fixture(scope="module")
+def varied(tiny_model_dir):
+    """The same chats untruncated: lengths 75 to 112, so length runs really cut."""
+    tok = load_tokenizer(tiny_model_dir)
+    exs = [Example((("user", r["prompt"]), ("assistant", r["response"]))) for r in chatterbot_pairs("spanish", 7)]
+    return tuple(tokenize_examples(tok, exs, 160))
+
+
 def test_mean_gradient_does_not_depend_on_batching(tiny_model_dir, examples):
     g1 = build(tiny_model_dir, batch_size=1).raw_gradient(examples)
     g3 = build(tiny_model_dir, batch_size=3).raw_gradient(examples)
@@ -90,6 +98,30 @@ def test_pack_by_tokens_covers_everything_within_budget():
     assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
     for b in batches:
         assert len(b) * max(lengths[i] for i in b) <= 40 or len(b) == 1
+
+
+def test_length_runs_minimise_padding_plus_calls():
+    import itertools
+
+    from engine.featurize import length_runs
+
+    lengths = [30, 5, 29, 12, 12, 31, 6, 13]
+
+    def cost(runs, overhead):
+        return sum(len(r) * max(lengths[i] for i in r) + overhead for r in runs)
+
+    for overhead in (0, 3, 10, 40, 10**9):
+        runs = length_runs(lengths, overhead)
+        assert sorted(i for r in runs for i in r) == list(range(len(lengths)))
+        flat = [lengths[i] for r in runs for i in r]
+        assert flat == sorted(lengths, reverse=True)  # contiguous runs of the longest-first order
+        # exact: no split of the sorted order into contiguous runs costs less
+        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+        best = min(cost([order[a:b] for a, b in zip((0,) + cut, cut + (len(order),))], overhead)
+                   for k in range(len(order)) for cut in itertools.combinations(range(1, len(order)), k))
+        assert cost(runs, overhead) == best
+    assert len(length_runs(lengths, 10**9)) == 1
+    assert len(length_runs(lengths, 0)) == len(set(lengths))
 
 
 def test_plan_blocks_sends_the_longest_groups_first():
@@ -184,3 +216,34 @@ def test_shared_prefix_is_used_and_changes_no_group_vector(tiny_model_dir, examp
     plain = _packed(tiny_model_dir, 4096)
     plain.share_prefix = False
     np.testing.assert_allclose(shared.featurize(items), plain.featurize(items), rtol=2e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("share_prefix", [True, False])
+def test_length_runs_change_no_vector(tiny_model_dir, varied, share_prefix):
+    from engine.featurize import WorkItem, length_runs
+
+    assert len(length_runs([len(e) for e in varied], 0)) > 2  # the lengths differ: real cuts
+    items = [WorkItem("a", varied[:4]), WorkItem("b", varied[4:])]
+    one = _packed(tiny_model_dir, 4096)
+    one.share_prefix = share_prefix
+    X = one.featurize(items)
+    for overhead in (0, 4):  # a forward per distinct length; a few runs
+        cut = _packed(tiny_model_dir, 4096)
+        cut.share_prefix, cut.split_overhead = share_prefix, overhead
+        np.testing.assert_allclose(cut.featurize(items), X, rtol=2e-4, atol=1e-7)
+
+
+def test_length_runs_keep_rows_and_owners_in_order(tiny_model_dir, varied, monkeypatch):
+    import engine.featurize as fz
+
+    items = [fz.WorkItem("a", varied[:4]), fz.WorkItem("b", varied[4:])]
+    one, cut = _packed(tiny_model_dir, 4096, keep=True), _packed(tiny_model_dir, 4096, keep=True)
+    X = one.featurize(items)
+    # one batch in the examples' own order (pack_by_tokens sorts it, which would hide a row mix-up)
+    monkeypatch.setattr(fz, "pack_by_tokens", lambda lengths, budget: [list(range(len(lengths)))])
+    for share in (False, True):  # per-example rows (no shared prefix), then group sums with the prefix
+        cut.split_overhead, cut.keep_per_example, cut.share_prefix = 0, not share, share
+        np.testing.assert_allclose(cut.featurize(items), X, rtol=2e-4, atol=1e-7)
+        if not share:
+            for it in items:
+                np.testing.assert_allclose(cut.per_example[it.name], one.per_example[it.name], rtol=2e-4, atol=1e-7)

@@ -160,13 +160,12 @@ def length_runs(lengths: list[int], overhead: int) -> list[list[int]]:
     minimises padded tokens + `overhead` tokens per call (exact dynamic programme over the sorted lengths)."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     n = len(order)
-    best = [0] + [None] * n
-    start = [0] * (n + 1)
-    for j in range(1, n + 1):
-        for i in range(j):  # the last run is order[i:j]; its longest is order[i]
-            cost = best[i] + (j - i) * lengths[order[i]] + overhead
-            if best[j] is None or cost < best[j]:
-                best[j], start[j] = cost, i
+    # a cut between equal lengths never saves padding, so runs start only where the length changes:
+    # O(distinct lengths^2), however many examples a batch holds
+    cuts = [0] + [k for k in range(1, n) if lengths[order[k]] != lengths[order[k - 1]]] + [n]
+    best, start = {0: 0}, {}
+    for j in cuts[1:]:  # the last run is order[i:j]; its longest is order[i]
+        best[j], start[j] = min((best[i] + (j - i) * lengths[order[i]] + overhead, i) for i in cuts if i < j)
     runs, j = [], n
     while j > 0:
         runs.append(order[start[j] : j])
@@ -250,12 +249,12 @@ class GroupGradients:
     def __init__(self, peft_model, params: list, projector, pad_id: int, batch_size: int = 8,
                  device: str = "cpu", autocast_dtype=None, *, param_names: list[str] | None = None,
                  token_budget: int | None = None, keep_per_example: bool = False, share_prefix: bool = True,
-                 split_overhead: int | None = None):
+                 split_cost_tokens: int | None = None):
         self.model = peft_model.eval()  # eval: no dropout, deterministic
         self.params = params
         self.token_budget = token_budget
         self.share_prefix = share_prefix
-        self.split_overhead = split_overhead
+        self.split_cost_tokens = split_cost_tokens
         self.keep_per_example = keep_per_example
         self.per_example: dict[str, np.ndarray] = {}
         self._hooks = PerExampleGradients(peft_model, param_names) if token_budget else None
@@ -321,8 +320,8 @@ class GroupGradients:
             prefix = (shared_prefix_length(exs) if self.share_prefix and not self.keep_per_example
                       and len(batch) > 1 and _decoder_and_head(self.model) is not None else 0)
             share = prefix > 0
-            runs = (length_runs([len(e) - prefix for e in exs], self.split_overhead)
-                    if self.split_overhead is not None else [list(range(len(exs)))])
+            runs = (length_runs([len(e) - prefix for e in exs], self.split_cost_tokens)
+                    if self.split_cost_tokens is not None else [list(range(len(exs)))])
             with self._autocast():
                 if share:
                     losses, prefix_owners = shared_prefix_loss(self.model, exs, owners, prefix, self.pad_id,

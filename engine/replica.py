@@ -68,4 +68,4 @@ def build_featurizer(spec: dict):
         split = CPU_SPLIT_COST_TOKENS
     return GroupGradients(model, params, projector, spec["pad_id"], spec["batch_size"], device, autocast,
                           param_names=[n for n, _ in named], token_budget=packed,
-                          keep_per_example=features.keep_per_example, split_overhead=split)
+                          keep_per_example=features.keep_per_example, split_cost_tokens=split)

@@ -229,7 +229,7 @@ def test_length_runs_change_no_vector(tiny_model_dir, varied, share_prefix):
     X = one.featurize(items)
     for overhead in (0, 4):  # a forward per distinct length; a few runs
         cut = _packed(tiny_model_dir, 4096)
-        cut.share_prefix, cut.split_overhead = share_prefix, overhead
+        cut.share_prefix, cut.split_cost_tokens = share_prefix, overhead
         np.testing.assert_allclose(cut.featurize(items), X, rtol=2e-4, atol=1e-7)
 
 
@@ -242,7 +242,7 @@ def test_length_runs_keep_rows_and_owners_in_order(tiny_model_dir, varied, monke
     # one batch in the examples' own order (pack_by_tokens sorts it, which would hide a row mix-up)
     monkeypatch.setattr(fz, "pack_by_tokens", lambda lengths, budget: [list(range(len(lengths)))])
     for share in (False, True):  # per-example rows (no shared prefix), then group sums with the prefix
-        cut.split_overhead, cut.keep_per_example, cut.share_prefix = 0, not share, share
+        cut.split_cost_tokens, cut.keep_per_example, cut.share_prefix = 0, not share, share
         np.testing.assert_allclose(cut.featurize(items), X, rtol=2e-4, atol=1e-7)
         if not share:
             for it in items:

@@ -35,15 +35,18 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from bench.featurize import naive_group_gradient  # noqa: E402
+from bench.featurize import (  # noqa: E402
+    bench_items,
+    featurize_on_ray,
+    min_cosine,
+    naive_group_gradient,
+    start_ray,
+)
 
-LANGS = ["english", "spanish", "german", "italian", "portuguese", "dutch", "french", "swedish", "turkish",
-         "indonesian", "russian", "hindi", "bengali", "hebrew", "chinese", "japanese", "korean", "persian"]
 
-
-def min_cosine(A: dict[str, np.ndarray], B: dict[str, np.ndarray]) -> float:
-    """Smallest cosine between same-named vectors of A and B (over B's names)."""
-    return min(float(A[n] @ B[n] / (np.linalg.norm(A[n]) * np.linalg.norm(B[n]))) for n in B)
+def by_name(items: list, X: np.ndarray) -> dict[str, np.ndarray]:
+    """Rows of a featurised block keyed by their group's name."""
+    return dict(zip([it.name for it in items], X))
 
 
 def main() -> None:
@@ -63,19 +66,10 @@ def main() -> None:
     import ray
     import torch
 
-    from actors.dispatch import windowed
-    from actors.gradient_worker import GradientWorker
-    from engine.config import (
-        DataConfig,
-        FeaturesConfig,
-        LoraConfig,
-        ModelConfig,
-        ProjectionConfig,
-        SourceConfig,
-    )
-    from engine.featurize import block_tokens, plan_blocks
+    from engine.config import FeaturesConfig, LoraConfig, ModelConfig, ProjectionConfig
+    from engine.featurize import WorkItem, plan_blocks
     from engine.models import load_model, load_tokenizer, resolve_model_dir
-    from engine.prepare import prepare
+    from engine.projection import make_projector
     from engine.replica import build_featurizer, featurised_parameters
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -85,10 +79,7 @@ def main() -> None:
     gpu = torch.cuda.get_device_name(0) if dev.startswith("cuda") else "none"
     model_dir = resolve_model_dir(ModelConfig())
     tok = load_tokenizer(model_dir)
-    data = prepare(DataConfig(target=SourceConfig(kind="chatterbot", include=["marathi"]),
-                              candidates=[SourceConfig(kind="chatterbot", include=LANGS[: args.groups])],
-                              preview_size=args.m, small_groups="keep"), tok, args.max_length)
-    items = data.items
+    items = bench_items(tok, args.groups, args.m, args.max_length)
     tokens = sum(len(e) for it in items for e in it.examples)
     lora = LoraConfig()
     proj = ProjectionConfig(kind="countsketch", dim=args.dim, seed=0)
@@ -104,8 +95,8 @@ def main() -> None:
     def in_process(s: dict, subset=None, profile: str | None = None) -> tuple[float, float, dict[str, np.ndarray], float]:
         """(cold seconds, warm seconds, vectors, peak GPU GiB) of the worker's featuriser run in this process.
 
-        cold: the first pass over the blocks (each new batch shape pays its kernel and cuBLAS set-up once);
-        warm: a second pass over the same blocks, the steady state of a long run.
+        cold: the first pass over the blocks (new batch shapes, measured slower: bf16 ran at a fifth of its warm
+        rate at token_budget 16384); warm: a second pass over the same blocks, the steady state of a long run.
         """
         f = build_featurizer(s)
         f.featurize(blocks[0][:1])  # warm-up (CUDA context, allocator)
@@ -117,7 +108,7 @@ def main() -> None:
             sync()
             t0 = time.perf_counter()
             for b in todo:
-                out.update(zip([it.name for it in b], f.featurize(b)))
+                out.update(by_name(b, f.featurize(b)))
             sync()
             times.append(time.perf_counter() - t0)
         if profile and args.profile:
@@ -137,15 +128,13 @@ def main() -> None:
     # (a) naive loop on the device
     model, named = featurised_parameters(load_model(model_dir, "float32", dev), FeaturesConfig(), lora)
     params = [p for _, p in named]
-    from engine.projection import make_projector
-
     projector = make_projector(proj.kind, sum(p.numel() for p in params), proj.dim, proj.seed)
     naive_group_gradient(model, params, items[0].examples[:1], tok.pad_token_id, dev)  # warm-up
     sync()
     t0 = time.perf_counter()
     raw = [naive_group_gradient(model, params, it.examples, tok.pad_token_id, dev)[0] for it in items]
     naive_s = time.perf_counter() - t0
-    naive = dict(zip([it.name for it in items], projector.project(np.stack(raw))))
+    naive = by_name(items, projector.project(np.stack(raw)))
     del model, named, params
     if dev.startswith("cuda"):
         torch.cuda.empty_cache()
@@ -169,26 +158,11 @@ def main() -> None:
     gc.collect()
     if dev.startswith("cuda"):
         torch.cuda.empty_cache()
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False,
-             _node_ip_address="127.0.0.1", runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}})
+    start_ray(4)
     gpus_total = ray.cluster_resources().get("GPU", 0.0)
-
-    def on_ray(n_workers: int, gpus_each: float) -> tuple[float, dict[str, np.ndarray]]:
-        workers = [GradientWorker.options(num_cpus=1, num_gpus=gpus_each).remote(spec) for _ in range(n_workers)]
-        ray.get([w.featurize.remote(blocks[0][:1]) for w in workers])  # load + warm-up
-        t0 = time.perf_counter()
-        out = {}
-        for _, (names, X, _, _) in windowed(workers, blocks, lambda w, b: w.featurize.remote(b), 2 * n_workers,
-                                           cost=block_tokens):
-            out.update(zip(names, X))
-        elapsed = time.perf_counter() - t0
-        for w in workers:
-            ray.kill(w)
-        return elapsed, out
-
     gpu_each = 1.0 if gpus_total >= 1 else 0.0
-    ray1_s, ray1 = on_ray(1, gpu_each)
-    ray2_s, ray2 = on_ray(2, gpu_each / 2)
+    ray1_s, _, ray1, _ = featurize_on_ray(spec, blocks, 1, gpu_each)
+    ray2_s, _, ray2, _ = featurize_on_ray(spec, blocks, 2, gpu_each / 2)
     ray.shutdown()
 
     # (e) task vectors: the GPU against the CPU, on two groups
@@ -196,26 +170,25 @@ def main() -> None:
     tv_items = items[:2]
     f = build_featurizer(tv)
     t0 = time.perf_counter()
-    tv_dev = dict(zip([it.name for it in tv_items], f.featurize(tv_items)))
+    tv_dev = by_name(tv_items, f.featurize(tv_items))
     tv_s = time.perf_counter() - t0
     del f
-    f = build_featurizer(tv | {"device": "cpu"})
-    tv_cpu = dict(zip([it.name for it in tv_items], f.featurize(tv_items)))
+    tv_cpu = by_name(tv_items, build_featurizer(tv | {"device": "cpu"}).featurize(tv_items))
 
     # (f) full-parameter gradients (every weight, CountSketch): the device against the CPU, on one group of 8
     full = spec | {"features": asdict(FeaturesConfig(parameters="full"))}
-    one = [type(items[0])(items[0].name, items[0].examples[:8])]
+    one = [WorkItem(items[0].name, items[0].examples[:8])]
     f = build_featurizer(full)
     f.featurize(one)
     if dev.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     sync()
     t0 = time.perf_counter()
-    full_dev = dict(zip([one[0].name], f.featurize(one)))
+    full_dev = by_name(one, f.featurize(one))
     full_s = time.perf_counter() - t0
     full_peak = torch.cuda.max_memory_allocated() / 2**30 if dev.startswith("cuda") else 0.0
     del f
-    full_cpu = dict(zip([one[0].name], build_featurizer(full | {"device": "cpu"}).featurize(one)))
+    full_cpu = by_name(one, build_featurizer(full | {"device": "cpu"}).featurize(one))
 
     fig = {
         "bench": "featurize_gpu", "device": dev, "gpu": gpu, "groups": len(items),

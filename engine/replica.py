@@ -6,8 +6,8 @@ from pathlib import Path
 
 from engine.config import FeaturesConfig, LoraConfig, ProjectionConfig
 
-# model.split_cost_tokens on CPU workers (null): on bench/featurize.py's data a cut into length runs pays
-# for itself well below 32 padded tokens per extra forward, and 0 (a forward per distinct length) is slower
+# model.split_cost_tokens on CPU workers (null): bench/length_runs.py measures it against no cuts (1.05-1.11x);
+# 96 timed about the same as 32, and 0 (a forward per distinct length) slower than no cuts
 CPU_SPLIT_COST_TOKENS = 32
 
 

@@ -51,7 +51,6 @@ def _solve_support(Kaa: np.ndarray, rhs: np.ndarray) -> np.ndarray:
         return sla.lstsq(Kaa, rhs, cond=1e-12, lapack_driver="gelsy", check_finite=False)[0]
 
 
-
 def _mixed_precision_solve(Kaa: np.ndarray, rhs: np.ndarray, steps: int = 4) -> np.ndarray | None:
     """x with ||rhs - K_AA x|| <= 1e-13 ||rhs|| from a float32 Cholesky plus float64 refinement, or None."""
     c, info = sla.lapack.spotrf(Kaa.astype(np.float32).T, lower=1, clean=0)  # K_AA symmetric: .T is its Fortran view

@@ -249,3 +249,13 @@ def test_mathematics_round_number_runs_as_on_python_312():
     pairs = json.loads(proc.stdout.splitlines()[-1])["groups"]["numbers__round_number"]
     group = load_source(SourceConfig(kind="mathematics", include=["numbers__round_number"], examples_per_group=4))
     assert [list(map(str, (e.messages[0][1], e.messages[1][1]))) for e in group["numbers__round_number"].examples] == pairs
+
+
+def test_split_cost_tokens_defaults_per_device_and_is_validated(tiny_model_dir):
+    from engine.config import ModelConfig
+    from engine.replica import CPU_SPLIT_COST_TOKENS, build_featurizer
+
+    assert build_featurizer(spec_for(tiny_model_dir)).split_cost_tokens == CPU_SPLIT_COST_TOKENS  # null, CPU
+    assert build_featurizer(spec_for(tiny_model_dir) | {"split_cost_tokens": 7}).split_cost_tokens == 7
+    with pytest.raises(ConfigError, match="split_cost_tokens"):
+        ModelConfig(split_cost_tokens=-1).validate()

@@ -3,9 +3,9 @@
 For a support A with signs s the penalised optimum solves K_AA w_A = beta_A - gamma s_A. Sparse
 solutions: primal-dual active set (PDAS: A and s from the fixed point w_i = soft(w_i + d_i / K_ii,
 gamma / K_ii), d = beta - K w) straight at gamma, then with gamma continuation and orthant-projected
-Newton when it cycles. Dense solutions: ADMM with K + rho I factored once in float32, polished by an
-exact support solve once the support holds still. Large support systems factor in float32 and are
-refined to float64 accuracy. Degenerate (rank-deficient) cases: an NNLS polish on the
+Newton when it cycles. Dense solutions: ADMM with K + rho I factored once in float32 (rho in proportion
+to gamma / max|beta|), polished by an exact solve on the ADMM iterate's support and signs once they hold
+still. Large support systems factor in float32 and are refined to float64 accuracy (solvers.linalg). Degenerate (rank-deficient) cases: an NNLS polish on the
 equicorrelation set, then the CVXPY reference, then coordinate descent. The budget form follows the
 penalised path (solve_budget).
 """
@@ -15,59 +15,10 @@ from __future__ import annotations
 import time
 
 import numpy as np
-import scipy.linalg as sla
-
-from solvers.operators import cholesky_solve
-
-MIXED_MIN_N = 256  # support systems at least this large factor in float32 (then refine)
 
 
 def _late(deadline: float | None) -> bool:
     return deadline is not None and time.perf_counter() > deadline
-
-
-def _solve_support(Kaa: np.ndarray, rhs: np.ndarray) -> np.ndarray:
-    """Solve K_AA x = rhs: Cholesky, or the minimum-norm least-squares solution if K_AA is singular.
-
-    Large supports factor in float32 (about 2x faster) and refine the solution in float64 until the
-    residual is at float64 level; when refinement cannot get there (K_AA too ill-conditioned for
-    float32), the float64 factor is used instead.
-    """
-    if Kaa.shape[0] >= MIXED_MIN_N:
-        x = _mixed_precision_solve(Kaa, rhs)
-        if x is not None:
-            return x
-    scale = float(np.max(np.diag(Kaa))) if Kaa.size else 1.0
-    try:
-        c, low = sla.cho_factor(Kaa, lower=True, check_finite=False)
-        if float(np.min(np.abs(np.diag(c)))) ** 2 > 1e-11 * scale:
-            return sla.cho_solve((c, low), rhs, check_finite=False)
-    except np.linalg.LinAlgError:
-        pass
-    # rank-deficient support (duplicated candidates, N > p): any solution is optimal; take the min-norm one
-    try:
-        return sla.lstsq(Kaa, rhs, cond=1e-12, lapack_driver="gelsd", check_finite=False)[0]
-    except np.linalg.LinAlgError:  # the SVD can fail to converge on large singular supports
-        return sla.lstsq(Kaa, rhs, cond=1e-12, lapack_driver="gelsy", check_finite=False)[0]
-
-
-def _mixed_precision_solve(Kaa: np.ndarray, rhs: np.ndarray, steps: int = 4) -> np.ndarray | None:
-    """x with ||rhs - K_AA x|| <= 1e-13 ||rhs|| from a float32 Cholesky plus float64 refinement, or None."""
-    c, info = sla.lapack.spotrf(Kaa.astype(np.float32).T, lower=1, clean=0)  # K_AA symmetric: .T is its Fortran view
-    if info != 0:
-        return None
-    diag = np.abs(np.diag(c)).astype(np.float64) ** 2
-    if diag.min() <= 1e-6 * diag.max():  # near-singular in float32: refinement would stall
-        return None
-    target = 1e-13 * float(np.linalg.norm(rhs))
-    x = np.zeros_like(rhs)
-    r = rhs
-    for _ in range(steps):
-        x = x + cholesky_solve(c, r)
-        r = rhs - Kaa @ x
-        if float(np.linalg.norm(r)) <= target:
-            return x
-    return None
 
 
 def residual(op, w: np.ndarray) -> np.ndarray:
@@ -108,7 +59,7 @@ def _pdas_plain(op, gamma: float, w: np.ndarray, max_iter: int, scale: float,
         seen.add(key)
         w = np.zeros_like(w)
         if A.size:
-            w[A] = _solve_support(op.sub(A), beta[A] - gamma * s)
+            w[A] = op.solve_support(A, beta[A] - gamma * s)
         r = op.apply(A, w[A]) - beta
         f = _objective(w, r, beta, gamma)
         if f < best_f:
@@ -139,7 +90,7 @@ def _orthant_newton(op, gamma: float, w: np.ndarray, max_iter: int, scale: float
         xi = np.where(w != 0, np.sign(w), -np.sign(pg))
         W = np.flatnonzero(xi)
         z = np.zeros_like(w)
-        z[W] = _solve_support(op.sub(W), beta[W] - gamma * xi[W])
+        z[W] = op.solve_support(W, beta[W] - gamma * xi[W])
         t, accepted = 1.0, False
         for _ in range(30):
             trial = w + t * (z - w)
@@ -219,7 +170,7 @@ def _admm_polish(op, gamma: float, w0: np.ndarray, scale: float, *, rho: float =
     """ADMM on w = z (K + rho I factored once), polished every few iterations by an exact support solve.
 
     The OSQP strategy specialised to a dense PSD K: the ADMM iterate identifies the support and
-    signs, and the polish (plain PDAS from it) makes the answer exact once they are right.
+    signs, and the polish (the support solve on them, then PDAS) makes the answer exact once they are right.
     """
     n = op.n
     rho = rho * float(np.mean(op.diag))
@@ -249,7 +200,7 @@ def _admm_polish(op, gamma: float, w0: np.ndarray, scale: float, *, rho: float =
         # polish once the support and signs have held for a few iterations, or on a geometric schedule
         if it == next_polish or (stable == 3 and it >= 5):
             next_polish = max(next_polish, int(it * 1.6) + 5)
-            wp, k, ok = _pdas_plain(op, gamma, z, 3, scale)
+            wp, k, ok = _polish(op, gamma, z, scale)
             if ok:
                 return wp, it + k, True
             if it >= 200:  # singular supports (duplicates, N > p): polish by NNLS on the equicorrelation set
@@ -257,6 +208,33 @@ def _admm_polish(op, gamma: float, w0: np.ndarray, scale: float, *, rho: float =
                 if ok:
                     return wp, it, True
     return z, it, False
+
+
+def _polish(op, gamma: float, z: np.ndarray, scale: float) -> tuple[np.ndarray, int, bool]:
+    """The exact solution on z's support and signs, then up to two PDAS steps from it; (w, steps, converged).
+
+    The support solve comes first because z is only approximate: the PDAS rule applied to z itself can pick
+    another support even when z's signs are already those of the optimum (measured: two or three failed
+    factorisations at N = 1000, gamma = 5e-4 where one support solve is exact).
+    """
+    A = np.flatnonzero(z)
+    w = np.zeros_like(z)
+    if A.size:
+        w[A] = op.solve_support(A, op.beta[A] - gamma * np.sign(z[A]))
+    if _kkt_from(w, residual(op, w), gamma) <= scale:
+        return w, 1, True
+    wp, k, ok = _pdas_plain(op, gamma, w, 2, scale)
+    return wp, 1 + k, ok
+
+
+def _admm_rho(gamma: float, gmax: float) -> float:
+    """ADMM's first rho relative to mean K_ii, in proportion to gamma / max|beta| (both ratios scale-free).
+
+    Denser solutions (smaller gamma) converge faster with a smaller rho. Measured on clustered gradients
+    (N = 300-2000, 3 seeds, gamma / max|beta| from 3e-4 to 8e-3): iterations to the final signs fell from
+    18 to 7 at N = 1000, gamma = 5e-4 against a fixed rho = 0.3, fewer in 31 of 36 cases, the same in 3, more in 2.
+    """
+    return float(np.clip(125.0 * gamma / gmax, 0.01, 1.0))
 
 
 def _nnls_polish(op, gamma: float, w: np.ndarray, scale: float) -> tuple[np.ndarray, bool]:
@@ -314,7 +292,7 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
     def admm() -> tuple[np.ndarray, int, bool]:
         # ADMM's speed depends on rho; degenerate (rank-deficient) problems may need another scale
         total = 0
-        for rho in (0.3, 3.0, 0.03):
+        for rho in (_admm_rho(gamma, gmax), 3.0, 0.03):
             w, it, ok = _admm_polish(op, gamma, np.zeros(op.n), scale, rho=rho, max_iter=1000, deadline=deadline)
             total += it
             if ok:
@@ -406,8 +384,7 @@ def solve_budget(op, budget: float, *, max_iter: int = 100) -> tuple[np.ndarray,
             # with hi's support and signs fixed, w_A(gamma) = K_AA^-1 (beta_A - gamma s) is affine and
             # ||w||_1 = s'x - gamma s'y: the exact gamma where that support reaches the budget
             sA = np.sign(hi_w[A])
-            Kaa = op.sub(A)
-            x, y = _solve_support(Kaa, op.beta[A]), _solve_support(Kaa, sA)
+            x, y = op.solve_support(A, np.column_stack([op.beta[A], sA])).T
             if float(sA @ y) > 0:
                 g_c = (float(sA @ x) - budget) / float(sA @ y)
                 if lo_g < g_c < hi_g:

@@ -5,14 +5,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg as sla
 
+from solvers.linalg import MIXED_MIN_N, cholesky_solve, mixed_precision_solve, solve_dense
 from solvers.problem import gram_times
-
-
-def cholesky_solve(c: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """(L L^T)^-1 b in float64 from a lower Cholesky factor L (two LAPACK trtrs calls; faster than potrs here)."""
-    y, _ = sla.lapack.get_lapack_funcs("trtrs", (c,))(c, b.astype(c.dtype), lower=1)
-    x, _ = sla.lapack.get_lapack_funcs("trtrs", (c,))(c, y, lower=1, trans=1)
-    return x.astype(np.float64)
 
 
 class GramOperator:
@@ -24,10 +18,35 @@ class GramOperator:
         self.diag = np.diag(self.K).copy()
         self.n = self.beta.shape[0]
         self.rank_bound = self.n
+        self._K32: np.ndarray | None = None
+
+    @property
+    def K32(self) -> np.ndarray:
+        """K in float32, made once: the copy every float32 factorisation reads from."""
+        if self._K32 is None:
+            self._K32 = self.K.astype(np.float32)
+        return self._K32
 
     def sub(self, A: np.ndarray) -> np.ndarray:
         """K[A, A]."""
         return self.K.take(A, axis=0).take(A, axis=1)  # two contiguous gathers: ~2x faster than np.ix_ (3.5 vs 7.2 ms, 800 of 1000)
+
+    def solve_support(self, A: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+        """x with K_AA x = rhs (rhs: |A| or |A| x k).
+
+        Large supports gather K_AA from the float32 copy (half the bytes of the float64 gather) and refine
+        with full float64 matvecs, which cost less than gathering K_AA in float64 at dense supports.
+        """
+        if A.size >= MIXED_MIN_N:
+            def matvec(x: np.ndarray) -> np.ndarray:
+                full = np.zeros((self.n,) + x.shape[1:])
+                full[A] = x
+                return (self.K @ full)[A]
+
+            x = mixed_precision_solve(self.K32.take(A, axis=0).take(A, axis=1), rhs, matvec)
+            if x is not None:
+                return x
+        return solve_dense(self.sub(A), rhs, try_mixed=False)
 
     def apply(self, A: np.ndarray, w_A: np.ndarray) -> np.ndarray:
         """K[:, A] @ w_A (a length-N vector; K is symmetric, so rows of K are read for small supports)."""
@@ -41,9 +60,13 @@ class GramOperator:
         Its only user is ADMM, whose iterates only locate the support; the exact polish certifies.
         K + rho I has eigenvalues >= rho, so float32 is well conditioned enough for that.
         """
-        shifted = self.K.astype(np.float32)
-        shifted[np.diag_indices(self.n)] += np.float32(rho)
-        c, info = sla.lapack.spotrf(shifted.T, lower=1, clean=0)  # symmetric: .T is its Fortran view
+        K32, d = self.K32, np.diag_indices(self.n)
+        diag = K32[d].copy()
+        K32[d] += np.float32(rho)
+        try:
+            c, info = sla.lapack.spotrf(K32.T, lower=1, clean=0)  # symmetric: .T is its Fortran view; factors a copy
+        finally:
+            K32[d] = diag
         if info != 0:
             raise np.linalg.LinAlgError(f"K + rho I is not positive definite (LAPACK spotrf info={info})")
         return lambda b: cholesky_solve(c, b)
@@ -64,6 +87,10 @@ class GradientOperator:
         """G_A G_A^T."""
         GA = self.G[A]
         return GA @ GA.T
+
+    def solve_support(self, A: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+        """x with G_A G_A^T x = rhs (rhs: |A| or |A| x k)."""
+        return solve_dense(self.sub(A), rhs)
 
     def apply(self, A: np.ndarray, w_A: np.ndarray) -> np.ndarray:
         """G (G_A^T w_A)."""

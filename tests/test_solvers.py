@@ -245,22 +245,22 @@ def test_gradient_space_solver_with_prices_and_bad_settings():
 
 
 def test_mixed_precision_support_solve_refines_to_float64_or_declines():
-    from solvers.active_set import _mixed_precision_solve
+    from solvers.linalg import mixed_precision_solve
 
     rng = np.random.default_rng(5)
     X = rng.normal(size=(300, 600))
     K = X @ X.T / 600  # well conditioned
     b = rng.normal(size=300)
-    x = _mixed_precision_solve(K, b)
+    x = mixed_precision_solve(K.astype(np.float32), b, lambda v: K @ v)
     assert x is not None and np.linalg.norm(K @ x - b) <= 1e-12 * np.linalg.norm(b)
     K[:, 1], K[1, :] = K[:, 0], K[0, :]
     K[1, 1] = K[0, 0] * (1 + 1e-9)  # a duplicated candidate: singular in float32
-    assert _mixed_precision_solve(K, b) is None  # the caller then uses the float64 factor / least squares
+    assert mixed_precision_solve(K.astype(np.float32), b, lambda v: K @ v) is None  # the caller then uses the float64 factor / least squares
 
 
 def test_large_dense_supports_take_the_float32_path_and_stay_exact():
     """Supports above MIXED_MIN_N factor in float32; the answer must still match the reference."""
-    from solvers.active_set import MIXED_MIN_N
+    from solvers.linalg import MIXED_MIN_N
 
     rng = np.random.default_rng(9)
     centers = rng.normal(size=(30, 1500))
@@ -272,3 +272,45 @@ def test_large_dense_supports_take_the_float32_path_and_stay_exact():
     assert np.count_nonzero(a.w) > MIXED_MIN_N and a.kkt < 1e-10
     b = solve_kmm(K, beta, gamma=1e-4, method="cvxpy")
     assert a.objective <= b.objective + 1e-9 * max(1.0, abs(b.objective))
+
+
+def test_gram_operator_support_solve_float32_gather_matches_float64():
+    """The float32 gather + float64 refinement of GramOperator.solve_support gives float64 answers (1-D and 2-D)."""
+    from solvers.linalg import MIXED_MIN_N
+    from solvers.operators import GramOperator
+
+    rng = np.random.default_rng(11)
+    X = rng.normal(size=(400, 900))
+    op = GramOperator(X @ X.T / 900, rng.normal(size=400))
+    A = np.sort(rng.choice(400, size=MIXED_MIN_N + 40, replace=False))
+    Kaa = op.K[np.ix_(A, A)]
+    rhs = rng.normal(size=(A.size, 2))
+    x = op.solve_support(A, rhs)
+    assert x.shape == rhs.shape and np.linalg.norm(Kaa @ x - rhs) <= 1e-12 * np.linalg.norm(rhs)
+    assert np.allclose(op.solve_support(A, rhs[:, 0]), x[:, 0], rtol=0, atol=1e-12 * np.abs(x).max())
+    K_before = op.K32.copy()
+    op.shifted_solver(0.5)
+    assert np.array_equal(op.K32, K_before)  # the shift is taken off the shared float32 copy again
+
+
+def test_dense_solve_is_scale_free_and_its_admm_rho_follows_gamma():
+    """The same iterations and answer when K, beta and gamma scale together; rho from gamma / max|beta|
+    takes fewer ADMM iterations here than the former fixed rho = 0.3 (27)."""
+    G, g = _clustered(300, 600, seed=4)
+    K, beta = G @ G.T, G @ g
+    a = solve_kmm(K, beta, gamma=5e-4)
+    b = solve_kmm(1e3 * K, 1e3 * beta, gamma=5e-1)
+    assert a.info["strategy"] == b.info["strategy"] == "admm_polish"
+    assert a.iterations == b.iterations <= 22  # 18 measured
+    assert np.allclose(a.w, b.w, rtol=0, atol=1e-10 * np.abs(a.w).max())
+
+
+def _clustered(n: int, p: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Unit-norm gradients in n // 20 clusters of near-duplicates and a target mixing a few centres."""
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(size=(n // 20, p))
+    G = centers[rng.integers(0, n // 20, size=n)] + 0.35 * rng.normal(size=(n, p)) / np.sqrt(p) * np.linalg.norm(
+        centers, axis=1).mean()
+    G /= np.linalg.norm(G, axis=1, keepdims=True)
+    g = centers[:5].sum(axis=0) + 0.5 * rng.normal(size=p)
+    return G, g / np.linalg.norm(g)

@@ -79,21 +79,6 @@ def metric_vectors(metric: str, G: np.ndarray, g_tar: np.ndarray) -> tuple[np.nd
     return G, g_tar, None
 
 
-def gram_and_beta(G: np.ndarray, g_tar: np.ndarray, block_rows: int = 1024) -> tuple[np.ndarray, np.ndarray]:
-    """(K, beta) of an in-memory G [N, p] in row blocks."""
-    G = np.asarray(G)
-    N = G.shape[0]
-    K = np.empty((N, N))
-    for s in range(0, N, block_rows):
-        Gi = G[s : s + block_rows].astype(np.float64)
-        for t in range(s, N, block_rows):
-            tile = Gi @ G[t : t + block_rows].astype(np.float64).T
-            K[s : s + block_rows, t : t + block_rows] = tile
-            K[t : t + block_rows, s : s + block_rows] = tile.T
-    beta = G.astype(np.float64) @ np.asarray(g_tar, dtype=np.float64)
-    return K, beta
-
-
 def cosine(G: np.ndarray, g_tar: np.ndarray) -> np.ndarray:
     """One-step cosine between each row g_i of G and g_tar (Euclidean, whatever metric the Gram uses)."""
     G = np.asarray(G, dtype=np.float64)

@@ -8,6 +8,8 @@ import scipy.linalg as sla
 from solvers.linalg import MIXED_MIN_N, cholesky_solve, mixed_precision_solve, solve_dense
 from solvers.problem import gram_times
 
+FLOAT32_COPY_MAX_N = 8192  # a kept float32 copy of K costs 4 N^2 bytes: 256 MiB here
+
 
 class GramOperator:
     """K (N x N, PSD) and beta = G g_tar."""
@@ -20,10 +22,9 @@ class GramOperator:
         self.rank_bound = self.n
         self._K32: np.ndarray | None = None
 
-    @property
-    def K32(self) -> np.ndarray:
-        """K in float32, made once: the copy every float32 factorisation reads from."""
-        if self._K32 is None:
+    def float32_copy(self) -> np.ndarray | None:
+        """K in float32, made once and kept up to N = FLOAT32_COPY_MAX_N (None above: half of K again is too much)."""
+        if self._K32 is None and self.n <= FLOAT32_COPY_MAX_N:
             self._K32 = self.K.astype(np.float32)
         return self._K32
 
@@ -37,16 +38,17 @@ class GramOperator:
         Large supports gather K_AA from the float32 copy (half the bytes of the float64 gather) and refine
         with full float64 matvecs, which cost less than gathering K_AA in float64 at dense supports.
         """
-        if A.size >= MIXED_MIN_N:
-            def matvec(x: np.ndarray) -> np.ndarray:
-                full = np.zeros((self.n,) + x.shape[1:])
-                full[A] = x
-                return (self.K @ full)[A]
+        K32 = self.float32_copy() if A.size >= MIXED_MIN_N else None
+        if K32 is None:
+            return solve_dense(self.sub(A), rhs)
 
-            x = mixed_precision_solve(self.K32.take(A, axis=0).take(A, axis=1), rhs, matvec)
-            if x is not None:
-                return x
-        return solve_dense(self.sub(A), rhs, try_mixed=False)
+        def matvec(x: np.ndarray) -> np.ndarray:
+            full = np.zeros((self.n,) + x.shape[1:])
+            full[A] = x
+            return (self.K @ full)[A]
+
+        x = mixed_precision_solve(K32.take(A, axis=0).take(A, axis=1), rhs, matvec)
+        return x if x is not None else solve_dense(self.sub(A), rhs, try_mixed=False)
 
     def apply(self, A: np.ndarray, w_A: np.ndarray) -> np.ndarray:
         """K[:, A] @ w_A (a length-N vector; K is symmetric, so rows of K are read for small supports)."""
@@ -60,13 +62,19 @@ class GramOperator:
         Its only user is ADMM, whose iterates only locate the support; the exact polish certifies.
         K + rho I has eigenvalues >= rho, so float32 is well conditioned enough for that.
         """
-        K32, d = self.K32, np.diag_indices(self.n)
-        diag = K32[d].copy()
-        K32[d] += np.float32(rho)
-        try:
-            c, info = sla.lapack.spotrf(K32.T, lower=1, clean=0)  # symmetric: .T is its Fortran view; factors a copy
-        finally:
-            K32[d] = diag
+        d = np.diag_indices(self.n)
+        K32 = self.float32_copy()
+        if K32 is None:
+            shifted = self.K.astype(np.float32)
+            shifted[d] += np.float32(rho)
+            c, info = sla.lapack.spotrf(shifted.T, lower=1, clean=0, overwrite_a=1)  # symmetric: .T is its Fortran view
+        else:  # shift the kept copy, factor (spotrf copies it), and restore its diagonal
+            diag = K32[d].copy()
+            K32[d] += np.float32(rho)
+            try:
+                c, info = sla.lapack.spotrf(K32.T, lower=1, clean=0)
+            finally:
+                K32[d] = diag
         if info != 0:
             raise np.linalg.LinAlgError(f"K + rho I is not positive definite (LAPACK spotrf info={info})")
         return lambda b: cholesky_solve(c, b)

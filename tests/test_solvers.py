@@ -274,23 +274,29 @@ def test_large_dense_supports_take_the_float32_path_and_stay_exact():
     assert a.objective <= b.objective + 1e-9 * max(1.0, abs(b.objective))
 
 
-def test_gram_operator_support_solve_float32_gather_matches_float64():
-    """The float32 gather + float64 refinement of GramOperator.solve_support gives float64 answers (1-D and 2-D)."""
+@pytest.mark.parametrize("keep_copy", [True, False])
+def test_gram_operator_support_solve_float32_gather_matches_float64(keep_copy, monkeypatch):
+    """GramOperator's float32 factorisations give float64 answers (1-D and 2-D), with or without a kept float32 K."""
+    from solvers import operators
     from solvers.linalg import MIXED_MIN_N
-    from solvers.operators import GramOperator
 
+    if not keep_copy:
+        monkeypatch.setattr(operators, "FLOAT32_COPY_MAX_N", 100)
     rng = np.random.default_rng(11)
     X = rng.normal(size=(400, 900))
-    op = GramOperator(X @ X.T / 900, rng.normal(size=400))
+    op = operators.GramOperator(X @ X.T / 900, rng.normal(size=400))
     A = np.sort(rng.choice(400, size=MIXED_MIN_N + 40, replace=False))
     Kaa = op.K[np.ix_(A, A)]
     rhs = rng.normal(size=(A.size, 2))
     x = op.solve_support(A, rhs)
     assert x.shape == rhs.shape and np.linalg.norm(Kaa @ x - rhs) <= 1e-12 * np.linalg.norm(rhs)
     assert np.allclose(op.solve_support(A, rhs[:, 0]), x[:, 0], rtol=0, atol=1e-12 * np.abs(x).max())
-    K_before = op.K32.copy()
-    op.shifted_solver(0.5)
-    assert np.array_equal(op.K32, K_before)  # the shift is taken off the shared float32 copy again
+    b = rng.normal(size=400)
+    y = op.shifted_solver(0.5)(b)
+    assert np.linalg.norm((op.K + 0.5 * np.eye(400)) @ y - b) <= 1e-4 * np.linalg.norm(b)  # a float32 factor
+    assert (op.float32_copy() is not None) == keep_copy
+    if keep_copy:  # the shift was taken off the kept copy again
+        assert np.array_equal(op.float32_copy(), op.K.astype(np.float32))
 
 
 def test_dense_solve_is_scale_free_and_its_admm_rho_follows_gamma():

@@ -7,6 +7,7 @@ import importlib
 import json
 import random
 import sys
+import types
 import zlib
 
 import numpy as np
@@ -24,9 +25,35 @@ def _randrange_integral_floats(self, start, stop=None, step=1):
     return _randrange(self, _integral(start), None if stop is None else _integral(stop), _integral(step))
 
 
+class _ItemsetArray(np.ndarray):
+    """An ndarray with numpy 1's itemset, which numpy 2 removed and mathematics_dataset's polynomials call."""
+
+    def itemset(self, *args) -> None:
+        *index, value = args
+        if len(index) == 1:  # itemset(i, v): a flat index; itemset((i, j), v): a full one
+            index = np.unravel_index(index[0], self.shape) if isinstance(index[0], (int, np.integer)) else index[0]
+        self[tuple(index)] = value
+
+
+class _NumpyWithItemset(types.ModuleType):
+    """numpy for the polynomials module: zeros/empty return _ItemsetArray views, all else is numpy's."""
+
+    def __getattr__(self, name: str):
+        return getattr(np, name)
+
+    @staticmethod
+    def zeros(*args, **kwargs) -> np.ndarray:
+        return np.zeros(*args, **kwargs).view(_ItemsetArray)
+
+    @staticmethod
+    def empty(*args, **kwargs) -> np.ndarray:
+        return np.empty(*args, **kwargs).view(_ItemsetArray)
+
+
 def generators() -> dict[str, object]:
     """The package's training modules by flat name (e.g. `arithmetic__add_or_sub`)."""
-    # shims for the 2019 code (see ../shared/notes): sympy moved base_solution_linear; numpy 2 dropped np.object;
+    # shims for the 2019 code (see ../shared/notes): sympy moved base_solution_linear; numpy 2 dropped np.object
+    # and ndarray.itemset;
     # Python 3.12 refuses the integral floats that numbers__round_number & co. pass to random.randint (the
     # draws are the same as on 3.11, which converted them).
     random.Random.randrange = _randrange_integral_floats
@@ -36,6 +63,10 @@ def generators() -> dict[str, object]:
     sys.modules["sympy.solvers.diophantine"].base_solution_linear = base_solution_linear
     if "object" not in np.__dict__:
         np.object = object
+    if not hasattr(np.ndarray, "itemset"):  # numpy 2: the polynomials (and calculus) modules need it back
+        from mathematics_dataset.sample import polynomials
+
+        polynomials.np = _NumpyWithItemset("numpy")
     from mathematics_dataset.modules import modules
 
     def flat(tree: dict, prefix: str = "") -> dict[str, object]:

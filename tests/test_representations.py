@@ -251,6 +251,30 @@ def test_mathematics_round_number_runs_as_on_python_312():
     assert [list(map(str, (e.messages[0][1], e.messages[1][1]))) for e in group["numbers__round_number"].examples] == pairs
 
 
+def test_mathematics_every_module_runs_under_numpy_2():
+    """numpy 2 removed ndarray.itemset, which the polynomial and calculus modules call; the shim puts it back."""
+    import sympy
+
+    from engine.mathgen import _ItemsetArray
+
+    a = np.zeros((2, 3), dtype=np.int64).view(_ItemsetArray)
+    a.itemset(4, 7)  # one int: a flat index, as numpy 1 read it
+    a.itemset((0, 2), 5)
+    assert a.tolist() == [[0, 0, 5], [0, 7, 0]]
+    b = np.empty((2,), dtype=object).view(_ItemsetArray)
+    b.itemset((np.int64(1),), [3, 4])  # an object array keeps a list whole
+    assert b[1] == [3, 4]
+
+    request = json.dumps({"include": None, "n": 3, "seed": 0})
+    proc = subprocess.run([sys.executable, "-m", "engine.mathgen", request], capture_output=True, text=True,
+                          env=os.environ | {"PYTHONHASHSEED": "0"}, check=True, cwd=Path(__file__).resolve().parents[1])
+    reply = json.loads(proc.stdout.splitlines()[-1])
+    assert reply["broken"] == [] and len(reply["groups"]) == 56
+    for question, answer in reply["groups"]["polynomials__collect"]:  # sampled and expanded through itemset
+        expr = question.removeprefix("Collect the terms in ").removesuffix(".")
+        assert sympy.simplify(sympy.sympify(expr) - sympy.sympify(answer)) == 0
+
+
 def test_split_cost_tokens_defaults_per_device_and_is_validated(tiny_model_dir):
     from engine.config import ModelConfig
     from engine.replica import CPU_SPLIT_COST_TOKENS, build_featurizer

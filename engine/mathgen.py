@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib
+import itertools
 import json
 import random
 import sys
@@ -50,6 +51,34 @@ class _NumpyWithItemset(types.ModuleType):
         return np.empty(*args, **kwargs).view(_ItemsetArray)
 
 
+class _EntityOrder:
+    """Creation numbers as the hashes of mathematics_dataset's composition entities.
+
+    expand_entities shuffles list(set(entities)) with the seeded generator, but a set of objects hashed
+    by address iterates in an order that differs between processes, so composed questions did too.
+    """
+
+    def __init__(self) -> None:
+        self.counter = itertools.count()
+
+    def install(self, entity_class: type) -> None:
+        init = entity_class.__init__
+        order = self
+
+        def numbered_init(entity, *args, **kwargs):
+            entity._convalue_order = next(order.counter)
+            init(entity, *args, **kwargs)
+
+        entity_class.__init__ = numbered_init
+        entity_class.__hash__ = lambda entity: entity._convalue_order  # equality stays identity
+
+    def restart(self) -> None:
+        self.counter = itertools.count()
+
+
+_ENTITY_ORDER = _EntityOrder()
+
+
 def generators() -> dict[str, object]:
     """The package's training modules by flat name (e.g. `arithmetic__add_or_sub`)."""
     # shims for the 2019 code (see ../shared/notes): sympy moved base_solution_linear; numpy 2 dropped np.object
@@ -68,6 +97,9 @@ def generators() -> dict[str, object]:
 
         polynomials.np = _NumpyWithItemset("numpy")
     from mathematics_dataset.modules import modules
+    from mathematics_dataset.util import composition
+
+    _ENTITY_ORDER.install(composition.Entity)
 
     def flat(tree: dict, prefix: str = "") -> dict[str, object]:
         out = {}
@@ -81,6 +113,8 @@ def generators() -> dict[str, object]:
 def generate(include: list[str] | None, n: int, seed: int) -> dict:
     """{"groups": {module: [[question, answer], ...]}, "broken": [...]} or {"error": message}."""
     gens = generators()
+    import sympy.core.random as sympy_random
+
     names = sorted(gens) if include is None else list(include)
     unknown = sorted(set(names) - set(gens))
     if unknown:
@@ -90,6 +124,8 @@ def generate(include: list[str] | None, n: int, seed: int) -> dict:
         stream = zlib.crc32(f"{seed}/{name}".encode())  # a module's data does not depend on the others
         random.seed(stream)
         np.random.seed(stream)
+        sympy_random.seed(stream)  # sympy's own generator (randprime, nextprime draws), seeded from the OS otherwise
+        _ENTITY_ORDER.restart()
         pairs = []
         for i in range(n):
             try:

@@ -62,19 +62,10 @@ class GramOperator:
         Its only user is ADMM, whose iterates only locate the support; the exact polish certifies.
         K + rho I has eigenvalues >= rho, so float32 is well conditioned enough for that.
         """
-        d = np.diag_indices(self.n)
         K32 = self.float32_copy()
-        if K32 is None:
-            shifted = self.K.astype(np.float32)
-            shifted[d] += np.float32(rho)
-            c, info = sla.lapack.spotrf(shifted.T, lower=1, clean=0, overwrite_a=1)  # symmetric: .T is its Fortran view
-        else:  # shift the kept copy, factor (spotrf copies it), and restore its diagonal
-            diag = K32[d].copy()
-            K32[d] += np.float32(rho)
-            try:
-                c, info = sla.lapack.spotrf(K32.T, lower=1, clean=0)
-            finally:
-                K32[d] = diag
+        shifted = K32.copy() if K32 is not None else self.K.astype(np.float32)
+        shifted[np.diag_indices(self.n)] += np.float32(rho)
+        c, info = sla.lapack.spotrf(shifted.T, lower=1, clean=0, overwrite_a=1)  # symmetric: .T is its Fortran view
         if info != 0:
             raise np.linalg.LinAlgError(f"K + rho I is not positive definite (LAPACK spotrf info={info})")
         return lambda b: cholesky_solve(c, b)

@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +65,16 @@ def bench_items(tok, groups: int, m: int, max_length: int) -> list:
     return prepare(DataConfig(target=SourceConfig(kind="chatterbot", include=["marathi"]),
                               candidates=[SourceConfig(kind="chatterbot", include=LANGS[:groups])],
                               preview_size=m, small_groups="keep"), tok, max_length).items
+
+
+def worker_spec(model_dir, pad_id: int, token_budget: int, *, dim: int = 8192, device: str = "cpu", **extra) -> dict:
+    """The GradientWorker / build_featurizer spec of the benches: float32, the default LoRA, CountSketch to dim
+    (seed 0), 1 thread; `extra` adds or overrides keys."""
+    from engine.config import LoraConfig, ProjectionConfig
+
+    return {"model_dir": str(model_dir), "dtype": "float32", "lora": asdict(LoraConfig()),
+            "projection": asdict(ProjectionConfig(kind="countsketch", dim=dim, seed=0)), "pad_id": pad_id,
+            "batch_size": 8, "threads": 1, "device": device, "token_budget": token_budget, "features": {}} | extra
 
 
 def min_cosine(A: dict[str, np.ndarray], B: dict[str, np.ndarray]) -> float:
@@ -130,8 +141,9 @@ def main() -> None:
     tok = load_tokenizer(model_dir)
     items = bench_items(tok, args.groups, args.m, args.max_length)
     tokens = sum(len(e) for it in items for e in it.examples)
-    lora = LoraConfig()
-    proj_cfg = ProjectionConfig(kind="countsketch", dim=args.dim, seed=0)
+    spec = worker_spec(model_dir, tok.pad_token_id, args.token_budget, dim=args.dim,
+                       split_cost_tokens=args.split_cost_tokens)
+    lora, proj_cfg = LoraConfig(**spec["lora"]), ProjectionConfig(**spec["projection"])
 
     # (a) naive, in-process, 1 thread
     torch.set_num_threads(1)
@@ -157,9 +169,6 @@ def main() -> None:
     del model
 
     start_ray(2)
-    spec = {"model_dir": str(model_dir), "dtype": "float32", "lora": lora.__dict__, "projection": proj_cfg.__dict__,
-            "pad_id": tok.pad_token_id, "batch_size": 8, "threads": 1, "device": "cpu",
-            "token_budget": args.token_budget, "split_cost_tokens": args.split_cost_tokens}
     blocks = plan_blocks(items, args.groups_per_call)  # as the pipeline plans them
 
     one_s, one_start, one, one_busy = featurize_on_ray(spec, blocks, 1)

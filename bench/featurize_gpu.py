@@ -41,6 +41,7 @@ from bench.featurize import (  # noqa: E402
     min_cosine,
     naive_group_gradient,
     start_ray,
+    worker_spec,
 )
 
 
@@ -81,11 +82,9 @@ def main() -> None:
     tok = load_tokenizer(model_dir)
     items = bench_items(tok, args.groups, args.m, args.max_length)
     tokens = sum(len(e) for it in items for e in it.examples)
-    lora = LoraConfig()
-    proj = ProjectionConfig(kind="countsketch", dim=args.dim, seed=0)
-    spec = {"model_dir": str(model_dir), "dtype": "float32", "lora": asdict(lora), "projection": asdict(proj),
-            "pad_id": tok.pad_token_id, "batch_size": 8, "threads": 1, "device": dev,
-            "token_budget": args.token_budget, "max_length": args.max_length, "features": {}}
+    spec = worker_spec(model_dir, tok.pad_token_id, args.token_budget, dim=args.dim, device=dev,
+                       max_length=args.max_length)
+    lora, proj = LoraConfig(**spec["lora"]), ProjectionConfig(**spec["projection"])
     blocks = plan_blocks(items, args.groups_per_call)
 
     def sync() -> None:

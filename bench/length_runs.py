@@ -16,7 +16,6 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +24,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from bench.featurize import bench_items, min_cosine, naive_group_gradient  # noqa: E402
+from bench.featurize import bench_items, min_cosine, naive_group_gradient, worker_spec  # noqa: E402
 
 
 def main() -> None:
@@ -42,7 +41,7 @@ def main() -> None:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from engine.config import FeaturesConfig, LoraConfig, ModelConfig, ProjectionConfig
+    from engine.config import FeaturesConfig, LoraConfig, ModelConfig
     from engine.featurize import plan_blocks
     from engine.models import load_model, load_tokenizer, resolve_model_dir
     from engine.replica import build_featurizer, featurised_parameters
@@ -52,9 +51,7 @@ def main() -> None:
     tok = load_tokenizer(model_dir)
     items = bench_items(tok, args.groups, args.m, args.max_length)
     blocks = plan_blocks(items, args.groups_per_call)
-    spec = {"model_dir": str(model_dir), "dtype": "float32", "lora": asdict(LoraConfig()),
-            "projection": asdict(ProjectionConfig(kind="countsketch", dim=8192, seed=0)), "pad_id": tok.pad_token_id,
-            "batch_size": 8, "threads": 1, "device": "cpu", "token_budget": args.token_budget, "features": {}}
+    spec = worker_spec(model_dir, tok.pad_token_id, args.token_budget)
     f = build_featurizer(spec)
     f.featurize(blocks[0][:1])  # warm-up
     variants = {"one_forward": None, "length_runs": args.split_cost_tokens}

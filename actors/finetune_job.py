@@ -15,16 +15,17 @@ def run_finetune_job(spec: dict, label: str, target: list[TokenizedExample],
     """Load theta_0, optionally evaluate it, then fine-tune and evaluate (one job)."""
     import torch
 
-    from engine.models import load_model
+    from engine.models import autocast_dtype, load_model
 
     torch.set_num_threads(int(spec["threads"]))
     torch.manual_seed(spec["finetune"]["seed"])
     device = spec.get("device", "cpu")
     model = load_model(spec["model_dir"], spec["dtype"], device)
     cfg = FinetuneConfig(**spec["finetune"])
-    base = evaluate_loss(model, val, cfg.eval_batch_size, spec["pad_id"], device) if with_base else None
+    autocast = autocast_dtype(device, spec["dtype"])
+    base = evaluate_loss(model, val, cfg.eval_batch_size, spec["pad_id"], device, autocast) if with_base else None
     return finetune(model, spec["pad_id"], cfg, LoraConfig(**spec["lora"]), label=label, target=target,
-                    aux=aux, val=val, base_val_loss=base, device=device)
+                    aux=aux, val=val, base_val_loss=base, device=device, autocast_dtype=autocast)
 
 
 finetune_task = ray.remote(max_retries=1)(run_finetune_job)

@@ -7,8 +7,11 @@
 (c) the same with model.dtype: bfloat16 (bf16 weights, bf16 autocast; LoRA weights stay fp32);
 (d) (b) inside Ray GradientWorker actors that hold the GPU (num_gpus): 1 worker x 1 GPU, then
     2 workers x 0.5 GPU;
-(e) task vectors on the GPU against the same on the CPU;
-(f) full-parameter gradients (CountSketch) on the GPU against the CPU; per-example vectors kept on the GPU.
+(e) task vectors on the GPU (fp32 and bf16 autocast) against the same on the CPU;
+(f) full-parameter gradients (CountSketch) on the GPU against the CPU; per-example vectors kept on the GPU;
+(g) GRPO on mathematics prompts: G completions per prompt sampled on the GPU, then the surrogate gradient from
+    those same completions on the GPU (fp32 and bf16 autocast) against the CPU (sampling itself draws from
+    another random stream on each device, so only the gradient given the completions can be compared).
 Checks (b), (c), (d) against (a) and (b) against the CPU featuriser by cosine, prints tokens/s and
 ratios, and ends with one JSON line. The CPU targets of issue 4 live in bench/featurize.py.
 
@@ -60,16 +63,25 @@ def main() -> None:
     ap.add_argument("--groups-per-call", type=int, default=6)
     ap.add_argument("--dim", type=int, default=8192)
     ap.add_argument("--cpu-groups", type=int, default=3, help="groups also featurised on the CPU for the cosine")
+    ap.add_argument("--grpo-prompts", type=int, default=8, help="(g): prompts per mathematics group (2 groups, G = 8)")
+    ap.add_argument("--skip-ray", action="store_true", help="leave out (d), for a machine without Ray installed")
     ap.add_argument("--profile", type=int, default=0, help="print this many rows of a torch.profiler table "
                     "(one block, fp32 and bf16)")
     args = ap.parse_args()
 
-    import ray
     import torch
 
-    from engine.config import FeaturesConfig, LoraConfig, ModelConfig, ProjectionConfig
+    from engine.config import (
+        DataConfig,
+        FeaturesConfig,
+        LoraConfig,
+        ModelConfig,
+        ProjectionConfig,
+        SourceConfig,
+    )
     from engine.featurize import WorkItem, plan_blocks
     from engine.models import load_model, load_tokenizer, resolve_model_dir
+    from engine.prepare import prepare
     from engine.projection import make_projector
     from engine.replica import build_featurizer, featurised_parameters
 
@@ -157,12 +169,17 @@ def main() -> None:
     gc.collect()
     if dev.startswith("cuda"):
         torch.cuda.empty_cache()
-    start_ray(4)
-    gpus_total = ray.cluster_resources().get("GPU", 0.0)
-    gpu_each = 1.0 if gpus_total >= 1 else 0.0
-    ray1_s, _, ray1, _ = featurize_on_ray(spec, blocks, 1, gpu_each)
-    ray2_s, _, ray2, _ = featurize_on_ray(spec, blocks, 2, gpu_each / 2)
-    ray.shutdown()
+    if args.skip_ray:
+        gpus_total = gpu_each = ray1_s = ray2_s = ray1 = ray2 = None
+    else:
+        import ray
+
+        start_ray(4)
+        gpus_total = ray.cluster_resources().get("GPU", 0.0)
+        gpu_each = 1.0 if gpus_total >= 1 else 0.0
+        ray1_s, _, ray1, _ = featurize_on_ray(spec, blocks, 1, gpu_each)
+        ray2_s, _, ray2, _ = featurize_on_ray(spec, blocks, 2, gpu_each / 2)
+        ray.shutdown()
 
     # (e) task vectors: the GPU against the CPU, on two groups
     tv = spec | {"features": asdict(FeaturesConfig(representation="task_vector", tv_steps=3))}
@@ -172,6 +189,7 @@ def main() -> None:
     tv_dev = by_name(tv_items, f.featurize(tv_items))
     tv_s = time.perf_counter() - t0
     del f
+    tv_bf16 = by_name(tv_items, build_featurizer(tv | {"dtype": "bfloat16"}).featurize(tv_items))
     tv_cpu = by_name(tv_items, build_featurizer(tv | {"device": "cpu"}).featurize(tv_items))
 
     # (f) full-parameter gradients (every weight, CountSketch): the device against the CPU, on one group of 8
@@ -189,26 +207,61 @@ def main() -> None:
     del f
     full_cpu = by_name(one, build_featurizer(full | {"device": "cpu"}).featurize(one))
 
+    # (g) GRPO: completions sampled once on the device, then the surrogate gradient from them on each side
+    math = prepare(DataConfig(
+        target=SourceConfig(kind="mathematics", include=["arithmetic__add_or_sub"], examples_per_group=16),
+        candidates=[SourceConfig(kind="mathematics", include=["arithmetic__mul", "numbers__gcd"], examples_per_group=16)],
+        preview_size=args.grpo_prompts), tok, args.max_length, grpo=True).items
+    grpo = spec | {"features": asdict(FeaturesConfig(representation="grpo", grpo_reward="numeric_closeness",
+                                                     grpo_generations=8, grpo_max_new_tokens=24))}
+
+    def grpo_run(s: dict, completions=None) -> tuple[float, float, list, dict[str, np.ndarray]]:
+        """(sampling s, gradient s, completions, raw gradients by group) of one GRPO featuriser."""
+        g = build_featurizer(s)
+        if completions is None:
+            g.sample(math[0].name, math[0].examples[:1])  # warm-up: generate's first call is far slower
+        sync()
+        t0 = time.perf_counter()
+        completions = completions or [g.sample(it.name, it.examples) for it in math]
+        sync()
+        t1 = time.perf_counter()
+        grads = {it.name: g.surrogate_gradient(it, c) for it, c in zip(math, completions)}
+        sync()
+        return t1 - t0, time.perf_counter() - t1, completions, grads
+
+    grpo_sample_s, grpo_grad_s, completions, grpo_dev = grpo_run(grpo)
+    _, grpo_grad_bf16_s, _, grpo_bf16 = grpo_run(grpo | {"dtype": "bfloat16"}, completions)
+    *_, grpo_cpu = grpo_run(grpo | {"device": "cpu"}, completions)
+    grpo_bf16_sample_s = grpo_run(grpo | {"dtype": "bfloat16"})[0]
+    n_completions = sum(len(c) for cs in completions for c in cs)
+
     fig = {
         "bench": "featurize_gpu", "device": dev, "gpu": gpu, "groups": len(items),
         "examples": sum(len(it.examples) for it in items), "tokens": tokens, "max_length": args.max_length,
         "token_budget": args.token_budget,
         "naive_tok_s": round(tokens / naive_s, 1), "fp32_tok_s": round(tokens / fp32_s, 1),
         "bf16_tok_s": round(tokens / bf16_s, 1), "fp32_cold_tok_s": round(tokens / fp32_cold, 1),
-        "bf16_cold_tok_s": round(tokens / bf16_cold, 1), "ray_1w_tok_s": round(tokens / ray1_s, 1),
-        "ray_2w_tok_s": round(tokens / ray2_s, 1),
+        "bf16_cold_tok_s": round(tokens / bf16_cold, 1),
         "speedup_fp32_vs_naive": round(naive_s / fp32_s, 2), "speedup_bf16_vs_fp32": round(fp32_s / bf16_s, 2),
-        "speedup_ray_2w_vs_1w": round(ray1_s / ray2_s, 2),
         "cos_fp32_vs_naive": round(min_cosine(naive, fp32), 6), "cos_bf16_vs_naive": round(min_cosine(naive, bf16), 6),
         "cos_fp32_gpu_vs_cpu": round(min_cosine(fp32, on_cpu), 6),
-        "max_abs_ray_1w_vs_in_process": float(max(np.abs(ray1[n] - fp32[n]).max() for n in fp32)),
-        "cos_ray_2w_vs_naive": round(min_cosine(naive, ray2), 6),
         "cos_task_vector_gpu_vs_cpu": round(min_cosine(tv_dev, tv_cpu), 6), "task_vector_s_per_group": round(tv_s / 2, 3),
+        "cos_task_vector_bf16_vs_cpu": round(min_cosine(tv_bf16, tv_cpu), 6),
+        "grpo_groups": len(math), "grpo_completions": n_completions,
+        "grpo_sample_s": round(grpo_sample_s, 3), "grpo_sample_bf16_s": round(grpo_bf16_sample_s, 3),
+        "grpo_grad_s": round(grpo_grad_s, 3), "grpo_grad_bf16_s": round(grpo_grad_bf16_s, 3),
+        "cos_grpo_gpu_vs_cpu": round(min_cosine(grpo_dev, grpo_cpu), 6),
+        "cos_grpo_bf16_vs_cpu": round(min_cosine(grpo_bf16, grpo_cpu), 6),
         "per_example_mean_rel_err": per_example_err,
         "cos_full_gpu_vs_cpu": round(min_cosine(full_dev, full_cpu), 6), "full_s_per_group_of_8": round(full_s, 3),
         "peak_gib_full": round(full_peak, 2),
         "peak_gib_fp32": round(fp32_peak, 2), "peak_gib_bf16": round(bf16_peak, 2), "ray_gpus": gpus_total,
     }
+    if ray1 is not None:
+        fig |= {"ray_1w_tok_s": round(tokens / ray1_s, 1), "ray_2w_tok_s": round(tokens / ray2_s, 1),
+                "speedup_ray_2w_vs_1w": round(ray1_s / ray2_s, 2),
+                "max_abs_ray_1w_vs_in_process": float(max(np.abs(ray1[n] - fp32[n]).max() for n in fp32)),
+                "cos_ray_2w_vs_naive": round(min_cosine(naive, ray2), 6)}
     print(f"{gpu}: {len(items)} groups x {args.m} examples, {tokens} tokens (max_length {args.max_length})")
     print(f"(a) naive loop, fp32           {naive_s:8.2f} s {fig['naive_tok_s']:10.1f} tok/s")
     print(f"(b), (c) below: a warm second pass over the same blocks; the first pass ran at "
@@ -217,14 +270,21 @@ def main() -> None:
           f"{fig['speedup_fp32_vs_naive']}x  cos vs (a) {fig['cos_fp32_vs_naive']}  vs CPU {fig['cos_fp32_gpu_vs_cpu']}")
     print(f"(c) convalue, bf16             {bf16_s:8.2f} s {fig['bf16_tok_s']:10.1f} tok/s  (c)/(b) = "
           f"{fig['speedup_bf16_vs_fp32']}x  cos vs (a) {fig['cos_bf16_vs_naive']}")
-    print(f"(d) Ray, 1 worker x {gpu_each} GPU   {ray1_s:8.2f} s {fig['ray_1w_tok_s']:10.1f} tok/s  "
-          f"max |diff| vs (b) {fig['max_abs_ray_1w_vs_in_process']:.2e}")
-    print(f"    Ray, 2 workers x {gpu_each / 2} GPU {ray2_s:7.2f} s {fig['ray_2w_tok_s']:10.1f} tok/s  "
-          f"x{fig['speedup_ray_2w_vs_1w']} vs 1 worker, cos vs (a) {fig['cos_ray_2w_vs_naive']}")
-    print(f"(e) task vectors: {fig['task_vector_s_per_group']} s/group, cos GPU vs CPU {fig['cos_task_vector_gpu_vs_cpu']}")
+    if ray1 is None:
+        print("(d) Ray: left out (--skip-ray)")
+    else:
+        print(f"(d) Ray, 1 worker x {gpu_each} GPU   {ray1_s:8.2f} s {fig['ray_1w_tok_s']:10.1f} tok/s  "
+              f"max |diff| vs (b) {fig['max_abs_ray_1w_vs_in_process']:.2e}")
+        print(f"    Ray, 2 workers x {gpu_each / 2} GPU {ray2_s:7.2f} s {fig['ray_2w_tok_s']:10.1f} tok/s  "
+              f"x{fig['speedup_ray_2w_vs_1w']} vs 1 worker, cos vs (a) {fig['cos_ray_2w_vs_naive']}")
+    print(f"(e) task vectors: {fig['task_vector_s_per_group']} s/group, cos GPU vs CPU {fig['cos_task_vector_gpu_vs_cpu']}, "
+          f"bf16 vs CPU {fig['cos_task_vector_bf16_vs_cpu']}")
     print(f"    per-example vectors kept: their mean matches the group vector to {per_example_err:.1e} (relative)")
     print(f"(f) full-parameter, 1 group of 8: {full_s:.3f} s, cos GPU vs CPU {fig['cos_full_gpu_vs_cpu']}, "
           f"peak {fig['peak_gib_full']} GiB")
+    print(f"(g) GRPO, {len(math)} groups x {args.grpo_prompts} prompts, {n_completions} completions: sampling {grpo_sample_s:.2f} s "
+          f"(bf16 {grpo_bf16_sample_s:.2f} s), gradients {grpo_grad_s:.2f} s (bf16 {grpo_grad_bf16_s:.2f} s); "
+          f"on the same completions cos GPU vs CPU {fig['cos_grpo_gpu_vs_cpu']}, bf16 vs CPU {fig['cos_grpo_bf16_vs_cpu']}")
     print(json.dumps(fig))
 
 

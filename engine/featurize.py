@@ -294,11 +294,9 @@ class GroupGradients:
         return flat
 
     def _autocast(self):
-        import torch
+        from engine.models import autocast
 
-        if self.autocast_dtype is not None:
-            return torch.autocast(device_type=self.device.split(":")[0], dtype=self.autocast_dtype)
-        return torch.autocast("cpu", enabled=False)
+        return autocast(self.device, self.autocast_dtype)
 
     def packed_gradients(self, items: list[WorkItem]) -> tuple[np.ndarray, list[np.ndarray]]:
         """Group means (and per-example gradients) from token-budget batches mixing all groups' examples."""
@@ -373,8 +371,9 @@ class GroupTaskVectors:
     """
 
     def __init__(self, peft_model, named_params: list[tuple[str, object]], projector, pad_id: int, *,
-                 steps: int, lr: float, batch_size: int, device: str = "cpu"):
+                 steps: int, lr: float, batch_size: int, device: str = "cpu", autocast_dtype=None):
         self.model = peft_model.eval()
+        self.autocast_dtype = autocast_dtype
         self.names = [n for n, _ in named_params]
         self.params = [p for _, p in named_params]
         self.init = [p.detach().clone() for p in self.params]
@@ -400,6 +399,8 @@ class GroupTaskVectors:
         """tau for one group (float32, length d)."""
         import torch
 
+        from engine.models import autocast
+
         if not examples:
             raise ValueError("cannot take the task vector of an empty group")
         t0 = time.perf_counter()
@@ -410,7 +411,8 @@ class GroupTaskVectors:
             start = (step * self.batch_size) % len(order)
             idx = [order[(start + j) % len(order)] for j in range(min(self.batch_size, len(order)))]
             ids, mask, labels = (t.to(self.device) for t in pad_batch([examples[i] for i in idx], self.pad_id))
-            loss = per_example_loss(self.model, ids, mask, labels).mean()
+            with autocast(self.device, self.autocast_dtype):
+                loss = per_example_loss(self.model, ids, mask, labels).mean()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

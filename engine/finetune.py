@@ -33,13 +33,16 @@ class FinetuneResult:
         return asdict(self)
 
 
-def evaluate_loss(model, examples: list[TokenizedExample], batch_size: int, pad_id: int, device: str = "cpu") -> float:
+def evaluate_loss(model, examples: list[TokenizedExample], batch_size: int, pad_id: int, device: str = "cpu",
+                  autocast_dtype=None) -> float:
     """Mean over examples of the per-example response-token cross-entropy."""
     import torch
 
+    from engine.models import autocast
+
     model.eval()
     total, n = 0.0, 0
-    with torch.no_grad():
+    with torch.no_grad(), autocast(device, autocast_dtype):
         order = sorted(range(len(examples)), key=lambda i: len(examples[i]))
         for s in range(0, len(order), batch_size):
             batch = [examples[i] for i in order[s : s + batch_size]]
@@ -63,12 +66,16 @@ def mixing_schedule(steps: int, rho: float, n_aux_groups: int, seed: int) -> lis
 
 def finetune(model, pad_id: int, cfg: FinetuneConfig, lora: LoraConfig, *, label: str,
              target: list[TokenizedExample], aux: dict[str, list[TokenizedExample]],
-             val: list[TokenizedExample], base_val_loss: float | None = None, device: str = "cpu") -> FinetuneResult:
-    """Train a fresh LoRA adapter on `model` (theta_0) for cfg.steps steps mixing target and aux; evaluate on val."""
+             val: list[TokenizedExample], base_val_loss: float | None = None, device: str = "cpu",
+             autocast_dtype=None) -> FinetuneResult:
+    """Train a fresh LoRA adapter on `model` (theta_0) for cfg.steps steps mixing target and aux; evaluate on val.
+
+    autocast_dtype: bf16 autocast for the forward passes (CUDA replicas with model.dtype bfloat16), as in featurisation.
+    """
     import torch
     from transformers import get_cosine_schedule_with_warmup
 
-    from engine.models import attach_lora
+    from engine.models import attach_lora, autocast
 
     if not target:
         raise ValueError("fine-tune needs target training examples")
@@ -86,14 +93,15 @@ def finetune(model, pad_id: int, cfg: FinetuneConfig, lora: LoraConfig, *, label
         pool = target if src < 0 else aux[names[src]]
         idx = rng.choice(len(pool), size=min(cfg.batch_size, len(pool)), replace=False)
         ids, mask, labels = (t.to(device) for t in pad_batch([pool[i] for i in idx], pad_id))
-        loss = per_example_loss(peft_model, ids, mask, labels).mean()
+        with autocast(device, autocast_dtype):
+            loss = per_example_loss(peft_model, ids, mask, labels).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
         opt.step()
         sched.step()
         losses.append(float(loss))
-    val_loss = evaluate_loss(peft_model, val, cfg.eval_batch_size, pad_id, device)
+    val_loss = evaluate_loss(peft_model, val, cfg.eval_batch_size, pad_id, device, autocast_dtype)
     return FinetuneResult(
         label=label, groups=names, steps=cfg.steps, target_steps=sum(1 for s in plan if s < 0),
         aux_steps=sum(1 for s in plan if s >= 0), val_loss=val_loss, base_val_loss=base_val_loss,

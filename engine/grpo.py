@@ -72,8 +72,9 @@ class GroupGrpoGradients:
 
     def __init__(self, model, params: list, projector, tokenizer, *, reward: str, generations: int,
                  max_new_tokens: int, temperature: float, top_p: float, kl_coef: float, seed: int,
-                 max_length: int, device: str = "cpu"):
+                 max_length: int, device: str = "cpu", autocast_dtype=None):
         self.model = model.eval()
+        self.autocast_dtype = autocast_dtype
         self.params = params
         self.projector = projector
         self.tokenizer = tokenizer
@@ -99,6 +100,8 @@ class GroupGrpoGradients:
         left-padded generate call, seeded by the group's name."""
         import torch
 
+        from engine.models import autocast
+
         longest = max(len(p) for p in prompts)
         room = min(self.max_new_tokens, self.max_length - longest)
         if room <= 0:
@@ -112,7 +115,7 @@ class GroupGrpoGradients:
             mask[i, longest - len(p):] = 1
         seed = zlib.crc32(f"{self.seed}/{group}".encode())
         devices = [torch.device(self.device)] if self.device.startswith("cuda") else []
-        with torch.random.fork_rng(devices=devices), torch.no_grad():
+        with torch.random.fork_rng(devices=devices), torch.no_grad(), autocast(self.device, self.autocast_dtype):
             torch.manual_seed(seed)
             out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
                                       do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=0,
@@ -128,23 +131,31 @@ class GroupGrpoGradients:
         return completions
 
     def raw_gradient(self, item: WorkItem) -> np.ndarray:
-        """The unprojected mean surrogate gradient of one group (float32, length d)."""
-        import torch
-
+        """The unprojected mean surrogate gradient of one group (float32, length d), from its own samples."""
         if not item.examples:
             raise GrpoError(f"group {item.name!r} has no prompts")
+        return self.surrogate_gradient(item, self.sample(item.name, item.examples))
+
+    def surrogate_gradient(self, item: WorkItem, completions: list[list[tuple[int, ...]]]) -> np.ndarray:
+        """The unprojected mean surrogate gradient of one group given G completions per prompt (as from sample)."""
+        import torch
+
+        from engine.models import autocast
+
         prompts = item.examples
+        if len(completions) != len(prompts):
+            raise GrpoError(f"group {item.name!r}: {len(completions)} completion lists for {len(prompts)} prompts")
         m = len(prompts)
         rows, adv, weight = [], [], []
-        for index, (prompt, completions) in enumerate(zip(prompts, self.sample(item.name, prompts))):
-            texts = [self.tokenizer.decode(c, skip_special_tokens=True) for c in completions]
+        for index, (prompt, sampled) in enumerate(zip(prompts, completions)):
+            texts = [self.tokenizer.decode(c, skip_special_tokens=True) for c in sampled]
             where = f"group {item.name!r} prompt {index}"
             rewards = np.array([score(self.reward, t, prompt.reference, where) for t in texts])
             a = advantages(rewards)
-            kept = [j for j, c in enumerate(completions) if c]
+            kept = [j for j, c in enumerate(sampled) if c]
             for j in kept:  # the prompt's loss is the mean over its completions; the group's, over its prompts
-                rows.append(TokenizedExample(prompt.input_ids + completions[j],
-                                             (IGNORE,) * len(prompt) + completions[j]))
+                rows.append(TokenizedExample(prompt.input_ids + sampled[j],
+                                             (IGNORE,) * len(prompt) + sampled[j]))
                 adv.append(a[j])
                 weight.append(1.0 / (m * len(kept)))
             self.stats["prompts"] += 1
@@ -155,8 +166,9 @@ class GroupGrpoGradients:
         step = self.G * 4
         for start in range(0, len(rows), step):
             ids, mask, labels = (t.to(self.device) for t in pad_batch(rows[start:start + step], self.pad_id))
-            logits, target, valid = response_logits(self.model, ids, mask, labels)
-            logp = token_logprobs(logits, target, self.temperature)
+            with autocast(self.device, self.autocast_dtype):
+                logits, target, valid = response_logits(self.model, ids, mask, labels)
+                logp = token_logprobs(logits, target, self.temperature)
             # featurisation is at theta_0 (LoRA B = 0, or the untouched base): pi_ref = pi_old = pi_theta
             chunk = slice(start, start + step)
             loss = surrogate_loss(logp, logp.detach(), torch.tensor(adv[chunk], dtype=torch.float32, device=self.device),

@@ -93,6 +93,22 @@ def torch_dtype(name: str):
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
 
 
+def autocast_dtype(device: str, dtype: str):
+    """torch.bfloat16 for a CUDA replica with model.dtype bfloat16 (bf16 autocast), else None (no autocast)."""
+    import torch
+
+    return torch.bfloat16 if device.startswith("cuda") and dtype == "bfloat16" else None
+
+
+def autocast(device: str, dtype=None):
+    """torch.autocast to `dtype` on `device`'s type, or a disabled autocast when dtype is None."""
+    import torch
+
+    if dtype is None:
+        return torch.autocast("cpu", enabled=False)
+    return torch.autocast(device_type=device.split(":")[0], dtype=dtype)
+
+
 def load_model(model_dir: Path, dtype: str = "float32", device: str = "cpu"):
     """The base causal LM theta_0 in eval mode."""
     from transformers import AutoModelForCausalLM

@@ -37,11 +37,9 @@ def featurised_parameters(model, features: FeaturesConfig, lora: LoraConfig) -> 
 def build_featurizer(spec: dict):
     """The featuriser for a worker spec (see engine.pipeline._worker_spec): one of GroupGradients,
     GroupTaskVectors or GroupGrpoGradients, with its model replica and projector."""
-    import torch
-
     from engine.featurize import GroupGradients, GroupTaskVectors
     from engine.grpo import GroupGrpoGradients
-    from engine.models import load_model, load_tokenizer
+    from engine.models import autocast_dtype, load_model, load_tokenizer
     from engine.projection import make_projector
 
     device = spec.get("device", "cpu")
@@ -51,16 +49,17 @@ def build_featurizer(spec: dict):
     model, named = featurised_parameters(model, features, LoraConfig(**spec["lora"]))
     params = [p for _, p in named]
     projector = make_projector(proj.kind, sum(p.numel() for p in params), proj.dim, proj.seed)
+    autocast = autocast_dtype(device, spec["dtype"])
     if features.representation == "task_vector":
         return GroupTaskVectors(model, named, projector, spec["pad_id"], steps=features.tv_steps,
-                                lr=features.tv_lr, batch_size=features.tv_batch_size, device=device)
+                                lr=features.tv_lr, batch_size=features.tv_batch_size, device=device,
+                                autocast_dtype=autocast)
     if features.representation == "grpo":
         return GroupGrpoGradients(model, params, projector, load_tokenizer(Path(spec["model_dir"])),
                                   reward=features.grpo_reward, generations=features.grpo_generations,
                                   max_new_tokens=features.grpo_max_new_tokens, temperature=features.grpo_temperature,
                                   top_p=features.grpo_top_p, kl_coef=features.grpo_kl_coef, seed=features.grpo_seed,
-                                  max_length=spec["max_length"], device=device)
-    autocast = torch.bfloat16 if (device.startswith("cuda") and spec["dtype"] == "bfloat16") else None
+                                  max_length=spec["max_length"], device=device, autocast_dtype=autocast)
     # per-example hooks exist for LoRA's lora_B only; full-parameter gradients go one group at a time
     packed = spec.get("token_budget") if features.parameters == "lora" else None
     split = spec.get("split_cost_tokens")

@@ -179,14 +179,15 @@ def test_example_longer_than_budget_is_an_error(tiny_model_dir, examples):
         _packed(tiny_model_dir, 8).featurize([WorkItem("a", examples)])
 
 
-def _task_vectors(model_dir, steps=3):
+def _task_vectors(model_dir, steps=3, autocast_dtype=None):
     from engine.featurize import GroupTaskVectors
 
     peft_model = attach_lora(load_model(model_dir), LoraConfig(r=4, alpha=8), dropout=0.0)
     named = lora_b_parameters(peft_model, with_a=True)
     d = sum(p.numel() for _, p in named)
     return GroupTaskVectors(peft_model, named, make_projector("identity", d, d, 0),
-                            load_tokenizer(model_dir).pad_token_id, steps=steps, lr=1e-2, batch_size=2)
+                            load_tokenizer(model_dir).pad_token_id, steps=steps, lr=1e-2, batch_size=2,
+                            autocast_dtype=autocast_dtype)
 
 
 def test_task_vectors_are_deterministic_and_reset_between_groups(tiny_model_dir, examples):
@@ -247,3 +248,18 @@ def test_length_runs_keep_rows_and_owners_in_order(tiny_model_dir, varied, monke
         if not share:
             for it in items:
                 np.testing.assert_allclose(cut.per_example[it.name], one.per_example[it.name], rtol=2e-4, atol=1e-7)
+
+
+def test_bf16_autocast_reaches_the_task_vector_steps(tiny_model_dir, examples):
+    """The autocast of a CUDA replica with model.dtype bfloat16, run here on the CPU: rounding, nothing more."""
+    from engine.featurize import WorkItem
+    from engine.models import autocast_dtype
+
+    assert autocast_dtype("cuda:0", "bfloat16") is torch.bfloat16
+    assert autocast_dtype("cpu", "bfloat16") is None and autocast_dtype("cuda", "float32") is None
+    item = [WorkItem("a", examples[:4])]
+    fp32 = _task_vectors(tiny_model_dir).featurize(item)[0]
+    bf16 = _task_vectors(tiny_model_dir, autocast_dtype=torch.bfloat16).featurize(item)[0]
+    assert not np.array_equal(bf16, fp32)  # the steps did run under autocast
+    cos = float(bf16 @ fp32 / (np.linalg.norm(bf16) * np.linalg.norm(fp32)))
+    assert cos > 0.99, cos

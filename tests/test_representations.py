@@ -133,6 +133,24 @@ def test_grpo_vectors_are_deterministic_and_nonzero(tiny_model_dir, prompts):
     np.testing.assert_array_equal(build_featurizer(spec).featurize(items), X)
 
 
+def test_grpo_gradient_is_its_samples_surrogate_and_survives_bf16_autocast(tiny_model_dir, prompts):
+    """raw_gradient = surrogate_gradient on sample's completions; bf16 autocast on the same completions only rounds."""
+    from engine.replica import build_featurizer
+
+    f = build_featurizer(spec_for(tiny_model_dir, representation="grpo", grpo_generations=3, grpo_max_new_tokens=8,
+                                  grpo_reward=f"{REWARDS}:length"))
+    item = WorkItem("a", prompts[:2])
+    completions = f.sample(item.name, item.examples)
+    fp32 = f.surrogate_gradient(item, completions)
+    np.testing.assert_array_equal(f.raw_gradient(item), fp32)
+    f.autocast_dtype = torch.bfloat16  # what build_featurizer gives a CUDA replica with model.dtype bfloat16
+    bf16 = f.surrogate_gradient(item, completions)
+    assert not np.array_equal(bf16, fp32)
+    assert float(bf16 @ fp32 / (np.linalg.norm(bf16) * np.linalg.norm(fp32))) > 0.99
+    with pytest.raises(GrpoError, match="group 'b': 2 completion lists for 1 prompts"):
+        f.surrogate_gradient(WorkItem("b", prompts[:1]), completions)
+
+
 def test_grpo_errors_name_group_and_prompt(tiny_model_dir, prompts):
     from engine.replica import build_featurizer
 

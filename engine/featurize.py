@@ -121,11 +121,11 @@ def shared_prefix_length(examples: list[TokenizedExample], min_length: int = 8) 
 
 
 def shared_prefix_loss(model, examples: list[TokenizedExample], owners: list[int], P: int, pad_id: int,
-                       device: str, runs: list[list[int]] | None = None):
+                       device: str, runs: list[list[int]]):
     """Per-example losses with the first P tokens (shared_prefix_length) computed once per owner (group).
 
     Returns (losses, prefix rows' owners); losses are in the order of the concatenated `runs` (index
-    lists into examples, one decoder call each; default: one call for all). The prefix's KV cache is
+    lists into examples, one decoder call each). The prefix's KV cache is
     expanded to each owner's examples, so gradients reach each owner's prefix row summed over that
     owner's examples, which is exactly what a per-group mean needs.
     """
@@ -138,7 +138,7 @@ def shared_prefix_loss(model, examples: list[TokenizedExample], owners: list[int
     prefix = torch.tensor([examples[0].input_ids[:P]] * len(groups), device=device)
     cache = decoder(input_ids=prefix, attention_mask=torch.ones_like(prefix), use_cache=True).past_key_values
     losses = []
-    for run in runs or [list(range(len(examples)))]:
+    for run in runs:
         select = torch.tensor([row[owners[i]] for i in run], device=device)
         expanded = DynamicCache()
         for i, layer in enumerate(cache.layers):

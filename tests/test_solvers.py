@@ -295,7 +295,7 @@ def test_gram_operator_support_solve_float32_gather_matches_float64(keep_copy, m
     y = op.shifted_solver(0.5)(b)
     assert np.linalg.norm((op.K + 0.5 * np.eye(400)) @ y - b) <= 1e-4 * np.linalg.norm(b)  # a float32 factor
     assert (op.float32_copy() is not None) == keep_copy
-    if keep_copy:  # the shift was taken off the kept copy again
+    if keep_copy:  # shifted_solver factors its own copy: the kept float32 K is left as it was
         assert np.array_equal(op.float32_copy(), op.K.astype(np.float32))
 
 

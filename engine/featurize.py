@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.models import autocast
 from engine.tokenize import IGNORE, TokenizedExample
 
 
@@ -285,18 +286,13 @@ class GroupGradients:
         for start in range(0, m, self.batch_size):
             batch = [examples[i] for i in order[start : start + self.batch_size]]
             ids, mask, labels = (t.to(self.device) for t in pad_batch(batch, self.pad_id))
-            with self._autocast():
+            with autocast(self.device, self.autocast_dtype):
                 loss = per_example_loss(self.model, ids, mask, labels).sum() / m
             loss.backward()
             self.tokens += int(mask.sum())
         flat = take_flat_grad(self.params)
         self.seconds += time.perf_counter() - t0
         return flat
-
-    def _autocast(self):
-        from engine.models import autocast
-
-        return autocast(self.device, self.autocast_dtype)
 
     def packed_gradients(self, items: list[WorkItem]) -> tuple[np.ndarray, list[np.ndarray]]:
         """Group means (and per-example gradients) from token-budget batches mixing all groups' examples."""
@@ -320,7 +316,7 @@ class GroupGradients:
             share = prefix > 0
             runs = (length_runs([len(e) - prefix for e in exs], self.split_cost_tokens)
                     if self.split_cost_tokens is not None else [list(range(len(exs)))])
-            with self._autocast():
+            with autocast(self.device, self.autocast_dtype):
                 if share:
                     losses, prefix_owners = shared_prefix_loss(self.model, exs, owners, prefix, self.pad_id,
                                                                self.device, runs)
@@ -399,7 +395,6 @@ class GroupTaskVectors:
         """tau for one group (float32, length d)."""
         import torch
 
-        from engine.models import autocast
 
         if not examples:
             raise ValueError("cannot take the task vector of an empty group")

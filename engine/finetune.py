@@ -10,6 +10,7 @@ import numpy as np
 
 from engine.config import FinetuneConfig, LoraConfig
 from engine.featurize import pad_batch, per_example_loss
+from engine.models import attach_lora, autocast
 from engine.tokenize import TokenizedExample
 
 
@@ -37,8 +38,6 @@ def evaluate_loss(model, examples: list[TokenizedExample], batch_size: int, pad_
                   autocast_dtype=None) -> float:
     """Mean over examples of the per-example response-token cross-entropy."""
     import torch
-
-    from engine.models import autocast
 
     model.eval()
     total, n = 0.0, 0
@@ -74,8 +73,6 @@ def finetune(model, pad_id: int, cfg: FinetuneConfig, lora: LoraConfig, *, label
     """
     import torch
     from transformers import get_cosine_schedule_with_warmup
-
-    from engine.models import attach_lora, autocast
 
     if not target:
         raise ValueError("fine-tune needs target training examples")

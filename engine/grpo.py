@@ -28,6 +28,7 @@ from engine.featurize import (
     response_logits,
     take_flat_grad,
 )
+from engine.models import autocast
 from engine.rewards import RewardError, load_reward, score
 from engine.tokenize import PromptExample, TokenizedExample
 
@@ -100,7 +101,6 @@ class GroupGrpoGradients:
         left-padded generate call, seeded by the group's name."""
         import torch
 
-        from engine.models import autocast
 
         longest = max(len(p) for p in prompts)
         room = min(self.max_new_tokens, self.max_length - longest)
@@ -140,7 +140,6 @@ class GroupGrpoGradients:
         """The unprojected mean surrogate gradient of one group given G completions per prompt (as from sample)."""
         import torch
 
-        from engine.models import autocast
 
         prompts = item.examples
         if len(completions) != len(prompts):

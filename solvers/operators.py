@@ -11,6 +11,11 @@ from solvers.problem import gram_times
 FLOAT32_COPY_MAX_N = 8192  # a kept float32 copy of K costs 4 N^2 bytes: 256 MiB here
 
 
+def _principal(M: np.ndarray, A: np.ndarray) -> np.ndarray:
+    """M[A, A] by two contiguous gathers: ~2x faster than np.ix_ (3.5 vs 7.2 ms, 800 of 1000)."""
+    return M.take(A, axis=0).take(A, axis=1)
+
+
 class GramOperator:
     """K (N x N, PSD) and beta = G g_tar."""
 
@@ -30,7 +35,7 @@ class GramOperator:
 
     def sub(self, A: np.ndarray) -> np.ndarray:
         """K[A, A]."""
-        return self.K.take(A, axis=0).take(A, axis=1)  # two contiguous gathers: ~2x faster than np.ix_ (3.5 vs 7.2 ms, 800 of 1000)
+        return _principal(self.K, A)
 
     def solve_support(self, A: np.ndarray, rhs: np.ndarray) -> np.ndarray:
         """x with K_AA x = rhs (rhs: |A| or |A| x k).
@@ -47,7 +52,7 @@ class GramOperator:
             full[A] = x
             return (self.K @ full)[A]
 
-        x = mixed_precision_solve(K32.take(A, axis=0).take(A, axis=1), rhs, matvec)
+        x = mixed_precision_solve(_principal(K32, A), rhs, matvec)
         return x if x is not None else solve_dense(self.sub(A), rhs, try_mixed=False)
 
     def apply(self, A: np.ndarray, w_A: np.ndarray) -> np.ndarray:

@@ -25,7 +25,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from bench.featurize import bench_items, min_cosine, worker_spec  # noqa: E402
+from bench.featurize import bench_items, grpo_bench_items, grpo_spec, min_cosine, worker_spec  # noqa: E402
 
 
 def main() -> None:
@@ -59,10 +59,7 @@ def main() -> None:
     tok = load_tokenizer(model_dir)
     items = bench_items(tok, args.groups, args.m, 256)
     spec = worker_spec(model_dir, tok.pad_token_id, 32768, device=dev, max_length=256)
-    math = prepare(DataConfig(
-        target=SourceConfig(kind="mathematics", include=["arithmetic__add_or_sub"], examples_per_group=16),
-        candidates=[SourceConfig(kind="mathematics", include=["arithmetic__mul", "numbers__gcd"], examples_per_group=16)],
-        preview_size=args.grpo_prompts), tok, 256, grpo=True).items
+    math = grpo_bench_items(tok, args.grpo_prompts, 256)
 
     def timed(fn):
         if dev.startswith("cuda"):
@@ -91,8 +88,7 @@ def main() -> None:
             vecs[name] = {it.name: x for it, x in zip(its, X)}
             rows.append((label, name, t, min_cosine(vecs["fp32"], vecs[name])))
 
-    grpo = spec | {"features": asdict(FeaturesConfig(representation="grpo", grpo_reward="numeric_closeness",
-                                                     grpo_generations=8, grpo_max_new_tokens=24))}
+    grpo = grpo_spec(spec)
     completions, grads = None, {}
     for name, f in variants(grpo):
         f.sample(math[0].name, math[0].examples[:1])

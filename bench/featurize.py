@@ -67,6 +67,25 @@ def bench_items(tok, groups: int, m: int, max_length: int) -> list:
                               preview_size=m, small_groups="keep"), tok, max_length).items
 
 
+def grpo_bench_items(tok, prompts: int, max_length: int) -> list:
+    """Two mathematics modules (arithmetic__mul, numbers__gcd) as GRPO candidate groups of `prompts` prompts."""
+    from engine.config import DataConfig, SourceConfig
+    from engine.prepare import prepare
+
+    return prepare(DataConfig(
+        target=SourceConfig(kind="mathematics", include=["arithmetic__add_or_sub"], examples_per_group=16),
+        candidates=[SourceConfig(kind="mathematics", include=["arithmetic__mul", "numbers__gcd"], examples_per_group=16)],
+        preview_size=prompts), tok, max_length, grpo=True).items
+
+
+def grpo_spec(spec: dict) -> dict:
+    """`spec` with the GRPO representation of the benches: numeric_closeness reward, G = 8, 24 new tokens."""
+    from engine.config import FeaturesConfig
+
+    return spec | {"features": asdict(FeaturesConfig(representation="grpo", grpo_reward="numeric_closeness",
+                                                     grpo_generations=8, grpo_max_new_tokens=24))}
+
+
 def worker_spec(model_dir, pad_id: int, token_budget: int, *, dim: int = 8192, device: str = "cpu", **extra) -> dict:
     """The GradientWorker / build_featurizer spec of the benches: float32, the default LoRA, CountSketch to dim
     (seed 0), 1 thread; `extra` adds or overrides keys."""

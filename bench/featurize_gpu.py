@@ -41,6 +41,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from bench.featurize import (  # noqa: E402
     bench_items,
     featurize_on_ray,
+    grpo_bench_items,
+    grpo_spec,
     min_cosine,
     naive_group_gradient,
     start_ray,
@@ -72,16 +74,13 @@ def main() -> None:
     import torch
 
     from engine.config import (
-        DataConfig,
         FeaturesConfig,
         LoraConfig,
         ModelConfig,
         ProjectionConfig,
-        SourceConfig,
     )
     from engine.featurize import WorkItem, plan_blocks
     from engine.models import load_model, load_tokenizer, resolve_model_dir
-    from engine.prepare import prepare
     from engine.projection import make_projector
     from engine.replica import build_featurizer, featurised_parameters
 
@@ -208,12 +207,8 @@ def main() -> None:
     full_cpu = by_name(one, build_featurizer(full | {"device": "cpu"}).featurize(one))
 
     # (g) GRPO: completions sampled once on the device, then the surrogate gradient from them on each side
-    math = prepare(DataConfig(
-        target=SourceConfig(kind="mathematics", include=["arithmetic__add_or_sub"], examples_per_group=16),
-        candidates=[SourceConfig(kind="mathematics", include=["arithmetic__mul", "numbers__gcd"], examples_per_group=16)],
-        preview_size=args.grpo_prompts), tok, args.max_length, grpo=True).items
-    grpo = spec | {"features": asdict(FeaturesConfig(representation="grpo", grpo_reward="numeric_closeness",
-                                                     grpo_generations=8, grpo_max_new_tokens=24))}
+    math = grpo_bench_items(tok, args.grpo_prompts, args.max_length)
+    grpo = grpo_spec(spec)
 
     def grpo_run(s: dict, completions=None) -> tuple[float, float, list, dict[str, np.ndarray]]:
         """(sampling s, gradient s, completions, raw gradients by group) of one GRPO featuriser."""

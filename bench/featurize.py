@@ -5,9 +5,11 @@
 (b) convalue, 1 gradient worker with 1 thread (token-budget packing across groups, per-example
     gradients from one backward, LM head only on response tokens);
 (c) convalue, 2 gradient workers with 1 thread each.
-Checks that (a) and (b) give the same group vectors, prints tokens/s and ratios, and ends with one JSON line.
+Each of --rounds rounds times (a), (b) and (c) in turn (the workers stay up); the best time of each gives the
+ratios, as timeit does, and the medians are printed beside them. Checks that (a) and (b) give the same group
+vectors, prints tokens/s and ratios, and ends with one JSON line.
 
-    .venv/bin/python bench/featurize.py [--groups 16 --m 4 --max-length 64 --groups-per-call 4]
+    .venv/bin/python bench/featurize.py [--groups 16 --m 4 --max-length 64 --groups-per-call 4 --rounds 3]
 """
 
 from __future__ import annotations
@@ -109,31 +111,46 @@ def start_ray(num_cpus: int) -> None:
              _node_ip_address="127.0.0.1", runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}})
 
 
-def featurize_on_ray(spec: dict, blocks: list, n_workers: int, num_gpus: float = 0.0
-                     ) -> tuple[float, float, dict[str, np.ndarray], list[float]]:
-    """(seconds, worker start-up seconds, vectors by group, each worker's busy seconds) of `blocks` on
-    n_workers GradientWorkers, dispatched as the pipeline does (a warm-up call first, then timed)."""
+def start_workers(spec: dict, n_workers: int, warmup: list, num_gpus: float = 0.0) -> tuple[list, float]:
+    """(n_workers GradientWorkers, their start-up seconds), each then warmed up on the work items `warmup`."""
     import ray
 
-    from actors.dispatch import windowed
     from actors.gradient_worker import GradientWorker
-    from engine.featurize import block_tokens
 
-    t_start = time.perf_counter()
+    t0 = time.perf_counter()
     workers = [GradientWorker.options(num_cpus=1, num_gpus=num_gpus).remote(spec) for _ in range(n_workers)]
     ray.get([w.info.remote() for w in workers])
-    startup = time.perf_counter() - t_start
-    ray.get([w.featurize.remote(blocks[0][:1]) for w in workers])  # warm-up
+    startup = time.perf_counter() - t0
+    ray.get([w.featurize.remote(warmup) for w in workers])
+    return workers, startup
+
+
+def time_blocks(workers: list, blocks: list) -> tuple[float, dict[str, np.ndarray], list[float]]:
+    """(seconds, vectors by group, each worker's busy seconds) of `blocks` on `workers`, dispatched as the
+    pipeline does (longest first, to the worker with the fewest outstanding tokens, two calls in flight each)."""
+    from actors.dispatch import windowed
+    from engine.featurize import block_tokens
+
     t0 = time.perf_counter()
     out, busy = {}, {}
-    for _, (names, X, stats, _) in windowed(workers, blocks, lambda w, b: w.featurize.remote(b), 2 * n_workers,
+    for _, (names, X, stats, _) in windowed(workers, blocks, lambda w, b: w.featurize.remote(b), 2 * len(workers),
                                            cost=block_tokens):
         out.update(zip(names, X))
         busy[stats["pid"]] = busy.get(stats["pid"], 0.0) + stats["seconds"]
-    elapsed = time.perf_counter() - t0
+    return time.perf_counter() - t0, out, sorted(busy.values())
+
+
+def featurize_on_ray(spec: dict, blocks: list, n_workers: int, num_gpus: float = 0.0
+                     ) -> tuple[float, float, dict[str, np.ndarray], list[float]]:
+    """(seconds, worker start-up seconds, vectors by group, each worker's busy seconds) of `blocks` on
+    n_workers fresh GradientWorkers (a warm-up call first, then timed); the workers are killed after."""
+    import ray
+
+    workers, startup = start_workers(spec, n_workers, blocks[0][:1], num_gpus)
+    elapsed, out, busy = time_blocks(workers, blocks)
     for w in workers:
         ray.kill(w)
-    return elapsed, startup, out, sorted(busy.values())
+    return elapsed, startup, out, busy
 
 
 def main() -> None:
@@ -145,6 +162,7 @@ def main() -> None:
     ap.add_argument("--token-budget", type=int, default=2048, help="as model.token_budget")
     ap.add_argument("--dim", type=int, default=8192)
     ap.add_argument("--split-cost-tokens", type=int, default=None, help="as model.split_cost_tokens (a huge value: no cuts)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of (a), (b), (c); the best of each is reported")
     args = ap.parse_args()
 
     import ray
@@ -164,58 +182,83 @@ def main() -> None:
                        split_cost_tokens=args.split_cost_tokens)
     lora, proj_cfg = LoraConfig(**spec["lora"]), ProjectionConfig(**spec["projection"])
 
-    # (a) naive, in-process, 1 thread
+    # every round times (a), (b) and (c) in turn, so a slow spell of this shared host hits all three alike
     torch.set_num_threads(1)
     model, named = featurised_parameters(load_model(model_dir), FeaturesConfig(), lora)  # lora_B, as the workers
     params = [p for _, p in named]
     d = sum(p.numel() for p in params)
     projector = make_projector(proj_cfg.kind, d, proj_cfg.dim, proj_cfg.seed)
     naive_group_gradient(model, params, items[0].examples[:1], tok.pad_token_id)  # warm-up
-    t0 = time.perf_counter()
-    raw, backward_s = [], 0.0
-    for it in items:
-        g, b = naive_group_gradient(model, params, it.examples, tok.pad_token_id)
-        raw.append(g)
-        backward_s += b
-    naive_s = time.perf_counter() - t0
+
+    # Ray's CPU count is logical: the lone worker and the pair stay up across rounds (3 actors of num_cpus=1),
+    # but only one pool works at a time, each worker on 1 torch thread
+    start_ray(3)
+    blocks = plan_blocks(items, args.groups_per_call)  # as the pipeline plans them
+    pool1, startup_s = start_workers(spec, 1, blocks[0][:1])
+    pool2, _ = start_workers(spec, 2, blocks[0][:1])
+
+    times: dict[str, list[float]] = {"a": [], "b": [], "c": []}
+    busy: dict[str, list[list[float]]] = {"b": [], "c": []}
+    vecs: dict[str, dict[str, np.ndarray]] = {}
+    for r in range(args.rounds):
+        t0 = time.perf_counter()
+        raw, backward_s = [], 0.0
+        for it in items:
+            g, b = naive_group_gradient(model, params, it.examples, tok.pad_token_id)
+            raw.append(g)
+            backward_s += b
+        times["a"].append(time.perf_counter() - t0)
+        if r == 0:
+            naive_raw, naive_backward_s = raw, backward_s
+        for key, pool in (("b", pool1), ("c", pool2)):
+            elapsed, vectors, used = time_blocks(pool, blocks)
+            times[key].append(elapsed)
+            busy[key].append(used)
+            vecs.setdefault(key, vectors)
+        print(f"round {r + 1}: (a) {times['a'][-1]:.2f} s, (b) {times['b'][-1]:.2f} s, (c) {times['c'][-1]:.2f} s; "
+              f"(b)/(a) = {times['a'][-1] / times['b'][-1]:.2f}x, (c)/(b) = {times['b'][-1] / times['c'][-1]:.2f}x",
+              flush=True)
+    ray.shutdown()
+
     t1 = time.perf_counter()
-    naive_vectors = projector.project(np.stack(raw))
+    naive_vectors = projector.project(np.stack(naive_raw))
     project_groups_s = time.perf_counter() - t1
     per_example = np.random.default_rng(0).standard_normal((sum(len(it.examples) for it in items), d)).astype(np.float32)
     t1 = time.perf_counter()
     projector.project(per_example)
     project_examples_s = time.perf_counter() - t1
-    del model
-
-    start_ray(2)
-    blocks = plan_blocks(items, args.groups_per_call)  # as the pipeline plans them
-
-    one_s, one_start, one, one_busy = featurize_on_ray(spec, blocks, 1)
-    two_s, _, two, two_busy = featurize_on_ray(spec, blocks, 2)
-    ray.shutdown()
 
     naive = dict(zip([it.name for it in items], naive_vectors))
+    one, two = vecs["b"], vecs["c"]
     cos = min_cosine(naive, one)
     same_2 = max(float(np.abs(one[n] - two[n]).max()) for n in one)
+    best = {k: min(v) for k, v in times.items()}
+    median = {k: float(np.median(v)) for k, v in times.items()}
     fig = {
         "bench": "featurize", "groups": len(items), "examples": sum(len(it.examples) for it in items),
-        "tokens": tokens, "max_length": args.max_length, "token_budget": args.token_budget,
-        "naive_s": round(naive_s, 3), "convalue_1w_s": round(one_s, 3), "convalue_2w_s": round(two_s, 3),
-        "naive_tok_s": round(tokens / naive_s, 1), "convalue_1w_tok_s": round(tokens / one_s, 1),
-        "convalue_2w_tok_s": round(tokens / two_s, 1),
-        "speedup_1w_vs_naive": round(naive_s / one_s, 2), "speedup_2w_vs_1w": round(one_s / two_s, 2),
+        "tokens": tokens, "max_length": args.max_length, "token_budget": args.token_budget, "rounds": args.rounds,
+        "naive_s": round(best["a"], 3), "convalue_1w_s": round(best["b"], 3), "convalue_2w_s": round(best["c"], 3),
+        "naive_tok_s": round(tokens / best["a"], 1), "convalue_1w_tok_s": round(tokens / best["b"], 1),
+        "convalue_2w_tok_s": round(tokens / best["c"], 1),
+        "speedup_1w_vs_naive": round(best["a"] / best["b"], 2), "speedup_2w_vs_1w": round(best["b"] / best["c"], 2),
+        "median_speedup_1w_vs_naive": round(median["a"] / median["b"], 2),
+        "median_speedup_2w_vs_1w": round(median["b"] / median["c"], 2),
+        "rounds_s": {k: [round(t, 3) for t in v] for k, v in times.items()},
         "min_cosine_naive_vs_convalue": round(cos, 6), "max_abs_diff_1w_vs_2w": same_2,
-        "worker_startup_s": round(one_start, 2), "busy_s_1w": [round(b, 2) for b in one_busy],
-        "busy_s_2w": [round(b, 2) for b in two_busy], "blocks_tokens": [block_tokens(b) for b in blocks],
-        "projection_share_of_backward_group_means": round(project_groups_s / backward_s, 4),
-        "projection_share_of_backward_per_example": round(project_examples_s / backward_s, 4),
+        "worker_startup_s": round(startup_s, 2),
+        "busy_s_1w": [round(b, 2) for b in busy["b"][int(np.argmin(times["b"]))]],
+        "busy_s_2w": [round(b, 2) for b in busy["c"][int(np.argmin(times["c"]))]],
+        "blocks_tokens": [block_tokens(b) for b in blocks],
+        "projection_share_of_backward_group_means": round(project_groups_s / naive_backward_s, 4),
+        "projection_share_of_backward_per_example": round(project_examples_s / naive_backward_s, 4),
     }
-    print(f"{len(items)} groups x {args.m} examples, {tokens} tokens (max_length {args.max_length})")
-    print(f"(a) naive loop, 1 thread         {naive_s:8.2f} s  {fig['naive_tok_s']:8.1f} tok/s")
-    print(f"(b) convalue, 1 worker x 1 thread {one_s:8.2f} s  {fig['convalue_1w_tok_s']:8.1f} tok/s  "
-          f"(b)/(a) = {fig['speedup_1w_vs_naive']}x   [target >= 2x]")
-    print(f"(c) convalue, 2 workers x 1 thread {two_s:7.2f} s  {fig['convalue_2w_tok_s']:8.1f} tok/s  "
-          f"(c)/(b) = {fig['speedup_2w_vs_1w']}x   [target >= 1.8x]")
+    print(f"{len(items)} groups x {args.m} examples, {tokens} tokens (max_length {args.max_length}); "
+          f"best of {args.rounds} interleaved rounds (median ratio in brackets)")
+    print(f"(a) naive loop, 1 thread         {best['a']:8.2f} s  {fig['naive_tok_s']:8.1f} tok/s")
+    print(f"(b) convalue, 1 worker x 1 thread {best['b']:8.2f} s  {fig['convalue_1w_tok_s']:8.1f} tok/s  "
+          f"(b)/(a) = {fig['speedup_1w_vs_naive']}x ({fig['median_speedup_1w_vs_naive']}x)   [target >= 2x]")
+    print(f"(c) convalue, 2 workers x 1 thread {best['c']:7.2f} s  {fig['convalue_2w_tok_s']:8.1f} tok/s  "
+          f"(c)/(b) = {fig['speedup_2w_vs_1w']}x ({fig['median_speedup_2w_vs_1w']}x)   [target >= 1.8x]")
     print(f"    busy per worker: {fig['busy_s_1w']} s alone, {fig['busy_s_2w']} s as two "
           f"(blocks of {fig['blocks_tokens']} tokens)")
     print(f"group vectors (a) vs (b): min cosine {cos:.6f} [target >= 0.999]; (b) vs (c) max |diff| {same_2:.2e}")

@@ -164,6 +164,8 @@ def main() -> None:
     ap.add_argument("--split-cost-tokens", type=int, default=None, help="as model.split_cost_tokens (a huge value: no cuts)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of (a), (b), (c); the best of each is reported")
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error(f"--rounds must be >= 1, got {args.rounds}")
 
     import ray
     import torch

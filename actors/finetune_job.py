@@ -22,10 +22,10 @@ def run_finetune_job(spec: dict, label: str, target: list[TokenizedExample],
     device = spec.get("device", "cpu")
     model = load_model(spec["model_dir"], spec["dtype"], device)
     cfg = FinetuneConfig(**spec["finetune"])
-    autocast = autocast_dtype(device, spec["dtype"])
-    base = evaluate_loss(model, val, cfg.eval_batch_size, spec["pad_id"], device, autocast) if with_base else None
+    amp_dtype = autocast_dtype(device, spec["dtype"])
+    base = evaluate_loss(model, val, cfg.eval_batch_size, spec["pad_id"], device, amp_dtype) if with_base else None
     return finetune(model, spec["pad_id"], cfg, LoraConfig(**spec["lora"]), label=label, target=target,
-                    aux=aux, val=val, base_val_loss=base, device=device, autocast_dtype=autocast)
+                    aux=aux, val=val, base_val_loss=base, device=device, autocast_dtype=amp_dtype)
 
 
 finetune_task = ray.remote(max_retries=1)(run_finetune_job)

@@ -395,7 +395,6 @@ class GroupTaskVectors:
         """tau for one group (float32, length d)."""
         import torch
 
-
         if not examples:
             raise ValueError("cannot take the task vector of an empty group")
         t0 = time.perf_counter()

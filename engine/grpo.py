@@ -101,7 +101,6 @@ class GroupGrpoGradients:
         left-padded generate call, seeded by the group's name."""
         import torch
 
-
         longest = max(len(p) for p in prompts)
         room = min(self.max_new_tokens, self.max_length - longest)
         if room <= 0:
@@ -139,7 +138,6 @@ class GroupGrpoGradients:
     def surrogate_gradient(self, item: WorkItem, completions: list[list[tuple[int, ...]]]) -> np.ndarray:
         """The unprojected mean surrogate gradient of one group given G completions per prompt (as from sample)."""
         import torch
-
 
         prompts = item.examples
         if len(completions) != len(prompts):

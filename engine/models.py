@@ -101,11 +101,11 @@ def autocast_dtype(device: str, dtype: str):
 
 
 def autocast(device: str, dtype=None):
-    """torch.autocast to `dtype` on `device`'s type, or a disabled autocast when dtype is None."""
+    """torch.autocast to `dtype` on `device`'s type, or a no-op context when dtype is None."""
+    if dtype is None:
+        return contextlib.nullcontext()
     import torch
 
-    if dtype is None:
-        return torch.autocast("cpu", enabled=False)
     return torch.autocast(device_type=device.split(":")[0], dtype=dtype)
 
 

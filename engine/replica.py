@@ -49,22 +49,22 @@ def build_featurizer(spec: dict):
     model, named = featurised_parameters(model, features, LoraConfig(**spec["lora"]))
     params = [p for _, p in named]
     projector = make_projector(proj.kind, sum(p.numel() for p in params), proj.dim, proj.seed)
-    autocast = autocast_dtype(device, spec["dtype"])
+    amp_dtype = autocast_dtype(device, spec["dtype"])
     if features.representation == "task_vector":
         return GroupTaskVectors(model, named, projector, spec["pad_id"], steps=features.tv_steps,
                                 lr=features.tv_lr, batch_size=features.tv_batch_size, device=device,
-                                autocast_dtype=autocast)
+                                autocast_dtype=amp_dtype)
     if features.representation == "grpo":
         return GroupGrpoGradients(model, params, projector, load_tokenizer(Path(spec["model_dir"])),
                                   reward=features.grpo_reward, generations=features.grpo_generations,
                                   max_new_tokens=features.grpo_max_new_tokens, temperature=features.grpo_temperature,
                                   top_p=features.grpo_top_p, kl_coef=features.grpo_kl_coef, seed=features.grpo_seed,
-                                  max_length=spec["max_length"], device=device, autocast_dtype=autocast)
+                                  max_length=spec["max_length"], device=device, autocast_dtype=amp_dtype)
     # per-example hooks exist for LoRA's lora_B only; full-parameter gradients go one group at a time
     packed = spec.get("token_budget") if features.parameters == "lora" else None
     split = spec.get("split_cost_tokens")
     if split is None and not device.startswith("cuda"):
         split = CPU_SPLIT_COST_TOKENS
-    return GroupGradients(model, params, projector, spec["pad_id"], spec["batch_size"], device, autocast,
+    return GroupGradients(model, params, projector, spec["pad_id"], spec["batch_size"], device, amp_dtype,
                           param_names=[n for n, _ in named], token_budget=packed,
                           keep_per_example=features.keep_per_example, split_cost_tokens=split)

@@ -73,12 +73,7 @@ def main() -> None:
 
     import torch
 
-    from engine.config import (
-        FeaturesConfig,
-        LoraConfig,
-        ModelConfig,
-        ProjectionConfig,
-    )
+    from engine.config import FeaturesConfig, LoraConfig, ModelConfig, ProjectionConfig
     from engine.featurize import WorkItem, plan_blocks
     from engine.models import load_model, load_tokenizer, resolve_model_dir
     from engine.projection import make_projector
@@ -210,24 +205,32 @@ def main() -> None:
     math = grpo_bench_items(tok, args.grpo_prompts, args.max_length)
     grpo = grpo_spec(spec)
 
-    def grpo_run(s: dict, completions=None) -> tuple[float, float, list, dict[str, np.ndarray]]:
-        """(sampling s, gradient s, completions, raw gradients by group) of one GRPO featuriser."""
-        g = build_featurizer(s)
-        if completions is None:
-            g.sample(math[0].name, math[0].examples[:1])  # warm-up: generate's first call is far slower
+    def timed_sampling(g) -> tuple[float, list]:
+        """(seconds, completions) of one featuriser sampling every group, after a one-prompt warm-up (generate's
+        first call is far slower)."""
+        g.sample(math[0].name, math[0].examples[:1])
         sync()
         t0 = time.perf_counter()
-        completions = completions or [g.sample(it.name, it.examples) for it in math]
+        completions = [g.sample(it.name, it.examples) for it in math]
         sync()
-        t1 = time.perf_counter()
+        return time.perf_counter() - t0, completions
+
+    def timed_gradients(g, completions: list) -> tuple[float, dict[str, np.ndarray]]:
+        """(seconds, raw surrogate gradients by group) of one featuriser on the given completions."""
+        sync()
+        t0 = time.perf_counter()
         grads = {it.name: g.surrogate_gradient(it, c) for it, c in zip(math, completions)}
         sync()
-        return t1 - t0, time.perf_counter() - t1, completions, grads
+        return time.perf_counter() - t0, grads
 
-    grpo_sample_s, grpo_grad_s, completions, grpo_dev = grpo_run(grpo)
-    _, grpo_grad_bf16_s, _, grpo_bf16 = grpo_run(grpo | {"dtype": "bfloat16"}, completions)
-    *_, grpo_cpu = grpo_run(grpo | {"device": "cpu"}, completions)
-    grpo_bf16_sample_s = grpo_run(grpo | {"dtype": "bfloat16"})[0]
+    g = build_featurizer(grpo)
+    grpo_sample_s, completions = timed_sampling(g)
+    grpo_grad_s, grpo_dev = timed_gradients(g, completions)
+    g = build_featurizer(grpo | {"dtype": "bfloat16"})
+    grpo_bf16_sample_s, _ = timed_sampling(g)  # its own completions: only the time is compared
+    grpo_grad_bf16_s, grpo_bf16 = timed_gradients(g, completions)
+    _, grpo_cpu = timed_gradients(build_featurizer(grpo | {"device": "cpu"}), completions)
+    del g
     n_completions = sum(len(c) for cs in completions for c in cs)
 
     fig = {

@@ -140,6 +140,41 @@ def time_blocks(workers: list, blocks: list) -> tuple[float, dict[str, np.ndarra
     return time.perf_counter() - t0, out, sorted(busy.values())
 
 
+def ray_cpu_share(seconds: float) -> dict[str, float]:
+    """CPU time of this user's Ray processes (raylet, GCS, agents, log monitor, actors) over `seconds` of wall
+    time, as shares of one core by process name; call it while no work runs to see Ray's own overhead."""
+    import psutil
+
+    def snapshot() -> dict[int, tuple[str, float]]:
+        me, out = psutil.Process().username(), {}
+        for proc in psutil.process_iter(["cmdline", "username"]):
+            try:
+                cmd = proc.info["cmdline"] or []
+                if proc.info["username"] != me or not cmd:
+                    continue
+                if cmd[0].startswith("ray::"):
+                    name = cmd[0].split()[0]
+                else:  # a Ray binary, or python [-u] running a script of Ray's (log monitor, dashboard, ...)
+                    path = next((c for c in cmd[:3] if "/site-packages/ray/" in c), None)
+                    if path is None:
+                        continue
+                    name = Path(path).stem
+                t = proc.cpu_times()
+                out[proc.pid] = (name, t.user + t.system)
+            except psutil.Error:
+                continue
+        return out
+
+    before, t0 = snapshot(), time.perf_counter()
+    time.sleep(seconds)
+    after, wall = snapshot(), time.perf_counter() - t0
+    shares: dict[str, float] = {}
+    for pid, (name, cpu) in after.items():
+        if pid in before:
+            shares[name] = shares.get(name, 0.0) + (cpu - before[pid][1]) / wall
+    return dict(sorted(shares.items(), key=lambda kv: -kv[1]))
+
+
 def featurize_on_ray(spec: dict, blocks: list, n_workers: int, num_gpus: float = 0.0
                      ) -> tuple[float, float, dict[str, np.ndarray], list[float]]:
     """(seconds, worker start-up seconds, vectors by group, each worker's busy seconds) of `blocks` on
@@ -163,6 +198,8 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=8192)
     ap.add_argument("--split-cost-tokens", type=int, default=None, help="as model.split_cost_tokens (a huge value: no cuts)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of (a), (b), (c); the best of each is reported")
+    ap.add_argument("--ray-idle-s", type=float, default=20.0,
+                    help="seconds to sample the CPU use of Ray's own processes with every actor idle (0: skip)")
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error(f"--rounds must be >= 1, got {args.rounds}")
@@ -220,6 +257,7 @@ def main() -> None:
         print(f"round {r + 1}: (a) {times['a'][-1]:.2f} s, (b) {times['b'][-1]:.2f} s, (c) {times['c'][-1]:.2f} s; "
               f"(b)/(a) = {times['a'][-1] / times['b'][-1]:.2f}x, (c)/(b) = {times['b'][-1] / times['c'][-1]:.2f}x",
               flush=True)
+    ray_idle = ray_cpu_share(args.ray_idle_s) if args.ray_idle_s > 0 else {}
     ray.shutdown()
 
     t1 = time.perf_counter()
@@ -253,6 +291,8 @@ def main() -> None:
         "blocks_tokens": [block_tokens(b) for b in blocks],
         "projection_share_of_backward_group_means": round(project_groups_s / naive_backward_s, 4),
         "projection_share_of_backward_per_example": round(project_examples_s / naive_backward_s, 4),
+        "ray_idle_cpu_share": round(sum(ray_idle.values()), 4),
+        "ray_idle_cpu_by_process": {k: round(v, 4) for k, v in ray_idle.items()},
     }
     print(f"{len(items)} groups x {args.m} examples, {tokens} tokens (max_length {args.max_length}); "
           f"best of {args.rounds} interleaved rounds (median ratio in brackets)")
@@ -263,6 +303,9 @@ def main() -> None:
           f"(c)/(b) = {fig['speedup_2w_vs_1w']}x ({fig['median_speedup_2w_vs_1w']}x)   [target >= 1.8x]")
     print(f"    busy per worker: {fig['busy_s_1w']} s alone, {fig['busy_s_2w']} s as two "
           f"(blocks of {fig['blocks_tokens']} tokens)")
+    if ray_idle:
+        print(f"    Ray's own processes, every actor idle: {100 * fig['ray_idle_cpu_share']:.1f} % of one core ("
+              + ", ".join(f"{k} {100 * v:.1f} %" for k, v in ray_idle.items()) + ")")
     print(f"group vectors (a) vs (b): min cosine {cos:.6f} [target >= 0.999]; (b) vs (c) max |diff| {same_2:.2e}")
     print(f"projection / backward time: {fig['projection_share_of_backward_group_means']:.4f} (group means), "
           f"{fig['projection_share_of_backward_per_example']:.4f} (every example) [target <= 0.10]")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 import zlib
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -31,6 +32,12 @@ from engine.featurize import (
 from engine.models import autocast
 from engine.rewards import RewardError, load_reward, score
 from engine.tokenize import PromptExample, TokenizedExample
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+    from engine.projection import Projector
 
 ADV_EPS = 1e-4
 
@@ -71,9 +78,10 @@ def token_logprobs(logits, target, temperature: float):
 class GroupGrpoGradients:
     """Mean GRPO surrogate gradient of each group over `params` (lora_B, or every weight), then projected."""
 
-    def __init__(self, model, params: list, projector, tokenizer, *, reward: str, generations: int,
-                 max_new_tokens: int, temperature: float, top_p: float, kl_coef: float, seed: int,
-                 max_length: int, device: str = "cpu", autocast_dtype=None):
+    def __init__(self, model: torch.nn.Module, params: list[torch.nn.Parameter], projector: Projector,
+                 tokenizer: PreTrainedTokenizerBase, *, reward: str, generations: int, max_new_tokens: int,
+                 temperature: float, top_p: float, kl_coef: float, seed: int, max_length: int, device: str = "cpu",
+                 autocast_dtype: torch.dtype | None = None):
         self.model = model.eval()
         self.autocast_dtype = autocast_dtype
         self.params = params
@@ -140,8 +148,13 @@ class GroupGrpoGradients:
         import torch
 
         prompts = item.examples
+        if not prompts:
+            raise GrpoError(f"group {item.name!r} has no prompts")
         if len(completions) != len(prompts):
             raise GrpoError(f"group {item.name!r}: {len(completions)} completion lists for {len(prompts)} prompts")
+        for index, sampled in enumerate(completions):
+            if not any(sampled):
+                raise GrpoError(f"group {item.name!r} prompt {index}: no completion tokens")
         m = len(prompts)
         rows, adv, weight = [], [], []
         for index, (prompt, sampled) in enumerate(zip(prompts, completions)):

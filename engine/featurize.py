@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine.models import autocast
 from engine.tokenize import IGNORE, TokenizedExample
+
+if TYPE_CHECKING:
+    import torch
+
+    from engine.projection import Projector
 
 
 @dataclass(frozen=True)
@@ -197,7 +203,7 @@ class PerExampleGradients:
     d loss_b / d B = sum_t delta_{b,t}^T h_{b,t}: one einsum per module, no per-example backward.
     """
 
-    def __init__(self, peft_model, param_names: list[str]):
+    def __init__(self, peft_model: torch.nn.Module, param_names: list[str]):
         self.modules = [peft_model.get_submodule(n.rsplit(".", 1)[0]) for n in param_names]
         self._inputs: dict[int, list] = {k: [] for k in range(len(self.modules))}
         self._grads: dict[int, dict] = {k: {} for k in range(len(self.modules))}
@@ -247,8 +253,9 @@ class PerExampleGradients:
 class GroupGradients:
     """Computes g = (1/m) sum_j grad l(x_j; theta_0) over the given parameters (lora_B, or every weight), then projects it."""
 
-    def __init__(self, peft_model, params: list, projector, pad_id: int, batch_size: int = 8,
-                 device: str = "cpu", autocast_dtype=None, *, param_names: list[str] | None = None,
+    def __init__(self, peft_model: torch.nn.Module, params: list[torch.nn.Parameter], projector: Projector,
+                 pad_id: int, batch_size: int = 8, device: str = "cpu", autocast_dtype: torch.dtype | None = None, *,
+                 param_names: list[str] | None = None,
                  token_budget: int | None = None, keep_per_example: bool = False, share_prefix: bool = True,
                  split_cost_tokens: int | None = None):
         self.model = peft_model.eval()  # eval: no dropout, deterministic
@@ -366,8 +373,9 @@ class GroupTaskVectors:
     fixed order; dropout off), read tau, and reset again, so no group sees another's updates.
     """
 
-    def __init__(self, peft_model, named_params: list[tuple[str, object]], projector, pad_id: int, *,
-                 steps: int, lr: float, batch_size: int, device: str = "cpu", autocast_dtype=None):
+    def __init__(self, peft_model: torch.nn.Module, named_params: list[tuple[str, torch.nn.Parameter]],
+                 projector: Projector, pad_id: int, *, steps: int, lr: float, batch_size: int, device: str = "cpu",
+                 autocast_dtype: torch.dtype | None = None):
         self.model = peft_model.eval()
         self.autocast_dtype = autocast_dtype
         self.names = [n for n, _ in named_params]

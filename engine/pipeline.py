@@ -19,7 +19,7 @@ from actors.dispatch import windowed
 from actors.finetune_job import finetune_task
 from actors.gradient_worker import GradientWorker
 from actors.solver import SolverActor
-from engine.config import RunConfig
+from engine.config import ConfigError, RunConfig
 from engine.costs import load_costs
 from engine.featurize import block_tokens, plan_blocks
 from engine.gram import GramReducer, cosine, metric_vectors
@@ -34,9 +34,9 @@ from engine.report import (
     write_parquet,
 )
 from engine.select import select_top_k
-from engine.store import VectorStore
+from engine.store import StoreError, VectorStore
 from engine.tokenize import tokenize_examples
-from solvers import solve_kmm, solve_kmm_gradients
+from solvers import KMMInputError, solve_kmm, solve_kmm_gradients
 
 log = logging.getLogger("convalue")
 RESULT_FILES = ("scores.parquet", "gram.npy", "beta.npy", "costs.npy", "summary.json")
@@ -320,6 +320,17 @@ def _stored_vectors(run_dir: Path, summary: dict) -> tuple[np.ndarray, np.ndarra
     return G, g_tar
 
 
+def _load_saved(path: Path) -> np.ndarray:
+    """A saved .npy array of a run folder, or a StoreError naming the file."""
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(6) != b"\x93NUMPY":
+                raise ValueError("no .npy header")
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise StoreError(f"{path}: not a readable .npy array ({exc})") from None
+
+
 def resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method: str | None,
             normalize: str | None) -> dict:
     """Re-solve a saved run (no gradients recomputed) from gram.npy/beta.npy, or from its stored vectors when
@@ -335,20 +346,26 @@ def resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method:
     if gamma is None and budget is None:
         gamma, budget = old.get("gamma"), old.get("budget")
     normalize = normalize or old.get("normalize", "none")
-    beta = np.load(run_dir / "beta.npy")
-    costs = np.load(run_dir / "costs.npy") if (run_dir / "costs.npy").is_file() else None
-    if space == "gram":
-        K = np.load(run_dir / "gram.npy")
-        sol = solve_kmm(K, beta, gamma=gamma, budget=budget, costs=costs, method=method or "auto",
-                        normalize=normalize)
-    else:
-        if method not in (None, "auto", "active_set"):
-            raise ValueError(f"{run_dir} was solved in gradient space (no gram.npy): method {method!r} needs the Gram")
-        Gm, gm = _stored_vectors(run_dir, summary)
-        sol = solve_kmm_gradients(Gm, gm, gamma=gamma, budget=budget, costs=costs, normalize=normalize)
+    if space != "gram" and method not in (None, "auto", "active_set"):
+        raise ConfigError(f"{run_dir} was solved in gradient space (no gram.npy); this method needs the Gram",
+                          field="method", value=method)
+    files = ["beta.npy"] + (["gram.npy"] if space == "gram" else []) + (
+        ["costs.npy"] if (run_dir / "costs.npy").is_file() else [])
+    arrays = {name: _load_saved(run_dir / name) for name in files}
+    beta, costs = arrays["beta.npy"], arrays.get("costs.npy")
+    try:
+        if space == "gram":
+            sol = solve_kmm(arrays["gram.npy"], beta, gamma=gamma, budget=budget, costs=costs,
+                            method=method or "auto", normalize=normalize)
+        else:
+            Gm, gm = _stored_vectors(run_dir, summary)
+            sol = solve_kmm_gradients(Gm, gm, gamma=gamma, budget=budget, costs=costs, normalize=normalize)
+    except KMMInputError as exc:  # name the saved files the bad values came from
+        sources = files + ([] if space == "gram" else ["vectors/"])
+        raise KMMInputError(f"{run_dir} ({', '.join(sources)}): {exc}") from None
     prev = pq.read_table(run_dir / "scores.parquet").to_pylist()
     if len(prev) != len(beta):
-        raise ValueError(f"{run_dir}: scores.parquet has {len(prev)} rows but beta.npy has {len(beta)}")
+        raise StoreError(f"{run_dir}: scores.parquet has {len(prev)} rows but beta.npy has {len(beta)}")
     # scores.parquet is sorted by rank; gram.npy follows the run order recorded in the summary's data section
     names = summary["order"]
     by_name = {r["group"]: r for r in prev}

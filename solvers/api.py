@@ -16,6 +16,7 @@ from solvers.problem import (
     KMMProblem,
     KMMSolveError,
     check_costs,
+    check_finite,
     check_normalize,
     check_norms,
     check_settings,
@@ -165,8 +166,8 @@ def solve_kmm_gradients(
     g_tar = np.asarray(g_tar, dtype=np.float64)
     if G.ndim != 2 or g_tar.ndim != 1 or G.shape[1] != g_tar.shape[0]:
         raise KMMInputError(f"G must be N x p and g_tar of length p, got {G.shape} and {g_tar.shape}")
-    if not (np.all(np.isfinite(G)) and np.all(np.isfinite(g_tar))):
-        raise KMMInputError("G or g_tar contains NaN or inf")
+    check_finite("G", G)
+    check_finite("g_tar", g_tar)
     check_settings(gamma, budget)
     check_normalize(normalize)
     op = GradientOperator(G, g_tar)

@@ -134,6 +134,13 @@ def check_costs(costs: np.ndarray | None, n: int) -> np.ndarray | None:
     return costs
 
 
+def check_finite(name: str, a: np.ndarray) -> None:
+    """Raise KMMInputError naming the first NaN or inf entry of `a` (called `name`)."""
+    if not np.all(np.isfinite(a)):
+        where = tuple(int(i) for i in np.argwhere(~np.isfinite(a))[0])
+        raise KMMInputError(f"{name} contains NaN or inf: {name}{list(where)} = {a[where]}")
+
+
 def make_problem(
     K: np.ndarray,
     beta: np.ndarray,
@@ -157,10 +164,8 @@ def make_problem(
         raise KMMInputError(f"beta must be a vector of length N={K.shape[0]}, got shape {beta.shape}")
     if K.shape[0] == 0:
         raise KMMInputError("K is empty: there are no candidates to value")
-    if not np.all(np.isfinite(K)):
-        raise KMMInputError("K contains NaN or inf")
-    if not np.all(np.isfinite(beta)):
-        raise KMMInputError("beta contains NaN or inf")
+    check_finite("K", K)
+    check_finite("beta", beta)
     scale = max(float(np.abs(K).max()), 1e-300)
     asym = float(np.abs(K - K.T).max())
     if asym > sym_tol * scale:

@@ -10,10 +10,11 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import tiny_run_config
 
-from engine.config import config_from_dict
+from engine.config import ConfigError, config_from_dict
 from engine.data import DataError
 from engine.pipeline import resolve, run
-from solvers import solve_kmm
+from engine.store import StoreError
+from solvers import KMMInputError, solve_kmm
 
 COLUMNS = ["group", "n_examples", "n_preview", "score", "beta", "cosine", "rank", "selected"]
 
@@ -141,6 +142,25 @@ def test_resolve_with_a_budget_rewrites_scores(first_run):
     assert sum(abs(r["score"]) for r in table) <= 1.5 + 1e-6
 
 
+def test_resolve_names_the_saved_file_that_is_bad_and_keeps_the_scores(first_run, tmp_path):
+    """A re-solve of a damaged run folder fails naming the file and value; scores.parquet is left as it was."""
+    import shutil
+
+    tmp, _, _ = first_run
+    run_dir = tmp_path / "copy"
+    shutil.copytree(tmp / "runs" / "t", run_dir)
+    scores_before = (run_dir / "scores.parquet").read_bytes()
+    K = np.load(run_dir / "gram.npy")
+    K[1, 0] = np.inf
+    np.save(run_dir / "gram.npy", K)
+    with pytest.raises(KMMInputError, match=r"copy \(beta.npy, gram.npy\): K contains NaN or inf: K\[1, 0\] = inf"):
+        resolve(run_dir, gamma=0.01, budget=None, method=None, normalize=None)
+    (run_dir / "beta.npy").write_bytes(b"not an array")
+    with pytest.raises(StoreError, match=r"beta.npy: not a readable .npy array"):
+        resolve(run_dir, gamma=0.01, budget=None, method=None, normalize=None)
+    assert (run_dir / "scores.parquet").read_bytes() == scores_before
+
+
 def test_task_vector_representation_from_config(first_run):
     tmp, data, _ = first_run
     cfg = data | {"name": "tv", "features": {"representation": "task_vector", "tv_steps": 2, "tv_batch_size": 2},
@@ -228,7 +248,7 @@ def test_gradient_space_run_matches_the_gram_space_solution_and_resolves(first_r
     resolve(gs, gamma=0.004, budget=None, method=None, normalize=None)
     np.testing.assert_allclose(scores(gs), solve_kmm(K, beta, gamma=0.004, normalize="cosine").w, rtol=1e-6,
                                atol=1e-9)
-    with pytest.raises(ValueError, match="needs the Gram"):
+    with pytest.raises(ConfigError, match="method: .*needs the Gram \\(got 'cvxpy'\\)"):
         resolve(gs, gamma=0.004, budget=None, method="cvxpy", normalize=None)
     with pytest.raises(ValueError, match="space: gram"):
         config_from_dict(cfg | {"solver": cfg["solver"] | {"method": "cvxpy"}})

@@ -128,11 +128,11 @@ def test_kkt_detects_a_wrong_solution():
         (np.eye(3), np.ones(3), {"gamma": 0.1, "budget": 1.0}, "exactly one"),
         (np.ones((2, 3)), np.ones(2), {"gamma": 0.1}, "square"),
         (np.eye(3), np.ones(2), {"gamma": 0.1}, "length N=3"),
-        (np.array([[1.0, np.nan], [np.nan, 1.0]]), np.ones(2), {"gamma": 0.1}, "NaN"),
+        (np.array([[1.0, np.nan], [np.nan, 1.0]]), np.ones(2), {"gamma": 0.1}, r"K contains NaN or inf: K\[0, 1\] = nan"),
         (np.array([[1.0, 0.5], [0.0, 1.0]]), np.ones(2), {"gamma": 0.1}, "not symmetric"),
         (np.array([[1.0, 2.0], [2.0, 1.0]]), np.ones(2), {"gamma": 0.1}, "most negative eigenvalue"),
         (np.diag([1.0, 0.0]), np.ones(2), {"gamma": 0.1}, "zero-norm"),
-        (np.eye(2), np.array([1.0, np.inf]), {"gamma": 0.1}, "beta contains"),
+        (np.eye(2), np.array([1.0, np.inf]), {"gamma": 0.1}, r"beta contains NaN or inf: beta\[1\] = inf"),
     ],
 )
 def test_bad_input_is_a_clear_error(K, beta, kw, match):
@@ -239,6 +239,8 @@ def test_gradient_space_solver_with_prices_and_bad_settings():
         solve_kmm_gradients(G, g, gamma=-1.0)
     with pytest.raises(KMMInputError, match="costs must be finite and > 0"):
         solve_kmm_gradients(G, g, budget=1.0, costs=-costs)
+    with pytest.raises(KMMInputError, match=r"g_tar contains NaN or inf: g_tar\[2\] = nan"):
+        solve_kmm_gradients(G, np.where(np.arange(8) == 2, np.nan, g), gamma=0.1)
     G[3] = 0.0
     with pytest.raises(KMMInputError, match="zero-norm gradient"):
         solve_kmm_gradients(G, g, gamma=0.1)

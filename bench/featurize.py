@@ -141,23 +141,22 @@ def time_blocks(workers: list, blocks: list) -> tuple[float, dict[str, np.ndarra
 
 
 def ray_cpu_share(seconds: float) -> dict[str, float]:
-    """CPU time of this user's Ray processes (raylet, GCS, agents, log monitor, actors) over `seconds` of wall
-    time, as shares of one core by process name; call it while no work runs to see Ray's own overhead."""
+    """CPU time of this driver's Ray processes (its descendants: raylet, GCS, agents, log monitor, actors) over
+    `seconds` of wall time, as shares of one core by process name; call it while no work runs to see Ray's own
+    overhead."""
     import psutil
 
     def snapshot() -> dict[int, tuple[str, float]]:
-        me, out = psutil.Process().username(), {}
-        for proc in psutil.process_iter(["cmdline", "username"]):
+        out = {}
+        for proc in psutil.Process().children(recursive=True):  # an embedded Ray's processes are all ours
             try:
-                cmd = proc.info["cmdline"] or []
-                if proc.info["username"] != me or not cmd:
+                cmd = proc.cmdline()
+                if not cmd:
                     continue
                 if cmd[0].startswith("ray::"):
                     name = cmd[0].split()[0]
                 else:  # a Ray binary, or python [-u] running a script of Ray's (log monitor, dashboard, ...)
-                    path = next((c for c in cmd[:3] if "/site-packages/ray/" in c), None)
-                    if path is None:
-                        continue
+                    path = next((c for c in cmd[:3] if "/site-packages/ray/" in c), cmd[0])
                     name = Path(path).stem
                 t = proc.cpu_times()
                 out[proc.pid] = (name, t.user + t.system)

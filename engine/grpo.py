@@ -106,9 +106,12 @@ class GroupGrpoGradients:
 
     def sample(self, group: str, prompts: tuple[PromptExample, ...]) -> list[list[tuple[int, ...]]]:
         """G completions per prompt (token ids through the first end-of-sequence), all prompts of a group in one
-        left-padded generate call, seeded by the group's name."""
+        left-padded generate call, seeded by the group's name (none for no prompts: surrogate_gradient refuses
+        an empty group, and a prompt without completion tokens)."""
         import torch
 
+        if not prompts:
+            return []
         longest = max(len(p) for p in prompts)
         room = min(self.max_new_tokens, self.max_length - longest)
         if room <= 0:
@@ -132,15 +135,10 @@ class GroupGrpoGradients:
         for r, row in enumerate(out[:, longest:].tolist()):  # rows are prompt-major: G per prompt
             cut = row.index(self.eos_id) + 1 if self.eos_id in row else len(row)
             completions[r // self.G].append(tuple(row[:cut]))
-        for i, cs in enumerate(completions):
-            if not any(cs):
-                raise GrpoError(f"group {group!r} prompt {i}: generate returned no completion tokens")
         return completions
 
     def raw_gradient(self, item: WorkItem) -> np.ndarray:
         """The unprojected mean surrogate gradient of one group (float32, length d), from its own samples."""
-        if not item.examples:
-            raise GrpoError(f"group {item.name!r} has no prompts")
         return self.surrogate_gradient(item, self.sample(item.name, item.examples))
 
     def surrogate_gradient(self, item: WorkItem, completions: list[list[tuple[int, ...]]]) -> np.ndarray:

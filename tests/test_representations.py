@@ -149,8 +149,9 @@ def test_grpo_gradient_is_its_samples_surrogate_and_survives_bf16_autocast(tiny_
     assert float(bf16 @ fp32 / (np.linalg.norm(bf16) * np.linalg.norm(fp32))) > 0.99
     with pytest.raises(GrpoError, match="group 'b': 2 completion lists for 1 prompts"):
         f.surrogate_gradient(WorkItem("b", prompts[:1]), completions)
-    with pytest.raises(GrpoError, match="group 'c' has no prompts"):
-        f.surrogate_gradient(WorkItem("c", ()), [])
+    for take in (lambda it: f.surrogate_gradient(it, []), f.raw_gradient):
+        with pytest.raises(GrpoError, match="group 'c' has no prompts"):
+            take(WorkItem("c", ()))
     with pytest.raises(GrpoError, match="group 'a' prompt 1: no completion tokens"):
         f.surrogate_gradient(item, [completions[0], [()] * 3])
 

@@ -326,7 +326,8 @@ def _load_saved(path: Path) -> np.ndarray:
         with open(path, "rb") as fh:
             if fh.read(6) != b"\x93NUMPY":
                 raise ValueError("no .npy header")
-        return np.load(path, allow_pickle=False)
+            fh.seek(0)
+            return np.load(fh, allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:
         raise StoreError(f"{path}: not a readable .npy array ({exc})") from None
 

@@ -81,8 +81,8 @@ def _threadpools():
 
 
 def _blas_threads(n: int):
-    """One BLAS thread up to N = SINGLE_THREAD_MAX_N: measured at N = 1000 on 2 cores, one thread solves in a
-    steady 15 ms where two take 14-144 ms (thread hand-offs dominate factorisations of this size)."""
+    """One BLAS thread up to N = SINGLE_THREAD_MAX_N: measured at N = 1000 on 2 cores (bench/blas_threads.py), one
+    thread solves in a steady 15 ms where two take 14-144 ms (thread hand-offs dominate factorisations of this size)."""
     return _threadpools().limit(limits=1 if n <= SINGLE_THREAD_MAX_N else None, user_api="blas")
 
 

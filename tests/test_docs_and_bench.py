@@ -1,4 +1,4 @@
-"""The README's config reference matches the code, and the solver bench still runs (tiny sizes; no timing asserted)."""
+"""The README's config reference matches the code, and the solver benches still run (tiny sizes; no timing asserted)."""
 
 from __future__ import annotations
 
@@ -26,3 +26,12 @@ def test_solver_bench_runs_and_ends_with_json():
     assert figures["bench"] == "solvers" and len(figures["results"]) == 2
     for r in figures["results"]:
         assert r["convalue_kkt"] < 1e-6 and r["convalue_obj"] <= r["cvxpy_obj"] + 1e-6
+
+
+def test_blas_threads_bench_runs_and_ends_with_json():
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "blas_threads.py"), "--n", "200", "--repeats", "2"],
+                         capture_output=True, text=True, check=True, timeout=300).stdout
+    figures = json.loads(out.strip().splitlines()[-1])
+    assert figures["bench"] == "blas_threads" and 0 < figures["support"] <= 200
+    assert set(figures["solve_ms"]) == {"1t", "2t_spotrf"} and len(figures["spotrf_inside_solve_2t_ms"]) >= 2
+    assert figures["profile_own_ms_per_solve_1t"]

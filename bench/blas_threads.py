@@ -1,0 +1,120 @@
+"""One or two BLAS threads for the active-set solve at N = 1000, gamma = 5e-4, and where its time goes.
+
+On the clustered problem of bench/solvers.py (p = 4096, seed 0), in one process:
+(1) spotrf alone in a tight loop, at N and at the solution's support size, one thread against two;
+(2) the whole solve on one thread against two threads inside spotrf only (every other call stays on one),
+    interleaved, best and median of --repeats solves each, with every spotrf call's time inside the solve;
+(3) a cProfile of the one-thread solve: milliseconds per solve of the costliest functions.
+Prints the figures and ends with one JSON line.
+
+    .venv/bin/python bench/blas_threads.py [--n 1000 --gamma 5e-4 --repeats 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import scipy.linalg as sla
+
+# this folder holds solvers.py, named like the `solvers` package: the repository root goes first
+sys.path[0] = str(Path(__file__).resolve().parents[1])
+sys.path.append(str(Path(__file__).resolve().parent))
+
+from synthetic import clustered_gradients  # noqa: E402
+
+from solvers import make_problem, solve_problem  # noqa: E402
+from solvers.api import _threadpools  # noqa: E402
+
+
+def stats_ms(ts: list[float]) -> dict[str, float]:
+    """min, median and max of `ts` seconds, in milliseconds."""
+    a = 1e3 * np.asarray(ts)
+    return {"min": round(float(a.min()), 2), "median": round(float(np.median(a)), 2), "max": round(float(a.max()), 2)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=1000)
+    ap.add_argument("--gamma", type=float, default=5e-4)
+    ap.add_argument("--repeats", type=int, default=30)
+    args = ap.parse_args()
+
+    G, g = clustered_gradients(args.n, 4096, seed=0)
+    K = (G @ G.T).astype(np.float64)
+    K = 0.5 * (K + K.T)
+    prob = make_problem(K, G.astype(np.float64) @ g.astype(np.float64), gamma=args.gamma)
+    support = int(np.count_nonzero(solve_problem(prob, method="active_set").w))
+    ctl = _threadpools()
+    spotrf = sla.lapack.spotrf
+
+    # (1) spotrf alone, threads kept busy by back-to-back calls
+    shifted = K.astype(np.float32) + np.float32(0.01) * np.eye(args.n, dtype=np.float32)
+    alone: dict[str, list[float]] = {}
+    for _ in range(args.repeats):
+        for n in (args.n, support):
+            for threads in (1, 2):
+                a = shifted[:n, :n].copy()  # spotrf overwrites it
+                with ctl.limit(limits=threads, user_api="blas"):
+                    t0 = time.perf_counter()
+                    _, info = spotrf(a.T, lower=1, clean=0, overwrite_a=1)
+                    alone.setdefault(f"n{n}_{threads}t", []).append(time.perf_counter() - t0)
+                if info != 0:
+                    raise RuntimeError(f"spotrf failed at n = {n} (info {info})")
+
+    # (2) the whole solve; the solver holds BLAS at one thread, the patched spotrf lifts it to two for its call
+    inside: list[float] = []
+
+    def spotrf_two_threads(*a, **kw):
+        with ctl.limit(limits=2, user_api="blas"):
+            t0 = time.perf_counter()
+            out = spotrf(*a, **kw)
+            inside.append(time.perf_counter() - t0)
+            return out
+
+    solve: dict[str, list[float]] = {"1t": [], "2t_spotrf": []}
+    try:
+        for _ in range(args.repeats):
+            for key, fn in (("1t", spotrf), ("2t_spotrf", spotrf_two_threads)):
+                sla.lapack.spotrf = fn
+                t0 = time.perf_counter()
+                solve_problem(prob, method="active_set")
+                solve[key].append(time.perf_counter() - t0)
+    finally:
+        sla.lapack.spotrf = spotrf
+
+    # (3) where the one-thread solve's time goes
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(args.repeats):
+        solve_problem(prob, method="active_set")
+    profile.disable()
+    rows = sorted(pstats.Stats(profile).stats.items(), key=lambda kv: -kv[1][2])[:8]  # by own time
+    own_ms = {f"{Path(f).stem}:{name}" if f != "~" else name: round(1e3 * tt / args.repeats, 2)
+              for (f, _, name), (_, _, tt, _, _) in rows}
+
+    fig = {"bench": "blas_threads", "n": args.n, "gamma": args.gamma, "support": support, "repeats": args.repeats,
+           "spotrf_alone_ms": {k: stats_ms(v) for k, v in alone.items()},
+           "solve_ms": {k: stats_ms(v) for k, v in solve.items()},
+           "spotrf_inside_solve_2t_ms": [round(1e3 * t, 2) for t in inside],
+           "profile_own_ms_per_solve_1t": own_ms}
+    for k, v in fig["spotrf_alone_ms"].items():
+        print(f"spotrf alone {k:>10}: min {v['min']:6.2f}  median {v['median']:6.2f}  max {v['max']:7.2f} ms")
+    for k, v in fig["solve_ms"].items():
+        print(f"solve {k:>17}: min {v['min']:6.2f}  median {v['median']:6.2f}  max {v['max']:7.2f} ms")
+    print(f"two-thread solve / one-thread solve, medians: "
+          f"{fig['solve_ms']['2t_spotrf']['median'] / fig['solve_ms']['1t']['median']:.2f}x the time")
+    print(f"spotrf calls inside the two-thread solves (N, then the support of {support}), ms: "
+          f"{fig['spotrf_inside_solve_2t_ms']}")
+    print("one-thread solve, own time per solve (ms): " + ", ".join(f"{k} {v}" for k, v in own_ms.items()))
+    print(json.dumps(fig))
+
+
+if __name__ == "__main__":
+    main()

@@ -125,19 +125,22 @@ def start_workers(spec: dict, n_workers: int, warmup: list, num_gpus: float = 0.
     return workers, startup
 
 
-def time_blocks(workers: list, blocks: list) -> tuple[float, dict[str, np.ndarray], list[float]]:
-    """(seconds, vectors by group, each worker's busy seconds) of `blocks` on `workers`, dispatched as the
-    pipeline does (longest first, to the worker with the fewest outstanding tokens, two calls in flight each)."""
+def time_blocks(workers: list, blocks: list) -> tuple[float, dict[str, np.ndarray], list[float], list[float]]:
+    """(seconds, vectors by group, each worker's busy seconds, each block's seconds in the order of `blocks`) of
+    `blocks` on `workers`, dispatched as the pipeline does (longest first, to the worker with the fewest
+    outstanding tokens, two calls in flight each)."""
     from actors.dispatch import windowed
     from engine.featurize import block_tokens
 
+    index = {id(b): i for i, b in enumerate(blocks)}
     t0 = time.perf_counter()
-    out, busy = {}, {}
-    for _, (names, X, stats, _) in windowed(workers, blocks, lambda w, b: w.featurize.remote(b), 2 * len(workers),
-                                           cost=block_tokens):
+    out, busy, per_block = {}, {}, [0.0] * len(blocks)
+    for block, (names, X, stats, _) in windowed(workers, blocks, lambda w, b: w.featurize.remote(b),
+                                                2 * len(workers), cost=block_tokens):
         out.update(zip(names, X))
         busy[stats["pid"]] = busy.get(stats["pid"], 0.0) + stats["seconds"]
-    return time.perf_counter() - t0, out, sorted(busy.values())
+        per_block[index[id(block)]] = stats["seconds"]
+    return time.perf_counter() - t0, out, sorted(busy.values()), per_block
 
 
 def ray_cpu_share(seconds: float) -> dict[str, float]:
@@ -181,7 +184,7 @@ def featurize_on_ray(spec: dict, blocks: list, n_workers: int, num_gpus: float =
     import ray
 
     workers, startup = start_workers(spec, n_workers, blocks[0][:1], num_gpus)
-    elapsed, out, busy = time_blocks(workers, blocks)
+    elapsed, out, busy, _ = time_blocks(workers, blocks)
     for w in workers:
         ray.kill(w)
     return elapsed, startup, out, busy
@@ -237,6 +240,7 @@ def main() -> None:
 
     times: dict[str, list[float]] = {"a": [], "b": [], "c": []}
     busy: dict[str, list[list[float]]] = {"b": [], "c": []}
+    block_s: list[list[float]] = []  # each block's seconds on the lone worker (one thread, one block at a time)
     vecs: dict[str, dict[str, np.ndarray]] = {}
     for r in range(args.rounds):
         t0 = time.perf_counter()
@@ -249,9 +253,11 @@ def main() -> None:
         if r == 0:
             naive_raw, naive_backward_s = raw, backward_s
         for key, pool in (("b", pool1), ("c", pool2)):
-            elapsed, vectors, used = time_blocks(pool, blocks)
+            elapsed, vectors, used, each = time_blocks(pool, blocks)
             times[key].append(elapsed)
             busy[key].append(used)
+            if key == "b":
+                block_s.append(each)
             vecs.setdefault(key, vectors)
         print(f"round {r + 1}: (a) {times['a'][-1]:.2f} s, (b) {times['b'][-1]:.2f} s, (c) {times['c'][-1]:.2f} s; "
               f"(b)/(a) = {times['a'][-1] / times['b'][-1]:.2f}x, (c)/(b) = {times['b'][-1] / times['c'][-1]:.2f}x",
@@ -288,6 +294,7 @@ def main() -> None:
         "busy_s_1w": [round(b, 2) for b in busy["b"][int(np.argmin(times["b"]))]],
         "busy_s_2w": [round(b, 2) for b in busy["c"][int(np.argmin(times["c"]))]],
         "blocks_tokens": [block_tokens(b) for b in blocks],
+        "block_s_1w": [round(t, 2) for t in block_s[int(np.argmin(times["b"]))]],
         "projection_share_of_backward_group_means": round(project_groups_s / naive_backward_s, 4),
         "projection_share_of_backward_per_example": round(project_examples_s / naive_backward_s, 4),
         "ray_idle_cpu_share": round(sum(ray_idle.values()), 4),
@@ -301,7 +308,7 @@ def main() -> None:
     print(f"(c) convalue, 2 workers x 1 thread {best['c']:7.2f} s  {fig['convalue_2w_tok_s']:8.1f} tok/s  "
           f"(c)/(b) = {fig['speedup_2w_vs_1w']}x ({fig['median_speedup_2w_vs_1w']}x)   [target >= 1.8x]")
     print(f"    busy per worker: {fig['busy_s_1w']} s alone, {fig['busy_s_2w']} s as two "
-          f"(blocks of {fig['blocks_tokens']} tokens)")
+          f"(blocks of {fig['blocks_tokens']} tokens, {fig['block_s_1w']} s each on the lone worker)")
     if ray_idle:
         print(f"    Ray's own processes, every actor idle: {100 * fig['ray_idle_cpu_share']:.1f} % of one core ("
               + ", ".join(f"{k} {100 * v:.1f} %" for k, v in ray_idle.items()) + ")")

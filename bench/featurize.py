@@ -103,6 +103,81 @@ def min_cosine(A: dict[str, np.ndarray], B: dict[str, np.ndarray]) -> float:
     return min(float(A[n] @ B[n] / (np.linalg.norm(A[n]) * np.linalg.norm(B[n]))) for n in B)
 
 
+def add_data_args(ap) -> None:
+    """The in-process featuriser benches' data options (the defaults are bench/featurize.py's)."""
+    ap.add_argument("--groups", type=int, default=16)
+    ap.add_argument("--m", type=int, default=4)
+    ap.add_argument("--max-length", type=int, default=64)
+    ap.add_argument("--token-budget", type=int, default=2048)
+    ap.add_argument("--groups-per-call", type=int, default=4)
+    ap.add_argument("--passes", type=int, default=4)
+
+
+def one_featurizer(args) -> tuple:
+    """(model_dir, tokenizer, items, blocks, featuriser) of the in-process benches: one GroupGradients on 1 torch
+    thread as a worker builds it, warmed up on one group."""
+    import torch
+
+    from engine.config import ModelConfig
+    from engine.featurize import plan_blocks
+    from engine.models import load_tokenizer, resolve_model_dir
+    from engine.replica import build_featurizer
+
+    torch.set_num_threads(1)
+    model_dir = resolve_model_dir(ModelConfig())
+    tok = load_tokenizer(model_dir)
+    items = bench_items(tok, args.groups, args.m, args.max_length)
+    blocks = plan_blocks(items, args.groups_per_call)
+    f = build_featurizer(worker_spec(model_dir, tok.pad_token_id, args.token_budget))
+    f.featurize(blocks[0][:1])
+    return model_dir, tok, items, blocks, f
+
+
+def interleaved_passes(f, blocks: list, variants: dict, passes: int
+                       ) -> tuple[dict[str, list[float]], dict[str, dict[str, np.ndarray]]]:
+    """(seconds of each pass, last vectors by group) of each variant over `blocks` on the featuriser `f`; every
+    pass runs all variants in turn (variants: name -> a function that switches f to it), so the drift of this
+    shared host hits all alike."""
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    vectors: dict[str, dict[str, np.ndarray]] = {}
+    for _ in range(passes):
+        for v, switch in variants.items():
+            switch()
+            t0 = time.perf_counter()
+            vectors[v] = {name: x for b in blocks for name, x in zip([it.name for it in b], f.featurize(b))}
+            times[v].append(time.perf_counter() - t0)
+    return times, vectors
+
+
+def variant_flops(f, blocks: list, variants: dict) -> dict[str, int]:
+    """FLOPs (torch.utils.flop_counter, forward and backward) of one pass of each variant over `blocks`."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    flops = {}
+    for v, switch in variants.items():
+        switch()
+        with FlopCounterMode(display=False) as counter:
+            for b in blocks:
+                f.featurize(b)
+        flops[v] = counter.get_total_flops()
+    return flops
+
+
+def naive_flops(model_dir, items: list, pad_id: int) -> int:
+    """FLOPs of the naive loop (a) over `items`, forward and backward, on a fresh replica."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from engine.config import FeaturesConfig, LoraConfig
+    from engine.models import load_model
+    from engine.replica import featurised_parameters
+
+    model, named = featurised_parameters(load_model(model_dir), FeaturesConfig(), LoraConfig())
+    with FlopCounterMode(display=False) as counter:
+        for it in items:
+            naive_group_gradient(model, [p for _, p in named], it.examples, pad_id)
+    return counter.get_total_flops()
+
+
 def start_ray(num_cpus: int) -> None:
     """An embedded Ray for the bench (no dashboard, workers offline)."""
     import ray

@@ -15,69 +15,34 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
-
-import numpy as np
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from bench.featurize import bench_items, min_cosine, naive_group_gradient, worker_spec  # noqa: E402
+from bench.featurize import (  # noqa: E402
+    add_data_args,
+    interleaved_passes,
+    min_cosine,
+    naive_flops,
+    one_featurizer,
+    variant_flops,
+)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--groups", type=int, default=16)
-    ap.add_argument("--m", type=int, default=4)
-    ap.add_argument("--max-length", type=int, default=64)
-    ap.add_argument("--token-budget", type=int, default=2048)
-    ap.add_argument("--groups-per-call", type=int, default=4)
+    add_data_args(ap)
     ap.add_argument("--split-cost-tokens", type=int, default=32)
-    ap.add_argument("--passes", type=int, default=4)
     args = ap.parse_args()
 
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from engine.config import FeaturesConfig, LoraConfig, ModelConfig
-    from engine.featurize import plan_blocks
-    from engine.models import load_model, load_tokenizer, resolve_model_dir
-    from engine.replica import build_featurizer, featurised_parameters
-
-    torch.set_num_threads(1)
-    model_dir = resolve_model_dir(ModelConfig())
-    tok = load_tokenizer(model_dir)
-    items = bench_items(tok, args.groups, args.m, args.max_length)
-    blocks = plan_blocks(items, args.groups_per_call)
-    spec = worker_spec(model_dir, tok.pad_token_id, args.token_budget)
-    f = build_featurizer(spec)
-    f.featurize(blocks[0][:1])  # warm-up
-    variants = {"one_forward": None, "length_runs": args.split_cost_tokens}
-
-    def run_all() -> dict[str, np.ndarray]:
-        return {name: x for b in blocks for name, x in zip([it.name for it in b], f.featurize(b))}
-
-    times: dict[str, list[float]] = {v: [] for v in variants}
-    vectors: dict[str, dict[str, np.ndarray]] = {}
-    for _ in range(args.passes):
-        for v, cost in variants.items():
-            f.split_cost_tokens = cost
-            t0 = time.perf_counter()
-            vectors[v] = run_all()
-            times[v].append(time.perf_counter() - t0)
-    flops = {}
-    for v, cost in variants.items():
-        f.split_cost_tokens = cost
-        with FlopCounterMode(display=False) as counter:
-            run_all()
-        flops[v] = counter.get_total_flops()
-    model, named = featurised_parameters(load_model(model_dir), FeaturesConfig(), LoraConfig())
-    with FlopCounterMode(display=False) as counter:
-        for it in items:
-            naive_group_gradient(model, [p for _, p in named], it.examples, tok.pad_token_id)
-    flops["naive"] = counter.get_total_flops()
+    model_dir, tok, items, blocks, f = one_featurizer(args)
+    costs = {"one_forward": None, "length_runs": args.split_cost_tokens}
+    variants = {v: (lambda c=c: setattr(f, "split_cost_tokens", c)) for v, c in costs.items()}
+    times, vectors = interleaved_passes(f, blocks, variants, args.passes)
+    flops = variant_flops(f, blocks, variants)
+    flops["naive"] = naive_flops(model_dir, items, tok.pad_token_id)
 
     med = {v: statistics.median(t) for v, t in times.items()}
     fig = {"bench": "length_runs", "groups": len(items), "tokens": sum(len(e) for it in items for e in it.examples),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,10 @@ if TYPE_CHECKING:
     import torch
 
     from engine.projection import Projector
+
+
+PREFIX_CACHE_SIZE = 4  # shared prefixes kept per featuriser (one per owner count a batch has)
+PREFIX_CACHE_SHARE = 0.25  # ... holding at most this share of a batch's tokens (model.token_budget) in all
 
 
 @dataclass(frozen=True)
@@ -127,13 +132,23 @@ def shared_prefix_length(examples: list[TokenizedExample], min_length: int = 8) 
     return limit if limit >= min_length else 0
 
 
-def shared_prefix_loss(model, examples: list[TokenizedExample], owners: list[int], P: int, pad_id: int,
-                       device: str, runs: list[list[int]]):
-    """Per-example losses with the first P tokens (shared_prefix_length) computed once per owner (group).
+def prefix_forward(model, prefix_ids: list[int], rows: int, device: str) -> list:
+    """The shared prefix run through the decoder once for `rows` owners: [(keys, values)] per layer, with their graph."""
+    import torch
 
-    Returns (losses, prefix rows' owners); losses are in the order of the concatenated `runs` (index
-    lists into examples, one decoder call each). The prefix's KV cache is
-    expanded to each owner's examples, so gradients reach each owner's prefix row summed over that
+    decoder, _ = _decoder_and_head(model)
+    prefix = torch.tensor([list(prefix_ids)] * rows, device=device)
+    cache = decoder(input_ids=prefix, attention_mask=torch.ones_like(prefix), use_cache=True).past_key_values
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def shared_prefix_loss(model, examples: list[TokenizedExample], owners: list[int], P: int, pad_id: int,
+                       device: str, runs: list[list[int]], prefix_kv: list):
+    """Per-example losses of the suffixes after the first P tokens (shared_prefix_length), whose keys and values
+    `prefix_kv` (leaves, one row per owner in sorted order) are expanded to each owner's examples.
+
+    Returns (losses, prefix rows' owners); losses are in the order of the concatenated `runs` (index lists into
+    examples, one decoder call each). Backward leaves each owner's prefix row the gradient summed over that
     owner's examples, which is exactly what a per-group mean needs.
     """
     import torch
@@ -142,14 +157,12 @@ def shared_prefix_loss(model, examples: list[TokenizedExample], owners: list[int
     decoder, head = _decoder_and_head(model)
     groups = sorted(set(owners))
     row = {g: i for i, g in enumerate(groups)}
-    prefix = torch.tensor([examples[0].input_ids[:P]] * len(groups), device=device)
-    cache = decoder(input_ids=prefix, attention_mask=torch.ones_like(prefix), use_cache=True).past_key_values
     losses = []
     for run in runs:
         select = torch.tensor([row[owners[i]] for i in run], device=device)
         expanded = DynamicCache()
-        for i, layer in enumerate(cache.layers):
-            expanded.update(layer.keys.index_select(0, select), layer.values.index_select(0, select), i)
+        for i, (keys, values) in enumerate(prefix_kv):
+            expanded.update(keys.index_select(0, select), values.index_select(0, select), i)
         suffix = [TokenizedExample(examples[i].input_ids[P:], examples[i].labels[P:]) for i in run]
         ids, mask, labels = (t.to(device) for t in pad_batch(suffix, pad_id))
         full_mask = torch.cat([torch.ones(len(run), P, dtype=mask.dtype, device=device), mask], dim=1)
@@ -201,20 +214,22 @@ class PerExampleGradients:
 
     For lora_B (a Linear r -> out, bias-free) with input h = A x and output gradient delta,
     d loss_b / d B = sum_t delta_{b,t}^T h_{b,t}: one einsum per module, no per-example backward.
+    Forward calls are numbered in order; a kept call (a cached shared prefix) keeps its inputs across collects,
+    and its grad hooks fire on every backward that reaches it.
     """
 
     def __init__(self, peft_model: torch.nn.Module, param_names: list[str]):
         self.modules = [peft_model.get_submodule(n.rsplit(".", 1)[0]) for n in param_names]
-        self._inputs: dict[int, list] = {k: [] for k in range(len(self.modules))}
-        self._grads: dict[int, dict] = {k: {} for k in range(len(self.modules))}
-        self._handles = []
-        for k, mod in enumerate(self.modules):
-            self._handles.append(mod.register_forward_hook(self._make_hook(k)))
+        self._inputs: list[dict[int, object]] = [{} for _ in self.modules]  # call number -> h
+        self._grads: list[dict[int, object]] = [{} for _ in self.modules]  # call number -> delta
+        self._calls = [0] * len(self.modules)
+        self._handles = [mod.register_forward_hook(self._make_hook(k)) for k, mod in enumerate(self.modules)]
 
     def _make_hook(self, k: int):
         def hook(module, inputs, output):
-            call = len(self._inputs[k])  # one capture per forward call (shared prefix, then suffixes)
-            self._inputs[k].append(inputs[0].detach())
+            call = self._calls[k]  # every module sees each decoder call once, so the numbers agree across modules
+            self._calls[k] += 1
+            self._inputs[k][call] = inputs[0].detach()
 
             def grab(grad):
                 self._grads[k][call] = grad.detach()
@@ -223,13 +238,18 @@ class PerExampleGradients:
 
         return hook
 
-    def collect(self) -> list:
-        """Per forward call since the last collect: [rows, d] gradients (module order = parameter order)."""
+    @property
+    def next_call(self) -> int:
+        """The number the next forward call gets."""
+        return self._calls[0]
+
+    def collect(self, calls: list[int], keep: set[int] = frozenset()) -> list:
+        """[rows, d] gradients of the given forward calls (module order = parameter order); forgets every
+        gradient, and the inputs of all calls outside `keep`."""
         import torch
 
-        calls = len(self._inputs[0])
         out = []
-        for c in range(calls):
+        for c in calls:
             parts = []
             for k, mod in enumerate(self.modules):
                 h = self._inputs[k][c]
@@ -240,14 +260,24 @@ class PerExampleGradients:
                 parts.append(torch.einsum("bto,btr->bor", g.float(), h.float()).reshape(h.shape[0], -1))
             out.append(torch.cat(parts, dim=1))
         for k in range(len(self.modules)):
-            self._inputs[k].clear()
             self._grads[k].clear()
+            for c in [c for c in self._inputs[k] if c not in keep]:
+                del self._inputs[k][c]
         return out
 
     def close(self) -> None:
         """Remove the hooks."""
         for h in self._handles:
             h.remove()
+
+
+@dataclass
+class _CachedPrefix:
+    """A shared prefix's keys and values at theta_0 with their graph (kept for later backwards)."""
+
+    kv: list
+    call: int  # its forward call's number in PerExampleGradients
+    versions: tuple[int, ...]  # the parameters' in-place versions when it was computed
 
 
 class GroupGradients:
@@ -266,6 +296,8 @@ class GroupGradients:
         self.keep_per_example = keep_per_example
         self.per_example: dict[str, np.ndarray] = {}
         self._hooks = PerExampleGradients(peft_model, param_names) if token_budget else None
+        self.prefix_cache_size = PREFIX_CACHE_SIZE  # 0: recompute the shared prefix in every batch
+        self._prefixes: OrderedDict[tuple, _CachedPrefix] = OrderedDict()
         self.projector = projector
         self.pad_id = pad_id
         self.batch_size = batch_size
@@ -278,6 +310,26 @@ class GroupGradients:
     def dim(self) -> int:
         """d: number of featurised parameters."""
         return sum(p.numel() for p in self.params)
+
+    def _prefix(self, prefix_ids: tuple[int, ...], rows: int) -> _CachedPrefix:
+        """The shared prefix's keys and values for `rows` owners: computed once, then reused while no parameter
+        changes (the chat template's system prompt and user header are the same in every batch)."""
+        versions = tuple(p._version for p in self.model.parameters())  # bumped by any in-place change
+        key = (prefix_ids, rows)
+        entry = self._prefixes.get(key)
+        if entry is not None and entry.versions == versions:
+            self._prefixes.move_to_end(key)
+            return entry
+        self._prefixes.pop(key, None)
+        call = self._hooks.next_call
+        entry = _CachedPrefix(prefix_forward(self.model, prefix_ids, rows, self.device), call, versions)
+        limit = PREFIX_CACHE_SHARE * self.token_budget  # the activations kept stay a fraction of one batch's
+        if self.prefix_cache_size > 0 and len(prefix_ids) * rows <= limit:
+            self._prefixes[key] = entry
+            while len(self._prefixes) > self.prefix_cache_size or sum(
+                    len(ids) * n for ids, n in self._prefixes) > limit:
+                self._prefixes.popitem(last=False)  # least recently used first; never the new entry
+        return entry
 
     def raw_gradient(self, examples: tuple[TokenizedExample, ...]) -> np.ndarray:
         """The unprojected mean gradient (float32, length d)."""
@@ -325,13 +377,25 @@ class GroupGradients:
                     if self.split_cost_tokens is not None else [list(range(len(exs)))])
             with autocast(self.device, self.autocast_dtype):
                 if share:
+                    cached = self._prefix(tuple(exs[0].input_ids[:prefix]), len(set(owners)))
+                    # fresh leaves: the suffixes' backward stops at them, one gradient row per owner
+                    leaves = [(k.detach().requires_grad_(), v.detach().requires_grad_()) for k, v in cached.kv]
+                    first = self._hooks.next_call
                     losses, prefix_owners = shared_prefix_loss(self.model, exs, owners, prefix, self.pad_id,
-                                                               self.device, runs)
+                                                               self.device, runs, leaves)
                 else:
+                    first = self._hooks.next_call
                     losses = torch.cat([per_example_loss(self.model, *(t.to(self.device) for t in pad_batch(
                         [exs[i] for i in run], self.pad_id))) for run in runs])
             losses.sum().backward()
-            calls = self._hooks.collect()
+            suffix_calls = list(range(first, self._hooks.next_call))
+            if share:  # then the prefix's own backward, through its kept graph
+                pairs = [(t, x.grad) for kv, xs in zip(cached.kv, leaves) for t, x in zip(kv, xs)
+                         if t.requires_grad and x.grad is not None]  # layer 0's keys hold no LoRA: no graph
+                if pairs:
+                    torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs], retain_graph=True)
+            calls = self._hooks.collect(([cached.call] if share else []) + suffix_calls,
+                                        keep={e.call for e in self._prefixes.values()})
             for p in self.params:
                 p.grad = None
             order = [i for run in runs for i in run]  # the examples' rows, run after run

@@ -263,3 +263,63 @@ def test_bf16_autocast_reaches_the_task_vector_steps(tiny_model_dir, examples):
     assert not np.array_equal(bf16, fp32)  # the steps did run under autocast
     cos = float(bf16 @ fp32 / (np.linalg.norm(bf16) * np.linalg.norm(fp32)))
     assert cos > 0.99, cos
+
+
+def _count_prefix_forwards(monkeypatch) -> list[int]:
+    import engine.featurize as fz
+
+    computed = []
+    real = fz.prefix_forward
+    monkeypatch.setattr(fz, "prefix_forward",
+                        lambda model, ids, rows, device: computed.append(rows) or real(model, ids, rows, device))
+    return computed
+
+
+def _owner_counts(examples, budget: int, split: tuple[int, int]) -> list[int]:
+    """Groups per shared-prefix batch when groups are examples[:split[0]], [split[0]:split[1]], [split[1]:]."""
+    from engine.featurize import pack_by_tokens
+
+    batches = pack_by_tokens([len(e) for e in examples], budget)
+    return [len({sum(i >= s for s in split) for i in b}) for b in batches if len(b) > 1]
+
+
+def test_shared_prefix_is_kept_across_batches_and_calls_until_the_weights_change(tiny_model_dir, examples,
+                                                                                 monkeypatch):
+    from engine.featurize import PREFIX_CACHE_SHARE, WorkItem
+
+    computed = _count_prefix_forwards(monkeypatch)
+    items = [WorkItem("a", examples[:3]), WorkItem("b", examples[3:5]), WorkItem("c", examples[5:])]
+    budget = 256  # two batches, {a, b} and {b, c}: the second reuses the first's prefix
+    assert _owner_counts(examples, budget, (3, 5)) == [2, 2]
+    cached, plain = _packed(tiny_model_dir, budget), _packed(tiny_model_dir, budget)
+    plain.share_prefix = False
+    X = cached.featurize(items)
+    assert computed == [2]
+    assert 2 * len(cached._prefixes.popitem(last=False)[0][0]) <= PREFIX_CACHE_SHARE * budget  # it was kept
+    computed.clear()
+    X = cached.featurize(items)
+    assert computed == [2]  # after the entry was dropped above: computed again, once, then kept
+    np.testing.assert_array_equal(cached.featurize(items), X)  # a second call recomputes nothing
+    assert computed == [2]
+    np.testing.assert_allclose(X, plain.featurize(items), rtol=2e-4, atol=1e-7)
+    with torch.no_grad():  # an in-place change to the weights makes the kept prefix stale
+        for g in (cached, plain):
+            g.params[0].add_(0.05)
+    Y = cached.featurize(items)
+    assert computed == [2, 2]
+    np.testing.assert_allclose(Y, plain.featurize(items), rtol=2e-4, atol=1e-7)
+    assert not np.allclose(Y, X, rtol=1e-3)
+
+
+def test_shared_prefix_too_large_to_keep_is_recomputed(tiny_model_dir, examples, monkeypatch):
+    from engine.featurize import WorkItem
+
+    computed = _count_prefix_forwards(monkeypatch)
+    items = [WorkItem("a", examples[:3]), WorkItem("b", examples[3:5]), WorkItem("c", examples[5:])]
+    budget = 160  # 2-example batches; one prefix row fits in a quarter of the budget, two do not
+    assert _owner_counts(examples, budget, (3, 5)) == [1, 2, 2]
+    small = _packed(tiny_model_dir, budget)
+    X = small.featurize(items)
+    assert computed == [1, 2, 2] and [rows for _, rows in small._prefixes] == [1]
+    np.testing.assert_array_equal(small.featurize(items), X)
+    assert computed == [1, 2, 2, 2, 2]

@@ -35,3 +35,13 @@ def test_blas_threads_bench_runs_and_ends_with_json():
     assert figures["bench"] == "blas_threads" and 0 < figures["support"] <= 200
     assert set(figures["solve_ms"]) == {"1t", "2t_spotrf"} and len(figures["spotrf_inside_solve_2t_ms"]) >= 2
     assert figures["profile_own_ms_per_solve_1t"]
+
+
+def test_prefix_cache_bench_runs_and_ends_with_json(smollm2_dir):
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "prefix_cache.py"), "--groups", "4", "--m", "1",
+                          "--groups-per-call", "2", "--passes", "1"],
+                         capture_output=True, text=True, check=True, timeout=600).stdout
+    figures = json.loads(out.strip().splitlines()[-1])
+    assert figures["bench"] == "prefix_cache" and figures["max_abs_diff"] == 0.0
+    assert figures["gflop"]["kept"] < figures["gflop"]["recomputed"] < figures["gflop"]["naive"]
+    assert figures["kept_graph_mb_by_rows"]  # the 2-group prefix was kept

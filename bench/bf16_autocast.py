@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-sys.path[0] = str(Path(__file__).resolve().parents[1])
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path[0] = str(Path(__file__).resolve().parents[1])  # bench.featurize sets the offline environment on import
 
 from bench.featurize import bench_items, grpo_bench_items, grpo_spec, min_cosine, worker_spec  # noqa: E402
 

@@ -32,11 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path[0] = str(Path(__file__).resolve().parents[1])
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path[0] = str(Path(__file__).resolve().parents[1])  # bench.featurize sets the offline environment on import
 
 from bench.featurize import (  # noqa: E402
     bench_items,

@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
 
-sys.path[0] = str(Path(__file__).resolve().parents[1])
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path[0] = str(Path(__file__).resolve().parents[1])  # bench.featurize sets the offline environment on import
 
 from bench.featurize import (  # noqa: E402
     add_data_args,

@@ -132,12 +132,12 @@ def shared_prefix_length(examples: list[TokenizedExample], min_length: int = 8) 
     return limit if limit >= min_length else 0
 
 
-def prefix_forward(model, prefix_ids: list[int], rows: int, device: str) -> list:
+def prefix_forward(model, prefix_ids: tuple[int, ...], rows: int, device: str) -> list:
     """The shared prefix run through the decoder once for `rows` owners: [(keys, values)] per layer, with their graph."""
     import torch
 
     decoder, _ = _decoder_and_head(model)
-    prefix = torch.tensor([list(prefix_ids)] * rows, device=device)
+    prefix = torch.tensor([prefix_ids] * rows, device=device)
     cache = decoder(input_ids=prefix, attention_mask=torch.ones_like(prefix), use_cache=True).past_key_values
     return [(layer.keys, layer.values) for layer in cache.layers]
 

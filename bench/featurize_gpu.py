@@ -4,6 +4,7 @@
     example, CPU copy, mean (as the paper's reference code does it);
 (b) convalue's featuriser on the GPU, fp32 weights (token-budget packing across groups, per-example
     gradients from one backward, LM head on response tokens only);
+    and (b) again with the shared prefix recomputed in every batch (what keeping it saves on the device);
 (c) the same with model.dtype: bfloat16 (bf16 weights, bf16 autocast; LoRA weights stay fp32);
 (d) (b) inside Ray GradientWorker actors that hold the GPU (num_gpus): 1 worker x 1 GPU, then
     2 workers x 0.5 GPU;
@@ -93,13 +94,17 @@ def main() -> None:
         if dev.startswith("cuda"):
             torch.cuda.synchronize()
 
-    def in_process(s: dict, subset=None, profile: str | None = None) -> tuple[float, float, dict[str, np.ndarray], float]:
+    def in_process(s: dict, subset=None, profile: str | None = None,
+                   prefix_cache_size: int | None = None) -> tuple[float, float, dict[str, np.ndarray], float]:
         """(cold seconds, warm seconds, vectors, peak GPU GiB) of the worker's featuriser run in this process.
 
         cold: the first pass over the blocks (new batch shapes, measured slower: bf16 ran at a fifth of its warm
         rate at token_budget 16384); warm: a second pass over the same blocks, the steady state of a long run.
+        prefix_cache_size 0: the shared prefix recomputed in every batch (the featuriser before it was kept).
         """
         f = build_featurizer(s)
+        if prefix_cache_size is not None:
+            f.prefix_cache_size = prefix_cache_size
         f.featurize(blocks[0][:1])  # warm-up (CUDA context, allocator)
         todo = plan_blocks(subset, args.groups_per_call) if subset else blocks
         if dev.startswith("cuda"):
@@ -143,6 +148,8 @@ def main() -> None:
     # (b), (c) the worker's featuriser in this process
     fp32_cold, fp32_s, fp32, fp32_peak = in_process(spec, profile="fp32")
     bf16_cold, bf16_s, bf16, bf16_peak = in_process(spec | {"dtype": "bfloat16"}, profile="bf16")
+    # (b) with the shared prefix recomputed in every batch: what keeping it saves on this device
+    _, recomputed_s, recomputed, _ = in_process(spec, prefix_cache_size=0)
     # (b) on the CPU, a few groups: the same featuriser gives the same vectors on either device
     torch.set_num_threads(min(8, os.cpu_count() or 1))
     *_, on_cpu, _ = in_process(spec | {"device": "cpu"}, subset=items[: args.cpu_groups])
@@ -234,7 +241,10 @@ def main() -> None:
         "examples": sum(len(it.examples) for it in items), "tokens": tokens, "max_length": args.max_length,
         "token_budget": args.token_budget,
         "naive_tok_s": round(tokens / naive_s, 1), "fp32_tok_s": round(tokens / fp32_s, 1),
-        "bf16_tok_s": round(tokens / bf16_s, 1), "fp32_cold_tok_s": round(tokens / fp32_cold, 1),
+        "bf16_tok_s": round(tokens / bf16_s, 1), "fp32_prefix_recomputed_tok_s": round(tokens / recomputed_s, 1),
+        "speedup_prefix_kept": round(recomputed_s / fp32_s, 3),
+        "max_abs_prefix_kept_vs_recomputed": float(max(np.abs(recomputed[n] - fp32[n]).max() for n in fp32)),
+        "fp32_cold_tok_s": round(tokens / fp32_cold, 1),
         "bf16_cold_tok_s": round(tokens / bf16_cold, 1),
         "speedup_fp32_vs_naive": round(naive_s / fp32_s, 2), "speedup_bf16_vs_fp32": round(fp32_s / bf16_s, 2),
         "cos_fp32_vs_naive": round(min_cosine(naive, fp32), 6), "cos_bf16_vs_naive": round(min_cosine(naive, bf16), 6),
@@ -262,6 +272,8 @@ def main() -> None:
           f"{fig['fp32_cold_tok_s']} (fp32) and {fig['bf16_cold_tok_s']} (bf16) tok/s")
     print(f"(b) convalue, fp32             {fp32_s:8.2f} s {fig['fp32_tok_s']:10.1f} tok/s  (b)/(a) = "
           f"{fig['speedup_fp32_vs_naive']}x  cos vs (a) {fig['cos_fp32_vs_naive']}  vs CPU {fig['cos_fp32_gpu_vs_cpu']}")
+    print(f"    prefix recomputed, fp32    {recomputed_s:8.2f} s {fig['fp32_prefix_recomputed_tok_s']:10.1f} tok/s  "
+          f"kept/recomputed = {fig['speedup_prefix_kept']}x  max |diff| {fig['max_abs_prefix_kept_vs_recomputed']:.2e}")
     print(f"(c) convalue, bf16             {bf16_s:8.2f} s {fig['bf16_tok_s']:10.1f} tok/s  (c)/(b) = "
           f"{fig['speedup_bf16_vs_fp32']}x  cos vs (a) {fig['cos_bf16_vs_naive']}")
     if ray1 is None:

@@ -8,7 +8,11 @@ pass of each process (first touch of its memory) is left out of the medians. Pri
 the slowdown of two at once against alone, the kernel share and the faults; ends with one JSON line.
 What bench/featurize.py's (c) loses beyond this slowdown is Ray's.
 
-    .venv/bin/python bench/contention.py [--passes 3]
+`--workload matmul` runs the same three phases with plain single-thread float32 matrix products of the
+model's MLP shape ([2048, 576] x [576, 1536], 3.6 GFLOP each, --matmuls per pass) instead of the featuriser:
+the two cores' contention with no model, allocator or autograd in the way.
+
+    .venv/bin/python bench/contention.py [--passes 3] [--workload featurise|matmul]
 """
 
 from __future__ import annotations
@@ -26,16 +30,42 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])  # bench.featurize sets t
 
 from bench.featurize import add_data_args, one_featurizer  # noqa: E402
 
+MM_SHAPE = (2048, 576, 1536)  # tokens of a 2,048-token batch x SmolLM2's hidden x intermediate size
+
+
+def matmul_pass(n: int):
+    """A function running n single-thread float32 products of the model's MLP shape."""
+    import torch
+
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(0)
+    m, k, c = MM_SHAPE
+    a, b = torch.randn(m, k, generator=gen), torch.randn(k, c, generator=gen)
+    out = torch.empty(m, c)
+
+    def run() -> None:
+        for _ in range(n):
+            torch.mm(a, b, out=out)
+
+    run()  # warm-up
+    return run
+
 
 def featurise_passes(args: argparse.Namespace, start, out) -> None:
-    """In a child process: build the featuriser, wait at `start`, then put [(wall, kernel s, minor faults)] per pass."""
-    _, _, _, blocks, f = one_featurizer(args)
+    """In a child process: build the workload, wait at `start`, then put [(wall, kernel s, minor faults)] per pass."""
+    if args.workload == "matmul":
+        one_pass = matmul_pass(args.matmuls)
+    else:
+        _, _, _, blocks, f = one_featurizer(args)
+
+        def one_pass() -> None:
+            for b in blocks:
+                f.featurize(b)
     start.wait()
     passes = []
     for _ in range(args.passes):
         r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-        for b in blocks:
-            f.featurize(b)
+        one_pass()
         r1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         passes.append((t1 - t0, r1.ru_stime - r0.ru_stime, r1.ru_minflt - r0.ru_minflt))
     out.put(passes)
@@ -58,8 +88,13 @@ def phase(ctx, args: argparse.Namespace, n: int) -> list[list[tuple[float, float
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_data_args(ap)
+    ap.add_argument("--workload", choices=["featurise", "matmul"], default="featurise",
+                    help="the bench/featurize.py featuriser, or plain single-thread matrix products")
+    ap.add_argument("--matmuls", type=int, default=200, help="--workload matmul: products per pass")
     ap.set_defaults(passes=3)
     args = ap.parse_args()
+    if args.matmuls < 1:
+        ap.error(f"--matmuls must be >= 1, got {args.matmuls}")
     if args.passes < 2:
         ap.error(f"--passes must be >= 2 (the first pass is left out), got {args.passes}")
 
@@ -69,7 +104,11 @@ def main() -> None:
     alone = warm["alone_1"] + warm["alone_2"]
     med = {"alone": statistics.median(p[0] for p in alone), "two": statistics.median(p[0] for p in warm["two"])}
     kernel = sum(p[1] for p in alone) / sum(p[0] for p in alone)
-    fig = {"bench": "contention", "passes": args.passes, "groups": args.groups,
+    med_alone = med["alone"]
+    fig = {"bench": "contention", "workload": args.workload, "passes": args.passes,
+           **({"matmuls": args.matmuls, "matmul_shape": MM_SHAPE, "gflop_s_alone": round(
+               args.matmuls * 2 * MM_SHAPE[0] * MM_SHAPE[1] * MM_SHAPE[2] / med_alone / 1e9, 1)}
+              if args.workload == "matmul" else {"groups": args.groups}),
            "pass_s": {k: [[round(p[0], 3) for p in proc] for proc in v] for k, v in runs.items()},
            "median_pass_s": {k: round(v, 3) for k, v in med.items()},
            "slowdown_two_vs_alone": round(med["two"] / med["alone"] - 1, 4),

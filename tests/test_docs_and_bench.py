@@ -45,3 +45,16 @@ def test_prefix_cache_bench_runs_and_ends_with_json(smollm2_dir):
     assert figures["bench"] == "prefix_cache" and figures["max_abs_diff"] == 0.0
     assert figures["gflop"]["kept"] < figures["gflop"]["recomputed"] < figures["gflop"]["naive"]
     assert figures["kept_graph_mb_by_rows"]  # the 2-group prefix was kept
+
+
+def test_contention_bench_phases_end_with_json():
+    # the matmul workload runs the featuriser's three phases in spawned processes without loading the model
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "contention.py"), "--workload", "matmul",
+                          "--matmuls", "1", "--passes", "2"],
+                         capture_output=True, text=True, check=True, timeout=300).stdout
+    figures = json.loads(out.strip().splitlines()[-1])
+    assert figures["bench"] == "contention" and figures["workload"] == "matmul"
+    shape = {phase: [len(proc) for proc in procs] for phase, procs in figures["pass_s"].items()}
+    assert shape == {"alone_1": [2], "two": [2, 2], "alone_2": [2]}
+    assert figures["gflop_s_alone"] > 0 and figures["median_pass_s"]["two"] > 0
+    assert figures["slowdown_two_vs_alone"] > -1

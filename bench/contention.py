@@ -31,6 +31,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])  # bench.featurize sets t
 from bench.featurize import add_data_args, one_featurizer  # noqa: E402
 
 MM_SHAPE = (2048, 576, 1536)  # tokens of a 2,048-token batch x SmolLM2's hidden x intermediate size
+MM_FLOP = 2 * MM_SHAPE[0] * MM_SHAPE[1] * MM_SHAPE[2]
 
 
 def matmul_pass(n: int):
@@ -51,7 +52,7 @@ def matmul_pass(n: int):
     return run
 
 
-def featurise_passes(args: argparse.Namespace, start, out) -> None:
+def timed_passes(args: argparse.Namespace, start, out) -> None:
     """In a child process: build the workload, wait at `start`, then put [(wall, kernel s, minor faults)] per pass."""
     if args.workload == "matmul":
         one_pass = matmul_pass(args.matmuls)
@@ -74,14 +75,14 @@ def featurise_passes(args: argparse.Namespace, start, out) -> None:
 def phase(ctx, args: argparse.Namespace, n: int) -> list[list[tuple[float, float, int]]]:
     """Each of n processes' passes, run at once."""
     start, out = ctx.Barrier(n), ctx.Queue()
-    procs = [ctx.Process(target=featurise_passes, args=(args, start, out)) for _ in range(n)]
+    procs = [ctx.Process(target=timed_passes, args=(args, start, out)) for _ in range(n)]
     for p in procs:
         p.start()
     results = [out.get() for _ in procs]
     for p in procs:
         p.join()
         if p.exitcode != 0:
-            raise RuntimeError(f"a featuriser process failed (exit code {p.exitcode})")
+            raise RuntimeError(f"a {args.workload} process failed (exit code {p.exitcode})")
     return results
 
 
@@ -104,17 +105,18 @@ def main() -> None:
     alone = warm["alone_1"] + warm["alone_2"]
     med = {"alone": statistics.median(p[0] for p in alone), "two": statistics.median(p[0] for p in warm["two"])}
     kernel = sum(p[1] for p in alone) / sum(p[0] for p in alone)
-    med_alone = med["alone"]
     fig = {"bench": "contention", "workload": args.workload, "passes": args.passes,
-           **({"matmuls": args.matmuls, "matmul_shape": MM_SHAPE, "gflop_s_alone": round(
-               args.matmuls * 2 * MM_SHAPE[0] * MM_SHAPE[1] * MM_SHAPE[2] / med_alone / 1e9, 1)}
-              if args.workload == "matmul" else {"groups": args.groups}),
            "pass_s": {k: [[round(p[0], 3) for p in proc] for proc in v] for k, v in runs.items()},
            "median_pass_s": {k: round(v, 3) for k, v in med.items()},
            "slowdown_two_vs_alone": round(med["two"] / med["alone"] - 1, 4),
            "kernel_share_alone": round(kernel, 4),
            "minor_faults_per_pass": {"first": statistics.median(proc[0][2] for v in runs.values() for proc in v),
                                      "later": statistics.median(p[2] for v in warm.values() for p in v)}}
+    if args.workload == "matmul":
+        fig |= {"matmuls": args.matmuls, "matmul_shape": MM_SHAPE,
+                "gflop_s_alone": round(args.matmuls * MM_FLOP / med["alone"] / 1e9, 1)}
+    else:
+        fig["groups"] = args.groups
     print(f"passes after each process's first, median: alone {med['alone']:.2f} s, two at once {med['two']:.2f} s "
           f"-> each {100 * fig['slowdown_two_vs_alone']:.1f} % slower; passes {fig['pass_s']}")
     print(f"kernel time {100 * kernel:.2f} % of a pass alone; minor faults per pass: "

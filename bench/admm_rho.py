@@ -1,9 +1,10 @@
 """The dense KMM solve (ADMM + polish) against its former settings, in one process.
 
 Variants: `former` (fixed rho = 0.3 relative to mean K_ii; the polish runs the PDAS rule on the ADMM
-iterate), `polish` (fixed rho, the polish solves on the iterate's support and signs first) and `default`
-(that polish, rho in proportion to gamma / max|beta|). Clustered synthetic unit-norm gradients
-(bench/synthetic.py, p = 4096), N in {300, 1000, 2000}, three seeds, gamma in {2e-4, 5e-4, 2e-3, 5e-3}:
+iterate), `polish` (fixed rho, the polish solves on the iterate's support and signs first), `default`
+(that polish, rho in proportion to gamma / max|beta|, polished once the support and signs have held for
+three iterations) and `settle1`, `settle2` (the default, polished after one or two). Clustered synthetic
+unit-norm gradients (bench/synthetic.py, p = 4096), N in {300, 1000, 2000}, three seeds, gamma in {2e-4, 5e-4, 2e-3, 5e-3}:
 every case where the solver takes the ADMM path. For each case and variant: the solver's iteration count
 (deterministic) and the best of --repeat interleaved timed solves; prints the table, iteration wins and
 geometric-mean time ratios, and ends with one JSON line.
@@ -14,6 +15,7 @@ geometric-mean time ratios, and ends with one JSON line.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -26,7 +28,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 from bench.synthetic import clustered_gradients  # noqa: E402
 from solvers import active_set, make_problem, solve_problem  # noqa: E402
 
-DEFAULT = {"_admm_rho": active_set._admm_rho, "_polish": active_set._polish}
+DEFAULT = {"_admm_rho": active_set._admm_rho, "_polish": active_set._polish, "_admm_polish": active_set._admm_polish}
 
 
 def _former_polish(op, gamma: float, z: np.ndarray, scale: float):
@@ -34,9 +36,11 @@ def _former_polish(op, gamma: float, z: np.ndarray, scale: float):
 
 
 VARIANTS = {
-    "former": {"_admm_rho": lambda gamma, gmax: 0.3, "_polish": _former_polish},
-    "polish": {"_admm_rho": lambda gamma, gmax: 0.3, "_polish": DEFAULT["_polish"]},
+    "former": DEFAULT | {"_admm_rho": lambda gamma, gmax: 0.3, "_polish": _former_polish},
+    "polish": DEFAULT | {"_admm_rho": lambda gamma, gmax: 0.3},
     "default": DEFAULT,
+    "settle1": DEFAULT | {"_admm_polish": functools.partial(DEFAULT["_admm_polish"], settle=1)},
+    "settle2": DEFAULT | {"_admm_polish": functools.partial(DEFAULT["_admm_polish"], settle=2)},
 }
 
 
@@ -93,7 +97,8 @@ def main() -> None:
                 "more_iterations": sum(y > x for x, y in its), "speedup_geomean": round(ratio, 3)}
 
     summary = {"polish_vs_former": compare("former", "polish"), "rho_rule_vs_fixed": compare("polish", "default"),
-               "default_vs_former": compare("former", "default")}
+               "default_vs_former": compare("former", "default"),
+               "default_vs_settle1": compare("settle1", "default"), "default_vs_settle2": compare("settle2", "default")}
     for name, c in summary.items():
         print(f"{name:18s}: iterations fewer in {c['fewer_iterations']}, the same in {c['same_iterations']}, more in "
               f"{c['more_iterations']} of {len(rows)} ADMM cases; {c['speedup_geomean']:.2f}x faster "

@@ -40,11 +40,15 @@ def _kkt_from(w: np.ndarray, r: np.ndarray, gamma: float) -> float:
 
 
 def _pdas_plain(op, gamma: float, w: np.ndarray, max_iter: int, scale: float,
-                deadline: float | None = None) -> tuple[np.ndarray, int, bool]:
-    """Plain PDAS (full Newton jumps); stops at a KKT point, on a cycle, or at max_iter; returns the best iterate."""
+                deadline: float | None = None, r: np.ndarray | None = None) -> tuple[np.ndarray, int, bool]:
+    """Plain PDAS (full Newton jumps); stops at a KKT point, on a cycle, or at max_iter; returns the best iterate.
+
+    r, when given, is the residual K w - beta at w (saves a product).
+    """
     beta = op.beta
     diag = np.maximum(op.diag, 1e-300)
-    r = residual(op, w)
+    if r is None:
+        r = residual(op, w)
     best_w, best_f = w, _objective(w, r, beta, gamma)
     seen: set[bytes] = set()
     for it in range(1, max_iter + 1):
@@ -59,8 +63,9 @@ def _pdas_plain(op, gamma: float, w: np.ndarray, max_iter: int, scale: float,
         seen.add(key)
         w = np.zeros_like(w)
         if A.size:
-            w[A] = op.solve_support(A, beta[A] - gamma * s)
-        r = op.apply(A, w[A]) - beta
+            w[A], r = op.solve_support_residual(A, beta[A] - gamma * s)
+        else:
+            r = -beta
         f = _objective(w, r, beta, gamma)
         if f < best_f:
             best_w, best_f = w, f
@@ -166,11 +171,14 @@ def kkt_of(op, gamma: float, w: np.ndarray) -> float:
 
 
 def _admm_polish(op, gamma: float, w0: np.ndarray, scale: float, *, rho: float = 0.3, alpha: float = 1.6,
-                 max_iter: int = 2000, deadline: float | None = None) -> tuple[np.ndarray, int, bool]:
+                 max_iter: int = 2000, settle: int = 3,
+                 deadline: float | None = None) -> tuple[np.ndarray, int, bool]:
     """ADMM on w = z (K + rho I factored once), polished every few iterations by an exact support solve.
 
     The OSQP strategy specialised to a dense PSD K: the ADMM iterate identifies the support and
     signs, and the polish (the support solve on them, then PDAS) makes the answer exact once they are right.
+    The polish runs once they have held for `settle` iterations (bench/admm_rho.py: 3 beats 1 and 2, whose
+    failed early polishes cost a factorisation each), or on a geometric schedule.
     """
     n = op.n
     rho = rho * float(np.mean(op.diag))
@@ -198,7 +206,7 @@ def _admm_polish(op, gamma: float, w0: np.ndarray, scale: float, *, rho: float =
                 u /= factor
                 solve = op.shifted_solver(rho)
         # polish once the support and signs have held for a few iterations, or on a geometric schedule
-        if it == next_polish or (stable == 3 and it >= 5):
+        if it == next_polish or (stable == settle and it >= 5):
             next_polish = max(next_polish, int(it * 1.6) + 5)
             wp, k, ok = _polish(op, gamma, z, scale)
             if ok:
@@ -220,9 +228,10 @@ def _polish(op, gamma: float, z: np.ndarray, scale: float) -> tuple[np.ndarray, 
     """
     A = np.flatnonzero(z)
     w = np.zeros_like(z)
+    r = None
     if A.size:
-        w[A] = op.solve_support(A, op.beta[A] - gamma * np.sign(z[A]))
-    wp, k, ok = _pdas_plain(op, gamma, w, 2, scale)  # returns w itself, after 0 steps, when it is optimal
+        w[A], r = op.solve_support_residual(A, op.beta[A] - gamma * np.sign(z[A]))
+    wp, k, ok = _pdas_plain(op, gamma, w, 2, scale, r=r)  # returns w itself, after 0 steps, when it is optimal
     return wp, 1 + k, ok
 
 

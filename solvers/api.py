@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from solvers.active_set import kkt_of, residual, solve_budget, solve_penalised
-from solvers.kkt import kkt_violation
+from solvers.kkt import certify
 from solvers.operators import GradientOperator, GramOperator
 from solvers.problem import (
     KMMInputError,
@@ -122,13 +122,13 @@ def solve_problem(problem: KMMProblem, *, method: str = "auto") -> KMMSolution:
         iters = info["iterations"]
         status = None
     elapsed = time.perf_counter() - t0
-    kkt = kkt_violation(problem, w)
+    kkt, objective = certify(problem, w)
     if status is None:
         status = _status(kkt, problem.beta, info.get("converged", True))
         if status != "optimal":
             raise KMMSolveError(f"active-set KMM solver did not converge: KKT violation {kkt:.3g} "
                                 f"after {iters} iterations (try solver.method: cvxpy)")
-    return KMMSolution(w=w, objective=problem.objective(w), status=status, kkt=kkt, form=problem.form,
+    return KMMSolution(w=w, objective=objective, status=status, kkt=kkt, form=problem.form,
                        gamma=problem.gamma, budget=problem.budget, method=name, iterations=iters,
                        time_s=elapsed, info=info)
 

@@ -43,17 +43,37 @@ class GramOperator:
         Large supports gather K_AA from the float32 copy (half the bytes of the float64 gather) and refine
         with full float64 matvecs, which cost less than gathering K_AA in float64 at dense supports.
         """
+        return self._solve_support(A, rhs)[0]
+
+    def solve_support_residual(self, A: np.ndarray, rhs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(x, r): x with K_AA x = rhs (a vector) and r = K w - beta for w = x on A, 0 elsewhere.
+
+        When the solve is refined, its last refinement product is K w itself, so r costs no extra product.
+        """
+        x, product = self._solve_support(A, rhs)
+        if product is None:
+            product = self.apply(A, x)
+        return x, product - self.beta
+
+    def _solve_support(self, A: np.ndarray, rhs: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """(x, K w for w = x on A when the refinement's last product is that, else None)."""
         K32 = self.float32_copy() if A.size >= MIXED_MIN_N else None
         if K32 is None:
-            return solve_dense(self.sub(A), rhs)
+            return solve_dense(self.sub(A), rhs), None
+        last: dict = {}
 
         def matvec(x: np.ndarray) -> np.ndarray:
             full = np.zeros((self.n,) + x.shape[1:])
             full[A] = x
-            return (self.K @ full)[A]
+            # rows of K on the support when it is small against N (gram_times); full length either way
+            product = gram_times(self.K, full) if x.ndim == 1 else self.K @ full
+            last["x"], last["product"] = x, product
+            return product[A]
 
         x = mixed_precision_solve(_principal(K32, A), rhs, matvec)
-        return x if x is not None else solve_dense(self.sub(A), rhs, try_mixed=False)
+        if x is None:
+            return solve_dense(self.sub(A), rhs, try_mixed=False), None
+        return x, (last["product"] if last.get("x") is x else None)
 
     def apply(self, A: np.ndarray, w_A: np.ndarray) -> np.ndarray:
         """K[:, A] @ w_A (a length-N vector; K is symmetric, so rows of K are read for small supports)."""
@@ -95,6 +115,11 @@ class GradientOperator:
     def solve_support(self, A: np.ndarray, rhs: np.ndarray) -> np.ndarray:
         """x with G_A G_A^T x = rhs (rhs: |A| or |A| x k)."""
         return solve_dense(self.sub(A), rhs)
+
+    def solve_support_residual(self, A: np.ndarray, rhs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(x, r): x with G_A G_A^T x = rhs (a vector) and r = K w - beta for w = x on A, 0 elsewhere."""
+        x = self.solve_support(A, rhs)
+        return x, self.apply(A, x) - self.beta
 
     def apply(self, A: np.ndarray, w_A: np.ndarray) -> np.ndarray:
         """G (G_A^T w_A)."""

@@ -301,6 +301,44 @@ def test_gram_operator_support_solve_float32_gather_matches_float64(keep_copy, m
         assert np.array_equal(op.float32_copy(), op.K.astype(np.float32))
 
 
+@pytest.mark.parametrize("n_support", [40, 300])  # the float64 factor, and the refined float32 one
+def test_support_solve_residual_is_the_residual_of_its_solution(n_support):
+    """solve_support_residual's r is K w - beta at the padded solution, for both operators; on the refined
+    path it is the refinement's last product (no extra product), bit for bit what residual() computes."""
+    from solvers import operators
+    from solvers.active_set import residual
+
+    rng = np.random.default_rng(13)
+    X = rng.normal(size=(1000, 1200)) / np.sqrt(1200)
+    g = rng.normal(size=1200)
+    A = np.sort(rng.choice(1000, size=n_support, replace=False))
+    rhs = rng.normal(size=n_support)
+    for op in (operators.GramOperator(X @ X.T, X @ g), operators.GradientOperator(X, g)):
+        x, r = op.solve_support_residual(A, rhs)
+        w = np.zeros(op.n)
+        w[A] = x
+        assert np.array_equal(x, op.solve_support(A, rhs))
+        assert np.allclose(r, residual(op, w), rtol=0, atol=1e-12)
+        assert np.abs(r[A] + op.beta[A] - rhs).max() <= 1e-10 * np.abs(rhs).max()  # K_AA x = rhs
+        if isinstance(op, operators.GramOperator) and n_support >= 256:
+            assert np.array_equal(r, residual(op, w))  # the same product K @ w
+
+
+def test_certificate_matches_the_separate_kkt_and_objective():
+    """certify's objective is problem.objective's, and its KKT tells an optimum from a wrong point, with and without prices."""
+    from solvers.kkt import certify
+
+    G, g = _clustered(60, 80, seed=2)
+    K, beta = G @ G.T, G @ g
+    costs = np.random.default_rng(3).uniform(0.5, 2.0, size=60)
+    for kw in ({"gamma": 1e-3}, {"budget": 0.8}, {"budget": 0.8, "costs": costs}, {"gamma": 1e-3, "costs": costs}):
+        prob = make_problem(K, beta, **kw)
+        for w, optimal in ((solve_kmm(K, beta, **kw).w, True), (np.linspace(-0.1, 0.2, 60), False)):
+            kkt, objective = certify(prob, w)
+            assert (kkt < 1e-7) if optimal else (kkt > 1e-3)
+            assert objective == pytest.approx(prob.objective(w), rel=1e-12, abs=1e-14)
+
+
 def test_dense_solve_is_scale_free_and_its_admm_rho_follows_gamma():
     """The same iterations and answer when K, beta and gamma scale together; rho from gamma / max|beta|
     takes fewer ADMM iterations here than the former fixed rho = 0.3 (27)."""

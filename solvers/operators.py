@@ -41,7 +41,8 @@ class GramOperator:
         """x with K_AA x = rhs (rhs: |A| or |A| x k).
 
         Large supports gather K_AA from the float32 copy (half the bytes of the float64 gather) and refine
-        with full float64 matvecs, which cost less than gathering K_AA in float64 at dense supports.
+        with float64 products K w (the whole K, or its rows on A when A is under a third of N), which cost
+        less than gathering K_AA in float64.
         """
         return self._solve_support(A, rhs)[0]
 

@@ -4,8 +4,8 @@ Variants: `former` (fixed rho = 0.3 relative to mean K_ii; the polish runs the P
 iterate), `polish` (fixed rho, the polish solves on the iterate's support and signs first), `default`
 (that polish, rho in proportion to gamma / max|beta|, polished once the support and signs have held for
 three iterations) and `settle1`, `settle2` (the default, polished after one or two). Clustered synthetic
-unit-norm gradients (bench/synthetic.py, p = 4096), N in {300, 1000, 2000}, three seeds, gamma in {2e-4, 5e-4, 2e-3, 5e-3}:
-every case where the solver takes the ADMM path. For each case and variant: the solver's iteration count
+unit-norm gradients (bench/synthetic.py, p = 4096), N in {300, 1000, 2000}, three seeds, gamma in
+{2e-4, 5e-4, 2e-3, 5e-3}: every case where the solver takes the ADMM path. For each case and variant: the solver's iteration count
 (deterministic) and the best of --repeat interleaved timed solves; prints the table, iteration wins and
 geometric-mean time ratios, and ends with one JSON line.
 

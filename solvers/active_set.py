@@ -16,6 +16,8 @@ import time
 
 import numpy as np
 
+from solvers.problem import objective_from_residual
+
 
 def _late(deadline: float | None) -> bool:
     return deadline is not None and time.perf_counter() > deadline
@@ -28,8 +30,7 @@ def residual(op, w: np.ndarray) -> np.ndarray:
 
 
 def _objective(w: np.ndarray, r: np.ndarray, beta: np.ndarray, gamma: float) -> float:
-    # with r = K w - beta: 0.5 w'Kw - beta'w = 0.5 w'(r + beta) - beta'w
-    return 0.5 * float(w @ (r - beta)) + gamma * float(np.abs(w).sum())
+    return objective_from_residual(w, r, beta, gamma * float(np.abs(w).sum()))
 
 
 def _kkt_from(w: np.ndarray, r: np.ndarray, gamma: float) -> float:

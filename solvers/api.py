@@ -21,6 +21,7 @@ from solvers.problem import (
     check_norms,
     check_settings,
     make_problem,
+    objective_from_residual,
 )
 from solvers.reference import solve_cvxpy
 
@@ -184,7 +185,7 @@ def solve_kmm_gradients(
     # certify on the unit-cost problem in v = c * w; a non-binding budget has multiplier 0
     kkt = kkt_of(inner, info["multiplier"], w * c)
     r = residual(op, w)
-    objective = 0.5 * float(w @ (r - op.beta)) + (gamma * shell.l1(w) if gamma is not None else 0.0)
+    objective = objective_from_residual(w, r, op.beta, gamma * shell.l1(w) if gamma is not None else 0.0)
     status = _status(kkt, op.beta, info.get("converged", True))
     if status != "optimal":
         raise KMMSolveError(f"gradient-space KMM solver did not converge: KKT violation {kkt:.3g}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from solvers.problem import KMMProblem, gram_times
+from solvers.problem import KMMProblem, gram_times, objective_from_residual
 
 
 def _violation(problem: KMMProblem, v: np.ndarray, r: np.ndarray, zero_tol: float) -> float:
@@ -47,8 +47,6 @@ def certify(problem: KMMProblem, w: np.ndarray, *, zero_tol: float = 1e-10) -> t
     unit, c = problem.unit_cost()  # costs: check the equivalent problem in v = c * w
     v = np.asarray(w, dtype=np.float64) * c
     r = gram_times(unit.K, v) - unit.beta
-    # 0.5 v'Kv - beta'v = 0.5 v'(r - beta); the cost-weighted l1 of w is the plain l1 of v
-    objective = 0.5 * float(v @ (r - unit.beta))
-    if unit.gamma is not None:
-        objective += unit.gamma * float(np.abs(v).sum())
-    return _violation(unit, v, r, zero_tol), objective
+    # the cost-weighted l1 of w is the plain l1 of v
+    penalty = unit.gamma * float(np.abs(v).sum()) if unit.gamma is not None else 0.0
+    return _violation(unit, v, r, zero_tol), objective_from_residual(v, r, unit.beta, penalty)

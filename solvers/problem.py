@@ -19,6 +19,11 @@ def gram_times(K: np.ndarray, w: np.ndarray) -> np.ndarray:
     return w[support] @ K[support]
 
 
+def objective_from_residual(w: np.ndarray, r: np.ndarray, beta: np.ndarray, penalty: float = 0.0) -> float:
+    """0.5 w'Kw - beta'w + penalty from the residual r = K w - beta, without a product: 0.5 w'(r - beta)."""
+    return 0.5 * float(w @ (r - beta)) + penalty
+
+
 class KMMInputError(ValueError):
     """Raised when K, beta or the solver settings are not a valid KMM problem."""
 

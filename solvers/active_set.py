@@ -6,8 +6,10 @@ gamma / K_ii), d = beta - K w) straight at gamma, then with gamma continuation a
 Newton when it cycles. Dense solutions: ADMM with K + rho I factored once in float32 (rho in proportion
 to gamma / max|beta|), polished by an exact solve on the ADMM iterate's support and signs once they hold
 still. Large support systems factor in float32 and are refined to float64 accuracy (solvers.linalg).
-Degenerate (rank-deficient) cases: an NNLS polish on the equicorrelation set, then the CVXPY reference,
-then coordinate descent. The budget form follows the penalised path (solve_budget).
+Rank-deficient K of known rank (N > p), where supports larger than the rank are singular: the LARS-lasso
+homotopy (solvers.homotopy) when affordable. Other degenerate cases (duplicated candidates): an NNLS polish
+on the equicorrelation set, then the CVXPY reference, then coordinate descent. The budget form follows the
+penalised path (solve_budget): read off the homotopy's breakpoints, or bracketed on a gamma grid.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import time
 
 import numpy as np
 
+from solvers.homotopy import affordable, deduplicated, lars
 from solvers.problem import objective_from_residual
 
 
@@ -236,6 +239,17 @@ def _polish(op, gamma: float, z: np.ndarray, scale: float) -> tuple[np.ndarray, 
     return wp, 1 + k, ok
 
 
+def _homotopy(op, gamma: float, scale: float) -> tuple[np.ndarray, int, bool]:
+    """The homotopy's solution at gamma, certified by its KKT (two PDAS steps if round-off left it short)."""
+    _, W, steps = lars(op, gamma, return_path=False)
+    w = W[-1]
+    r = residual(op, w)
+    if _kkt_from(w, r, gamma) <= scale:
+        return w, steps, True
+    wp, k, ok = _pdas_plain(op, gamma, w, 2, scale, r=r)
+    return wp, steps + k, ok
+
+
 def _admm_rho(gamma: float, gmax: float) -> float:
     """ADMM's first rho relative to mean K_ii, in proportion to gamma / max|beta| (both ratios scale-free).
 
@@ -275,13 +289,23 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
                     tol: float = 1e-10, max_seconds: float | None = None) -> tuple[np.ndarray, dict]:
     """argmin 0.5 w'Kw - beta'w + gamma ||w||_1 through the operator; (w, info).
 
-    Strategy: a warm start, or for sparse solutions (gamma >= dense_ratio * max|beta|) plain PDAS from
-    zero and then PDAS with continuation, goes first; dense solutions start with ADMM + polish (N <= admm_max_n). Whatever
-    has not converged goes on to orthant-projected Newton, and coordinate descent is the last resort.
+    Strategy: rank-deficient problems of known rank start with the homotopy when it is affordable (a warm
+    start does not help it). Otherwise a warm start, or for sparse solutions (gamma >= dense_ratio * max|beta|)
+    plain PDAS from zero and then PDAS with continuation, goes first; dense solutions start with ADMM + polish
+    (N <= admm_max_n). Whatever has not converged goes on to orthant-projected Newton, and coordinate descent
+    is the last resort.
     """
     gmax = float(np.abs(op.beta).max())
     if gamma >= gmax:
         return np.zeros(op.n), {"iterations": 0, "strategy": "zero", "converged": True, "fallback": None}
+    distinct, keep = deduplicated(op)
+    if keep is not None:  # solve on one candidate per duplicate group; the rest keep weight 0
+        v, info = solve_penalised(distinct, gamma, w0=None if w0 is None else w0[keep], factor=factor,
+                                  max_iter=max_iter, dense_ratio=dense_ratio, admm_max_n=admm_max_n, tol=tol,
+                                  max_seconds=max_seconds)
+        w = np.zeros(op.n)
+        w[keep] = v
+        return w, info
     scale = tol * max(1.0, gmax)
     deadline = None if max_seconds is None else time.perf_counter() + max_seconds
     # ADMM factors an N x N (Gram) or p x p (gradients) matrix once per rho
@@ -308,7 +332,10 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
                 break
         return w, total, ok
 
-    if w0 is not None:
+    if affordable(op):
+        # PDAS would jump to singular supports larger than the rank and ADMM crawls (bench/rank_deficient.py)
+        chain = [("homotopy", lambda: _homotopy(op, gamma, scale))]
+    elif w0 is not None:
         chain = [("warm_pdas", lambda: pdas(op, gamma, w0, max_iter, deadline=deadline))]
     elif gamma >= dense_ratio * gmax or not can_admm:
         # sparse solutions: plain PDAS straight at gamma usually lands in a few Newton steps (measured:
@@ -353,13 +380,44 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
     return w, {"iterations": iters, "strategy": strategy, "converged": ok, "fallback": fallback}
 
 
+def _budget_on_homotopy(op, budget: float, gmax: float) -> tuple[np.ndarray, dict] | None:
+    """The budget's solution between two breakpoints of the homotopy (w and ||w||_1 are affine there), or
+    None when the interpolated point does not certify."""
+    scale = 1e-10 * max(1.0, gmax)
+    gammas, W, steps = lars(op, gmax * 1e-12, return_path=True)
+    l1 = np.abs(W).sum(axis=1)
+    reach = np.flatnonzero(l1 >= budget)
+    if reach.size == 0:  # the budget never binds: the (min-l1) unconstrained optimum, if the path got there
+        w, g, binding = W[-1], 0.0, False
+    else:
+        t = int(reach[0])  # t >= 1: W[0] = 0 at gamma_max
+        theta = (budget - l1[t - 1]) / (l1[t] - l1[t - 1])
+        w = W[t - 1] + theta * (W[t] - W[t - 1])
+        g = float(gammas[t - 1] + theta * (gammas[t] - gammas[t - 1]))
+        binding = True
+    if _kkt_from(w, residual(op, w), g) > scale:
+        return None
+    return w, {"iterations": steps, "gamma": g, "binding": binding, "converged": True, "strategy": "homotopy"}
+
+
 def solve_budget(op, budget: float, *, max_iter: int = 100) -> tuple[np.ndarray, dict]:
     """argmin 0.5 w'Kw - beta'w s.t. ||w||_1 <= budget, through the penalised path.
 
     ||w(gamma)||_1 is non-increasing in gamma and, where the support and signs are constant,
-    w(gamma) is affine; bracket the budget on a gamma grid, then interpolate exactly.
+    w(gamma) is affine; read the budget off the homotopy's breakpoints when it is affordable, else
+    bracket it on a gamma grid; then interpolate exactly.
     """
     gmax = float(np.abs(op.beta).max())
+    distinct, keep = deduplicated(op)
+    if keep is not None:  # solve on one candidate per duplicate group; the rest keep weight 0
+        v, info = solve_budget(distinct, budget, max_iter=max_iter)
+        w = np.zeros(op.n)
+        w[keep] = v
+        return w, info
+    if affordable(op):
+        found = _budget_on_homotopy(op, budget, gmax)
+        if found is not None:
+            return found
     hi_g, hi_w = gmax, np.zeros(op.n)
     g, w, iters = gmax, np.zeros(op.n), 0
     lo = None

@@ -68,7 +68,7 @@ def _scaled(op, c: np.ndarray | None):
         return op
     if isinstance(op, GradientOperator):
         return GradientOperator(op.G / c[:, None], op.g)
-    return GramOperator(op.K / np.outer(c, c), op.beta / c)
+    return GramOperator(op.K / np.outer(c, c), op.beta / c, rank=op.rank_bound)
 
 
 SINGLE_THREAD_MAX_N = 2000
@@ -118,7 +118,7 @@ def solve_problem(problem: KMMProblem, *, method: str = "auto") -> KMMSolution:
         name = info["method"]
         iters = info.get("iterations")
     else:
-        w, info, _ = _active_set(GramOperator(problem.K, problem.beta), problem)
+        w, info, _ = _active_set(GramOperator(problem.K, problem.beta, rank=problem.rank), problem)
         name = "active_set"
         iters = info["iterations"]
         status = None

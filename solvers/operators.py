@@ -17,14 +17,15 @@ def _principal(M: np.ndarray, A: np.ndarray) -> np.ndarray:
 
 
 class GramOperator:
-    """K (N x N, PSD) and beta = G g_tar."""
+    """K (N x N, PSD) and beta = G g_tar; rank, when known, bounds the size of a nonsingular support."""
 
-    def __init__(self, K: np.ndarray, beta: np.ndarray):
+    def __init__(self, K: np.ndarray, beta: np.ndarray, rank: int | None = None):
         self.K = np.ascontiguousarray(K, dtype=np.float64)
         self.beta = np.asarray(beta, dtype=np.float64)
         self.diag = np.diag(self.K).copy()
         self.n = self.beta.shape[0]
-        self.rank_bound = self.n
+        self.rank_bound = self.n if rank is None else int(rank)
+        self.distinct = False  # True once duplicated candidates were dropped (solvers.homotopy.deduplicated)
         self._K32: np.ndarray | None = None
 
     def float32_copy(self) -> np.ndarray | None:
@@ -76,6 +77,12 @@ class GramOperator:
             return solve_dense(self.sub(A), rhs, try_mixed=False), None
         return x, (last["product"] if last.get("x") is x else None)
 
+    def restricted(self, A: np.ndarray) -> GramOperator:
+        """The operator of the candidates A only (K_AA, beta_A)."""
+        op = GramOperator(self.sub(A), self.beta[A], rank=min(self.rank_bound, A.size))
+        op.distinct = True
+        return op
+
     def apply(self, A: np.ndarray, w_A: np.ndarray) -> np.ndarray:
         """K[:, A] @ w_A (a length-N vector; K is symmetric, so rows of K are read for small supports)."""
         w = np.zeros(self.n)
@@ -107,6 +114,7 @@ class GradientOperator:
         self.diag = np.einsum("ij,ij->i", self.G, self.G)
         self.n = self.G.shape[0]
         self.rank_bound = min(self.G.shape)  # a support larger than this has a singular K_AA
+        self.distinct = False  # True once duplicated candidates were dropped (solvers.homotopy.deduplicated)
 
     def sub(self, A: np.ndarray) -> np.ndarray:
         """G_A G_A^T."""
@@ -121,6 +129,12 @@ class GradientOperator:
         """(x, r): x with G_A G_A^T x = rhs (a vector) and r = K w - beta for w = x on A, 0 elsewhere."""
         x = self.solve_support(A, rhs)
         return x, self.apply(A, x) - self.beta
+
+    def restricted(self, A: np.ndarray) -> GradientOperator:
+        """The operator of the candidates A only (their gradients G_A, the same g_tar)."""
+        op = GradientOperator(self.G[A], self.g)
+        op.distinct = True
+        return op
 
     def apply(self, A: np.ndarray, w_A: np.ndarray) -> np.ndarray:
         """G (G_A^T w_A)."""

@@ -58,7 +58,7 @@ def kmm_path(K: np.ndarray, beta: np.ndarray, *, gammas: np.ndarray | None = Non
     if gammas is None:
         gammas = gmax * np.geomspace(1.0, gamma_min_ratio, n_gammas)
     gammas = np.sort(np.asarray(gammas, dtype=np.float64))[::-1]
-    op = GramOperator(base.K, base.beta)
+    op = GramOperator(base.K, base.beta, rank=base.rank)
     t0 = time.perf_counter()
     W = np.zeros((len(gammas), base.n))
     kkts = np.zeros(len(gammas))

@@ -37,6 +37,7 @@ class KMMProblem:
     """min_w 0.5 w'Kw - beta'w + gamma sum_i c_i |w_i| (penalised) or s.t. sum_i c_i |w_i| <= budget.
 
     costs c default to 1 (the paper's ||w||_1); with prices it is the marketplace's cost-weighted budget.
+    rank is K's numerical rank when validation computed K's spectrum (N <= 3000), else None (unknown).
     """
 
     K: np.ndarray
@@ -44,6 +45,7 @@ class KMMProblem:
     gamma: float | None = None
     budget: float | None = None
     costs: np.ndarray | None = None
+    rank: int | None = None
 
     @property
     def form(self) -> str:
@@ -73,31 +75,38 @@ class KMMProblem:
         if self.costs is None:
             return self, np.ones(self.n)
         c = self.costs
-        return KMMProblem(K=self.K / np.outer(c, c), beta=self.beta / c, gamma=self.gamma, budget=self.budget), c
+        return KMMProblem(K=self.K / np.outer(c, c), beta=self.beta / c, gamma=self.gamma, budget=self.budget,
+                          rank=self.rank), c  # a positive diagonal scaling keeps the rank
 
 
-def _smallest_eigenvalue(K: np.ndarray, tol: float) -> float:
-    """lambda_min(K), or any value >= -tol when K is PSD within tol (what make_problem needs to know).
+#: eigenvalues at or below this fraction of lambda_max count as zero for K's numerical rank: support systems
+#: that singular are beyond the float64 Cholesky of solvers.linalg (pivots^2 > 1e-11 max K_ii) anyway
+RANK_RTOL = 1e-10
 
-    N <= 3000: dense eigvalsh. N <= 8000: a Cholesky factor of K + tol I exists iff lambda_min > -tol,
-    and only a failure pays for the eigenvalue. Beyond: a bounded Lanczos estimate (approximate).
+
+def _spectrum_facts(K: np.ndarray, tol: float) -> tuple[float, int | None]:
+    """(lambda_min(K), or any value >= -tol when K is PSD within tol; K's numerical rank, or None when unknown).
+
+    N <= 3000: dense eigvalsh, which gives the rank too. N <= 8000: a Cholesky factor of K + tol I exists iff
+    lambda_min > -tol, and only a failure pays for the eigenvalue. Beyond: a bounded Lanczos estimate (approximate).
     """
     n = K.shape[0]
     if n <= 3000:
-        return float(np.linalg.eigvalsh(K)[0])
+        eig = np.linalg.eigvalsh(K)
+        return float(eig[0]), int(np.count_nonzero(eig > RANK_RTOL * max(float(eig[-1]), 0.0)))
     from scipy.sparse.linalg import ArpackNoConvergence, eigsh
 
     if n <= 8000:
         try:
             np.linalg.cholesky(K + tol * np.eye(n))
-            return 0.0
+            return 0.0, None
         except np.linalg.LinAlgError:
             pass
     try:
-        return float(eigsh(K, k=1, which="SA", tol=1e-4, maxiter=300, return_eigenvectors=False)[0])
+        return float(eigsh(K, k=1, which="SA", tol=1e-4, maxiter=300, return_eigenvectors=False)[0]), None
     except ArpackNoConvergence as exc:
         vals = exc.eigenvalues
-        return float(vals.min()) if len(vals) else 0.0
+        return (float(vals.min()) if len(vals) else 0.0), None
 
 
 def check_settings(gamma: float | None, budget: float | None) -> None:
@@ -179,7 +188,7 @@ def make_problem(
     diag = np.diag(K)
     check_norms(diag, 1e-12 * scale)
     costs = check_costs(costs, beta.shape[0])
-    lam_min = _smallest_eigenvalue(K, psd_tol * scale) if check_psd else 0.0
+    lam_min, rank = _spectrum_facts(K, psd_tol * scale) if check_psd else (0.0, None)
     if lam_min < -psd_tol * scale:
         raise KMMInputError(
             f"K is not positive semidefinite: most negative eigenvalue {lam_min:.3g} (tolerance {-psd_tol * scale:.3g})"
@@ -189,4 +198,4 @@ def make_problem(
         K = K / np.outer(d, d)
         beta = beta / d
     return KMMProblem(K=K, beta=beta, gamma=None if gamma is None else float(gamma),
-                      budget=None if budget is None else float(budget), costs=costs)
+                      budget=None if budget is None else float(budget), costs=costs, rank=rank)

@@ -360,3 +360,69 @@ def _clustered(n: int, p: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     G /= np.linalg.norm(G, axis=1, keepdims=True)
     g = centers[:5].sum(axis=0) + 0.5 * rng.normal(size=p)
     return G, g / np.linalg.norm(g)
+
+
+# --- rank-deficient K (N > p, duplicates): the homotopy ---------------------------------------------------
+
+
+def test_validation_records_the_rank_and_the_operator_bounds_supports_by_it():
+    from solvers.operators import GramOperator
+
+    G, g = random_gradients(3, 50, 12, True)
+    prob = make_problem(G @ G.T, G @ g, gamma=0.1)
+    assert prob.rank == 12
+    assert prob.unit_cost()[0].rank == 12
+    assert make_problem(np.eye(4), np.ones(4), gamma=0.1).rank == 4
+    assert GramOperator(prob.K, prob.beta, rank=prob.rank).rank_bound == 12
+    assert GramOperator(prob.K, prob.beta).rank_bound == 50  # unknown rank: no bound below N
+
+
+@pytest.mark.parametrize("gamma_ratio", [3e-2, 3e-4, 3e-6])
+def test_n_above_p_takes_the_homotopy_and_is_exact(gamma_ratio):
+    """N = 300 > p = 100 at small gamma: the former ADMM/PDAS chain took 10-40 s here and once gave up."""
+    from solvers import solve_kmm_gradients
+
+    G, g = random_gradients(0, 300, 100, False)
+    K, beta = G @ G.T, G @ g
+    gamma = gamma_ratio * float(np.abs(beta).max())
+    sol = solve_kmm(K, beta, gamma=gamma)
+    assert sol.info["strategy"] == "homotopy" and sol.info["fallback"] is None
+    assert sol.kkt <= 1e-10 * max(1.0, float(np.abs(beta).max()))
+    assert np.count_nonzero(sol.w) <= 100  # no support beyond the rank
+    ref = make_problem(K, beta, gamma=gamma).objective(scipy_penalised(K, beta, gamma))  # an independent formulation
+    assert sol.objective <= ref + 1e-9 * max(1.0, abs(ref))
+    grad = solve_kmm_gradients(G, g, gamma=gamma)
+    assert grad.info["strategy"] == "homotopy"
+    assert grad.objective == pytest.approx(sol.objective, rel=1e-9, abs=1e-12)
+
+
+def test_duplicates_are_solved_once_and_keep_the_weight_on_one_copy():
+    from solvers.homotopy import representatives
+    from solvers.operators import GradientOperator, GramOperator
+
+    G, g = random_gradients(2, 16, 6, True)  # rows 0 and 1 equal
+    G[5] = -G[3]  # a negated copy
+    G[7] = G[0]  # a third copy of row 0
+    K, beta = G @ G.T, G @ g
+    for op in (GramOperator(K, beta, rank=6), GradientOperator(G, g)):
+        assert sorted(set(range(16)) - set(representatives(op).tolist())) == [1, 5, 7]
+    for kw in ({"gamma": 1e-4 * float(np.abs(beta).max())}, {"budget": 1.5}, {"budget": 50.0}):
+        sol = solve_kmm(K, beta, **kw)
+        ref = solve_kmm(K, beta, **kw, method="cvxpy")
+        assert sol.status == "optimal" and np.all(sol.w[[1, 5, 7]] == 0)
+        assert sol.objective <= ref.objective + 1e-7 * max(1.0, abs(ref.objective)), kw
+
+
+def test_budget_reads_the_homotopy_breakpoints_exactly():
+    G, g = random_gradients(4, 120, 30, False)
+    K, beta = G @ G.T, G @ g
+    for budget in (0.3, 2.0, 6.0):
+        sol = solve_kmm(K, beta, budget=budget)
+        assert sol.info["strategy"] == "homotopy"
+        ref = make_problem(K, beta, budget=budget).objective(scipy_budget(K, beta, budget))
+        assert sol.objective <= ref + 1e-7 * max(1.0, abs(ref))
+        if sol.info["binding"]:
+            assert np.abs(sol.w).sum() == pytest.approx(budget, rel=1e-12)
+            assert sol.kkt <= 1e-9
+    loose = solve_kmm(K, beta, budget=1e6)  # never binds: the min-l1 exact match, gamma -> 0
+    assert not loose.info["binding"] and loose.kkt <= 1e-9

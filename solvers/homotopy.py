@@ -1,0 +1,118 @@
+"""The LARS-lasso homotopy (scikit-learn's lars_path) for rank-deficient K (N > p, duplicated candidates).
+
+From gamma_max down, the homotopy adds or drops one candidate per breakpoint and keeps every support
+system nonsingular, so it stays exact where K_AA is singular for any support larger than rank(K): the
+regime in which PDAS jumps to singular supports and ADMM crawls (bench/rank_deficient.py). Its cost grows
+like N rank(K)^2, so it is the method only for rank-deficient problems of moderate size.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+#: the largest N * rank^2 given to the homotopy: scikit-learn's LARS took 3.7-4.7 s at N = 3000, rank 500
+#: (7.5e8) on this 2-core machine (bench/rank_deficient.py), so this caps it near 10 s
+HOMOTOPY_MAX_WORK = 2e9
+
+
+def deduplicated(op):
+    """(the operator on one candidate of every duplicate group, their indices), or (op, None) when there is
+    nothing to drop. Only problems headed for the homotopy pay for the search (duplicates make K rank-deficient;
+    the other strategies cope with them through the NNLS polish)."""
+    if not affordable(op) or op.distinct:
+        return op, None
+    keep = representatives(op)
+    if keep.size == op.n:
+        return op, None
+    return op.restricted(keep), keep
+
+
+def deficient(op) -> bool:
+    """True when rank(K) is known to be below N, so supports larger than the rank are singular."""
+    return op.rank_bound < op.n
+
+
+def affordable(op) -> bool:
+    """True for a rank-deficient problem small enough for the homotopy (N * rank^2 <= HOMOTOPY_MAX_WORK)."""
+    return deficient(op) and op.n * float(op.rank_bound) ** 2 <= HOMOTOPY_MAX_WORK
+
+
+def _duplicate_pairs_gram(op, tol: float) -> tuple[np.ndarray, np.ndarray]:
+    """(i, j) with K_ii + K_jj - 2 |K_ij| <= tol, from blocks of rows of K (O(N^2) reads, O(N) memory)."""
+    d = op.diag
+    rows, cols = [], []
+    for lo in range(0, op.n, 1024):
+        idx = np.arange(lo, min(lo + 1024, op.n))
+        dist = np.abs(op.K[idx])
+        dist *= -2.0
+        dist += d[None, :]
+        dist += d[idx, None]
+        dist[np.arange(idx.size), idx] = np.inf
+        i, j = np.nonzero(dist <= tol)
+        rows.append(idx[i])
+        cols.append(j)
+    return np.concatenate(rows), np.concatenate(cols)
+
+
+def _duplicate_pairs_gradients(op, tol: float) -> tuple[np.ndarray, np.ndarray]:
+    """(i, j) with ||g_i -+ g_j||^2 <= tol among rows whose |<g, r>| agree for a random r (O(N p), not N^2 p)."""
+    h = np.abs(op.G @ np.random.default_rng(0).standard_normal(op.G.shape[1]))
+    order = np.argsort(h, kind="stable")
+    near = np.flatnonzero(np.diff(h[order]) <= 1e-9 * max(float(h.max()), 1e-300))
+    i, j = order[near], order[near + 1]
+    if i.size == 0:
+        return i, j
+    dots = np.einsum("ij,ij->i", op.G[i], op.G[j])
+    close = op.diag[i] + op.diag[j] - 2 * np.abs(dots) <= tol
+    return i[close], j[close]
+
+
+def representatives(op, rtol: float = 1e-12) -> np.ndarray:
+    """Sorted indices that keep one candidate of every group of duplicated (or negated) gradients.
+
+    Candidates i, j are duplicates when ||g_i -+ g_j||^2 = K_ii + K_jj -+ 2 K_ij <= rtol max K_ii. Dropping
+    all but one loses nothing (w_i g_i + w_j g_j = (w_i +- w_j) g_i with no larger l1 norm), and the exact
+    ties they cause are what the LARS homotopy cannot resolve (it drops "degenerate regressors" and ends
+    at a wrong point).
+    """
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    tol = rtol * float(op.diag.max())
+    find = _duplicate_pairs_gram if hasattr(op, "K") else _duplicate_pairs_gradients
+    i, j = find(op, tol)
+    if i.size == 0:
+        return np.arange(op.n)
+    graph = coo_matrix((np.ones(i.size), (i, j)), shape=(op.n, op.n))
+    _, labels = connected_components(graph, directed=False)
+    return np.sort(np.unique(labels, return_index=True)[1])
+
+
+def lars(op, gamma_min: float, *, return_path: bool) -> tuple[np.ndarray, np.ndarray, int]:
+    """(gammas, W, steps): the lasso homotopy of 0.5 w'Kw - beta'w + gamma ||w||_1 down to gamma_min.
+
+    With return_path, gammas are the breakpoints (decreasing, the first is max|beta|) and row t of W is the
+    exact solution at gammas[t], affine in gamma between rows; otherwise one row, the solution at gamma_min.
+    Give it distinct candidates (see representatives): exact ties make scikit-learn's LARS end at a wrong point.
+    """
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import lars_path, lars_path_gram
+
+    max_iter = 8 * min(op.n, op.rank_bound) + 100
+    kw = {"method": "lasso", "max_iter": max_iter, "return_path": return_path, "return_n_iter": True}
+    with warnings.catch_warnings():
+        # degenerate (tied) regressors and early stops are warned about; the caller certifies by KKT instead
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        if hasattr(op, "K"):
+            # Gram form with n_samples = 1: scikit-learn's alpha is gamma itself
+            alphas, _, coefs, steps = lars_path_gram(op.beta, op.K, n_samples=1, alpha_min=gamma_min, **kw)
+            scale = 1.0
+        else:
+            # X = G^T (p samples): scikit-learn minimises ||g - X w||^2 / (2p) + alpha ||w||_1, so alpha = gamma / p
+            scale = float(op.G.shape[1])
+            alphas, _, coefs, steps = lars_path(op.G.T, op.g, alpha_min=gamma_min / scale, **kw)
+    gammas = np.atleast_1d(np.asarray(alphas, dtype=np.float64)) * scale
+    W = np.asarray(coefs, dtype=np.float64).T if return_path else np.asarray(coefs, dtype=np.float64)[None, :]
+    return gammas, W, int(steps)

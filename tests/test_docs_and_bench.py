@@ -29,6 +29,17 @@ def test_solver_bench_runs_and_ends_with_json():
         assert r["convalue_kkt"] < 1e-6 and r["convalue_obj"] <= r["cvxpy_obj"] + 1e-6
 
 
+def test_rank_deficient_bench_runs_and_ends_with_json():
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "rank_deficient.py"), "--cases", "120x40", "--cap", "10"],
+                         capture_output=True, text=True, check=True, timeout=300).stdout
+    figures = json.loads(out.strip().splitlines()[-1])
+    assert figures["bench"] == "rank_deficient" and len(figures["results"]) == 2
+    for r in figures["results"]:
+        assert r["rank"] == 40 and r["convalue_strategy"] == "homotopy"
+        assert r["convalue_kkt"] < 1e-9
+        assert r["convalue_obj"] <= min(r["cvxpy_obj"], r["former_obj"], r["sklearn_obj"]) + 1e-9
+
+
 def test_admm_rho_bench_runs_every_variant_and_ends_with_json():
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "admm_rho.py"), "--sizes", "300", "--seeds", "0",
                           "--gammas", "5e-4", "--repeat", "1"], capture_output=True, text=True, check=True,

@@ -1,0 +1,140 @@
+"""Rank-deficient K (N > p): the homotopy against the active-set chain it replaced there, CVXPY + OSQP and scikit-learn.
+
+Clustered synthetic unit-norm gradients (bench/synthetic.py) with fewer dimensions p than candidates N, so
+K = G G^T has rank p, at the paper's two gammas. In one process, per case:
+  convalue        solve_problem on the validated problem (make_problem records rank(K): the LARS homotopy)
+  former chain    the same solver given K without its rank (the ADMM / PDAS chain that ran here before),
+                  capped at --cap seconds
+  cvxpy+osqp      the paper's call (N <= --cvxpy-max-n); CVXPY's own PSD check rejects a singular K as not
+                  DCP, and then the reference's psd_wrap setting (solvers.reference "tight") runs instead
+  sklearn         coordinate descent on the precomputed Gram (Lasso with X = G^T, alpha = gamma / p)
+Prints time, KKT violation, objective and support size per method, the ratios, and ends with one JSON line.
+
+    .venv/bin/python bench/rank_deficient.py [--cases 300x100 1000x300 3000x500] [--cap 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+# the repository root first (bench/solvers.py is named like the package), bench/ last
+sys.path[0] = str(Path(__file__).resolve().parents[1])
+sys.path.append(str(Path(__file__).resolve().parent))
+
+from synthetic import clustered_gradients  # noqa: E402
+
+from solvers import kkt_violation, make_problem, solve_problem  # noqa: E402
+from solvers.active_set import solve_penalised  # noqa: E402
+from solvers.operators import GramOperator  # noqa: E402
+
+
+def case(text: str) -> tuple[int, int]:
+    """'NxP' -> (N, p) with p < N."""
+    n, p = (int(v) for v in text.lower().split("x"))
+    if not 0 < p < n:
+        raise argparse.ArgumentTypeError(f"a case is NxP with 0 < P < N, got {text!r}")
+    return n, p
+
+
+def sklearn_lasso(G: np.ndarray, g: np.ndarray, K: np.ndarray, beta: np.ndarray, gamma: float,
+                  max_iter: int) -> tuple[np.ndarray, bool]:
+    """scikit-learn's coordinate descent on the precomputed Gram; (w, converged)."""
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import enet_path
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        _, coefs, _ = enet_path(np.asfortranarray(G.T), g, l1_ratio=1.0, alphas=[gamma / G.shape[1]],
+                                precompute=K, Xy=beta, max_iter=max_iter, check_input=False)
+    return coefs[:, 0], not any(issubclass(c.category, ConvergenceWarning) for c in caught)
+
+
+def report(prob, head: str, name: str, t: float, w: np.ndarray, note: str = "") -> tuple[float, float]:
+    """Print one method's line for the case `head`; (KKT violation, objective) of w."""
+    kkt, obj = kkt_violation(prob, w), prob.objective(w)
+    print(f"{head} {name:<14} {t:>9.4f} {kkt:>9.1e} {obj:>14.9f} {int(np.count_nonzero(w)):>5}  {note}", flush=True)
+    return kkt, obj
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", type=case, nargs="+", default=[(300, 100), (1000, 300), (3000, 500)])
+    ap.add_argument("--gammas", type=float, nargs="+", default=[5e-2, 5e-4])
+    ap.add_argument("--cap", type=float, default=30.0, help="seconds allowed to the former chain per solve")
+    ap.add_argument("--cvxpy-max-n", type=int, default=1000)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    warm = np.random.default_rng(0).standard_normal((8, 4))  # imports (scikit-learn's LARS, CVXPY) out of the timings
+    solve_problem(make_problem(warm @ warm.T, warm @ warm[0], gamma=0.1))
+    solve_problem(make_problem(warm @ warm.T, warm @ warm[0], gamma=0.1), method="cvxpy_paper")
+    sklearn_lasso(warm, warm[0], warm @ warm.T, warm @ warm[0], 0.1, 10)
+    rows = []
+    print(f"{'N':>6} {'p':>5} {'gamma':>7} {'method':<14} {'time_s':>9} {'kkt':>9} {'objective':>14} {'nnz':>5}  note")
+    for n, p in args.cases:
+        G32, g32 = clustered_gradients(n, p, seed=args.seed)
+        G, g = G32.astype(np.float64), g32.astype(np.float64)
+        K = G @ G.T
+        K = 0.5 * (K + K.T)
+        beta = G @ g
+        for gamma in args.gammas:
+            t0 = time.perf_counter()
+            prob = make_problem(K, beta, gamma=gamma)
+            rec = {"N": n, "p": p, "gamma": gamma, "rank": prob.rank, "validate_s": round(time.perf_counter() - t0, 3)}
+            line = functools.partial(report, prob, f"{n:>6} {p:>5} {gamma:>7.0e}")
+
+            t0 = time.perf_counter()
+            sol = solve_problem(prob)
+            t_cv = time.perf_counter() - t0
+            kkt, obj = line("convalue", t_cv, sol.w, f"strategy={sol.info['strategy']}, rank {prob.rank}")
+            rec |= {"convalue_s": round(t_cv, 4), "convalue_kkt": kkt, "convalue_obj": obj,
+                    "convalue_nnz": int(np.count_nonzero(sol.w)), "convalue_strategy": sol.info["strategy"]}
+
+            t0 = time.perf_counter()
+            w_old, info = solve_penalised(GramOperator(prob.K, prob.beta), gamma, max_seconds=args.cap)
+            t_old = time.perf_counter() - t0
+            kkt, obj = line("former chain", t_old, w_old,
+                            f"strategy={info['strategy']}, fallback={info['fallback']}, "
+                            f"{'converged' if info['converged'] else 'NOT converged'}; "
+                            f"convalue is {t_old / t_cv:.1f}x faster")
+            rec |= {"former_s": round(t_old, 4), "former_kkt": kkt, "former_obj": obj,
+                    "former_converged": bool(info["converged"]), "speedup_vs_former": round(t_old / t_cv, 1)}
+
+            if n <= args.cvxpy_max_n:
+                import cvxpy as cp
+
+                setting = "cvxpy_paper"
+                try:
+                    solve_problem(make_problem(K, beta, gamma=gamma), method=setting)
+                except cp.error.DCPError:  # quad_form's eigen-check finds K's round-off negative eigenvalues
+                    setting = "cvxpy"
+                    print(f"{n:>6} {p:>5} {gamma:>7.0e} {'cvxpy+osqp':<14} the paper's call rejects K as not DCP "
+                          "(singular K); timing the psd_wrap setting instead", flush=True)
+                t0 = time.perf_counter()
+                ref = solve_problem(prob, method=setting)
+                t_cx = time.perf_counter() - t0
+                kkt, obj = line("cvxpy+osqp", t_cx, ref.w, f"{setting}; convalue is {t_cx / t_cv:.1f}x faster")
+                rec |= {"cvxpy_setting": setting, "cvxpy_s": round(t_cx, 4), "cvxpy_kkt": kkt, "cvxpy_obj": obj,
+                        "speedup_vs_cvxpy": round(t_cx / t_cv, 1)}
+
+            t0 = time.perf_counter()
+            w_sk, conv = sklearn_lasso(G, g, prob.K, prob.beta, gamma, max_iter=1000)
+            t_sk = time.perf_counter() - t0
+            kkt, obj = line("sklearn", t_sk, w_sk, f"{'converged' if conv else 'NOT converged (1000 sweeps)'}; "
+                            f"convalue is {t_sk / t_cv:.1f}x faster")
+            rec |= {"sklearn_s": round(t_sk, 4), "sklearn_kkt": kkt, "sklearn_obj": obj, "sklearn_converged": conv,
+                    "speedup_vs_sklearn": round(t_sk / t_cv, 1)}
+            rows.append(rec)
+    print(json.dumps({"bench": "rank_deficient", "cap_s": args.cap, "results": rows}, default=float))
+
+
+if __name__ == "__main__":
+    main()

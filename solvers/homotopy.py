@@ -116,3 +116,21 @@ def lars(op, gamma_min: float, *, return_path: bool) -> tuple[np.ndarray, np.nda
     gammas = np.atleast_1d(np.asarray(alphas, dtype=np.float64)) * scale
     W = np.asarray(coefs, dtype=np.float64).T if return_path else np.asarray(coefs, dtype=np.float64)[None, :]
     return gammas, W, int(steps)
+
+
+def solutions_at(op, gammas: np.ndarray) -> np.ndarray:
+    """Row t: the homotopy's solution at gammas[t], for any gammas, from one path (affine between breakpoints).
+
+    Duplicated candidates are solved as one (deduplicated); the others keep weight 0.
+    """
+    distinct, keep = deduplicated(op)
+    gammas = np.asarray(gammas, dtype=np.float64)
+    bps, W_bp, _ = lars(distinct, max(float(gammas.min()), 0.0), return_path=True)
+    # breakpoints decrease; np.interp needs increasing abscissae, and clamps outside them (w = 0 above gamma_max)
+    order = np.argsort(bps, kind="stable")
+    W = np.stack([np.interp(gammas, bps[order], W_bp[order, j]) for j in range(W_bp.shape[1])], axis=1)
+    if keep is None:
+        return W
+    full = np.zeros((gammas.size, op.n))
+    full[:, keep] = W
+    return full

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from solvers.active_set import solve_penalised
+from solvers.homotopy import affordable, solutions_at
 from solvers.kkt import kkt_violation
 from solvers.operators import GramOperator
 from solvers.problem import KMMProblem, make_problem
@@ -52,7 +53,11 @@ class KMMPath:
 
 def kmm_path(K: np.ndarray, beta: np.ndarray, *, gammas: np.ndarray | None = None, n_gammas: int = 50,
              gamma_min_ratio: float = 1e-3, normalize: str = "none") -> KMMPath:
-    """Solve the penalised KMM problem on a decreasing gamma grid, each solve warm-started by the previous."""
+    """Solve the penalised KMM problem on a decreasing gamma grid, each solve warm-started by the previous.
+
+    A rank-deficient K the homotopy can afford (solvers.homotopy) is read off one homotopy path instead; a point
+    of it that does not certify is solved on its own.
+    """
     base = make_problem(K, beta, gamma=0.0, normalize=normalize)
     gmax = float(np.abs(base.beta).max())
     if gammas is None:
@@ -62,9 +67,14 @@ def kmm_path(K: np.ndarray, beta: np.ndarray, *, gammas: np.ndarray | None = Non
     t0 = time.perf_counter()
     W = np.zeros((len(gammas), base.n))
     kkts = np.zeros(len(gammas))
+    on_path = solutions_at(op, gammas) if affordable(op) else None
     w = np.zeros(base.n)
     for t, g in enumerate(gammas):
-        w, _ = solve_penalised(op, float(g), w0=w if t else None)
+        prob = KMMProblem(K=base.K, beta=base.beta, gamma=float(g))
+        if on_path is not None and kkt_violation(prob, on_path[t]) <= 1e-10 * max(1.0, gmax):
+            w = on_path[t]
+        else:
+            w, _ = solve_penalised(op, float(g), w0=w if t else None)
         W[t] = w
-        kkts[t] = kkt_violation(KMMProblem(K=base.K, beta=base.beta, gamma=float(g)), w)
+        kkts[t] = kkt_violation(prob, w)
     return KMMPath(gammas=gammas, W=W, kkt=kkts, time_s=time.perf_counter() - t0)

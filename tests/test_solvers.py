@@ -426,3 +426,23 @@ def test_budget_reads_the_homotopy_breakpoints_exactly():
             assert sol.kkt <= 1e-9
     loose = solve_kmm(K, beta, budget=1e6)  # never binds: the min-l1 exact match, gamma -> 0
     assert not loose.info["binding"] and loose.kkt <= 1e-9
+
+
+def test_path_on_rank_deficient_k_is_read_off_one_homotopy(monkeypatch):
+    import solvers.path as path_module
+    from solvers import kmm_path
+
+    G, g = random_gradients(6, 300, 100, False)
+    K, beta = G @ G.T, G @ g
+
+    def no_single_solves(*args, **kwargs):
+        raise AssertionError("every point of this path should come from the homotopy")
+
+    monkeypatch.setattr(path_module, "solve_penalised", no_single_solves)
+    path = kmm_path(K, beta, n_gammas=20)
+    assert np.all(path.kkt <= 1e-10 * max(1.0, float(np.abs(beta).max())))
+    assert np.all(np.diff(path.l1) >= -1e-12)
+    for t in (3, 12, 19):
+        single = solve_kmm(K, beta, gamma=float(path.gammas[t]))
+        assert make_problem(K, beta, gamma=float(path.gammas[t])).objective(path.W[t]) == pytest.approx(
+            single.objective, rel=1e-10, abs=1e-12)

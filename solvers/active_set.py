@@ -216,7 +216,7 @@ def _admm_polish(op, gamma: float, w0: np.ndarray, scale: float, *, rho: float =
             if ok:
                 return wp, it + k, True
             if it >= 200:  # singular supports (duplicates, N > p): polish by NNLS on the equicorrelation set
-                wp, ok = _nnls_polish(op, gamma, z, scale)
+                wp, ok = _nnls_polish(op, gamma, z, scale, deadline)
                 if ok:
                     return wp, it, True
     return z, it, False
@@ -260,7 +260,8 @@ def _admm_rho(gamma: float, gmax: float) -> float:
     return float(np.clip(125.0 * gamma / gmax, 0.01, 1.0))
 
 
-def _nnls_polish(op, gamma: float, w: np.ndarray, scale: float) -> tuple[np.ndarray, bool]:
+def _nnls_polish(op, gamma: float, w: np.ndarray, scale: float,
+                 deadline: float | None = None) -> tuple[np.ndarray, bool]:
     """Exact solution on the (slightly enlarged) equicorrelation set of a near-optimal w, sign-consistent.
 
     With E = {i : |d_i| ~ gamma}, s = sign(d_E), the optimum solves K_EE w_E = beta_E - gamma s_E with
@@ -271,6 +272,8 @@ def _nnls_polish(op, gamma: float, w: np.ndarray, scale: float) -> tuple[np.ndar
 
     d = -residual(op, w)
     for rel in (1e-7, 1e-5, 1e-3, 1e-2, 3e-2):
+        if _late(deadline):  # each NNLS on a large E can take seconds
+            break
         E = np.flatnonzero(np.abs(d) >= gamma * (1 - rel))
         if E.size == 0 or E.size > 3000:
             continue
@@ -324,13 +327,16 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
 
     def admm() -> tuple[np.ndarray, int, bool]:
         # ADMM's speed depends on rho; degenerate (rank-deficient) problems may need another scale
-        total = 0
+        total, best = 0, np.zeros(op.n)
         for rho in (_admm_rho(gamma, gmax), 3.0, 0.03):
+            if _late(deadline):
+                break
             w, it, ok = _admm_polish(op, gamma, np.zeros(op.n), scale, rho=rho, max_iter=1000, deadline=deadline)
             total += it
             if ok:
-                break
-        return w, total, ok
+                return w, total, True
+            best = _closer(op, gamma, best, w)  # an unfinished run's iterate, not a later run's zero start
+        return best, total, False
 
     if affordable(op):
         # PDAS would jump to singular supports larger than the rank and ADMM crawls (bench/rank_deficient.py)
@@ -351,15 +357,15 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
         strategy = name
         w, it, ok = run()
         iters += it
-        if best is None:
-            best = w
         if ok:
             break
+        # the fallbacks start from the closest iterate any strategy reached
+        best = w if best is None else _closer(op, gamma, best, w)
     if not ok:
         w = best
     fallback = None
     if not ok:
-        w, ok = _nnls_polish(op, gamma, w, scale)
+        w, ok = _nnls_polish(op, gamma, w, scale, deadline)
         fallback = "nnls_polish"
     if not ok and op.n <= 3000 and not _late(deadline):
         # a degenerate problem the active-set paths could not certify: the reference library
@@ -367,17 +373,24 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
         from solvers.reference import solve_cvxpy
 
         K = op.K if hasattr(op, "K") else op.sub(np.arange(op.n))
-        w, _ = solve_cvxpy(KMMProblem(K=K, beta=op.beta, gamma=gamma), tolerance="tight")
-        w = np.where(np.abs(w) > 1e-12 * max(1.0, float(np.abs(w).max())), w, 0.0)
-        w, polished = _nnls_polish(op, gamma, w, scale)
-        ok = polished or _kkt_from(w, residual(op, w), gamma) <= 1e3 * scale
+        w_ref, _ = solve_cvxpy(KMMProblem(K=K, beta=op.beta, gamma=gamma), tolerance="tight")
+        w_ref = np.where(np.abs(w_ref) > 1e-12 * max(1.0, float(np.abs(w_ref).max())), w_ref, 0.0)
+        w_ref, polished = _nnls_polish(op, gamma, w_ref, scale)
+        ok = polished or _kkt_from(w_ref, residual(op, w_ref), gamma) <= 1e3 * scale
+        w = w_ref if ok else _closer(op, gamma, w, w_ref)
         fallback = "cvxpy_reference"
     if not ok and not _late(deadline):
-        w, sweeps = coordinate_descent(op, gamma, w, max_sweeps=5000, tol=1e-9, deadline=deadline)
+        w_cd, sweeps = coordinate_descent(op, gamma, w, max_sweeps=5000, tol=1e-9, deadline=deadline)
         iters += sweeps
-        w, ok = _nnls_polish(op, gamma, w, scale)
+        w_cd, ok = _nnls_polish(op, gamma, w_cd, scale, deadline)
+        w = w_cd if ok else _closer(op, gamma, w, w_cd)
         fallback = "coordinate_descent+nnls_polish"
     return w, {"iterations": iters, "strategy": strategy, "converged": ok, "fallback": fallback}
+
+
+def _closer(op, gamma: float, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Whichever of two uncertified iterates has the smaller KKT violation (a on a tie)."""
+    return b if _kkt_from(b, residual(op, b), gamma) < _kkt_from(a, residual(op, a), gamma) else a
 
 
 def _budget_on_homotopy(op, budget: float, gmax: float) -> tuple[np.ndarray, dict] | None:

@@ -446,3 +446,30 @@ def test_path_on_rank_deficient_k_is_read_off_one_homotopy(monkeypatch):
         single = solve_kmm(K, beta, gamma=float(path.gammas[t]))
         assert make_problem(K, beta, gamma=float(path.gammas[t])).objective(path.W[t]) == pytest.approx(
             single.objective, rel=1e-10, abs=1e-12)
+
+
+def test_an_unconverged_solve_returns_the_closest_iterate_any_strategy_reached(monkeypatch):
+    """When every strategy fails, the fallbacks start from (and return) the iterate with the smallest KKT
+    violation: the first ADMM run's, not a later run's zero start (the former chain returned w = 0)."""
+    import solvers.active_set as AS
+    import solvers.reference as ref_module
+    from solvers.operators import GramOperator
+
+    G, g = random_gradients(8, 60, 20, False)
+    K, beta = G @ G.T, G @ g
+    gamma = 1e-3 * float(np.abs(beta).max())
+    good = solve_kmm(K, beta, gamma=gamma).w * (1 + 1e-4)  # near-optimal, does not certify
+    calls = []
+
+    def admm_once(op, gamma, w0, scale, **kw):
+        calls.append(kw["rho"])
+        return (good.copy() if len(calls) == 1 else np.zeros(op.n)), 10, False
+
+    monkeypatch.setattr(AS, "_admm_polish", admm_once)
+    monkeypatch.setattr(AS, "pdas", lambda op, gamma, w, *a, **k: (np.zeros(op.n), 1, False))
+    monkeypatch.setattr(AS, "_nnls_polish", lambda op, gamma, w, scale, deadline=None: (w, False))
+    monkeypatch.setattr(AS, "coordinate_descent", lambda op, gamma, w, **k: (w, 0))
+    monkeypatch.setattr(ref_module, "solve_cvxpy", lambda problem, tolerance: (np.zeros(problem.n), {}))
+    w, info = AS.solve_penalised(GramOperator(K, beta), gamma)  # rank unknown: the ADMM chain
+    assert len(calls) == 3 and not info["converged"]
+    assert np.array_equal(w, good)

@@ -9,6 +9,8 @@ K = G G^T has rank p, at the paper's two gammas. In one process, per case:
                   DCP, and then the reference's psd_wrap setting (solvers.reference "tight") runs instead
   sklearn         coordinate descent on the precomputed Gram (Lasso with X = G^T, alpha = gamma / p)
 Prints time, KKT violation, objective and support size per method, the ratios, and ends with one JSON line.
+Per case up to N = --path-max-n it also times kmm_path on --path-points gammas (one homotopy path read at
+every point) against one homotopy per point, as kmm_path ran before.
 
     .venv/bin/python bench/rank_deficient.py [--cases 300x100 1000x300 3000x500] [--cap 30]
 """
@@ -20,7 +22,6 @@ import functools
 import json
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -29,9 +30,10 @@ import numpy as np
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 sys.path.append(str(Path(__file__).resolve().parent))
 
+from baselines import sklearn_lasso  # noqa: E402
 from synthetic import clustered_gradients  # noqa: E402
 
-from solvers import kkt_violation, make_problem, solve_problem  # noqa: E402
+from solvers import kkt_violation, kmm_path, make_problem, solve_problem  # noqa: E402
 from solvers.active_set import solve_penalised  # noqa: E402
 from solvers.operators import GramOperator  # noqa: E402
 
@@ -44,24 +46,30 @@ def case(text: str) -> tuple[int, int]:
     return n, p
 
 
-def sklearn_lasso(G: np.ndarray, g: np.ndarray, K: np.ndarray, beta: np.ndarray, gamma: float,
-                  max_iter: int) -> tuple[np.ndarray, bool]:
-    """scikit-learn's coordinate descent on the precomputed Gram; (w, converged)."""
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.linear_model import enet_path
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ConvergenceWarning)
-        _, coefs, _ = enet_path(np.asfortranarray(G.T), g, l1_ratio=1.0, alphas=[gamma / G.shape[1]],
-                                precompute=K, Xy=beta, max_iter=max_iter, check_input=False)
-    return coefs[:, 0], not any(issubclass(c.category, ConvergenceWarning) for c in caught)
-
-
 def report(prob, head: str, name: str, t: float, w: np.ndarray, note: str = "") -> tuple[float, float]:
     """Print one method's line for the case `head`; (KKT violation, objective) of w."""
     kkt, obj = kkt_violation(prob, w), prob.objective(w)
     print(f"{head} {name:<14} {t:>9.4f} {kkt:>9.1e} {obj:>14.9f} {int(np.count_nonzero(w)):>5}  {note}", flush=True)
     return kkt, obj
+
+
+def time_paths(K: np.ndarray, beta: np.ndarray, points: int, head: str) -> dict:
+    """kmm_path's grid from one homotopy path against one homotopy per grid point; both certified."""
+    path = kmm_path(K, beta, n_gammas=points)
+    prob = make_problem(K, beta, gamma=0.0)
+    op = GramOperator(prob.K, prob.beta, rank=prob.rank)  # clustered data: no duplicates to drop here
+    t0 = time.perf_counter()
+    kkts = []
+    for g in path.gammas:
+        w, _ = solve_penalised(op, float(g))
+        kkts.append(kkt_violation(make_problem(K, beta, gamma=float(g), check_psd=False), w))
+    per_point = time.perf_counter() - t0
+    print(f"{head} {'':>7} {'kmm_path':<14} {path.time_s:>9.4f} {path.kkt.max():>9.1e}  {points} gammas from one "
+          f"path; one homotopy per gamma {per_point:.3f} s (KKT <= {max(kkts):.1e}): {per_point / path.time_s:.1f}x",
+          flush=True)
+    return {"points": points, "path_s": round(path.time_s, 4), "path_kkt": float(path.kkt.max()),
+            "per_point_s": round(per_point, 4), "per_point_kkt": max(kkts),
+            "speedup": round(per_point / path.time_s, 1)}
 
 
 def main() -> None:
@@ -70,6 +78,8 @@ def main() -> None:
     ap.add_argument("--gammas", type=float, nargs="+", default=[5e-2, 5e-4])
     ap.add_argument("--cap", type=float, default=30.0, help="seconds allowed to the former chain per solve")
     ap.add_argument("--cvxpy-max-n", type=int, default=1000)
+    ap.add_argument("--path-points", type=int, default=50)
+    ap.add_argument("--path-max-n", type=int, default=1000, help="largest N whose kmm_path is timed")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
@@ -77,7 +87,7 @@ def main() -> None:
     solve_problem(make_problem(warm @ warm.T, warm @ warm[0], gamma=0.1))
     solve_problem(make_problem(warm @ warm.T, warm @ warm[0], gamma=0.1), method="cvxpy_paper")
     sklearn_lasso(warm, warm[0], warm @ warm.T, warm @ warm[0], 0.1, 10)
-    rows = []
+    rows, paths = [], []
     print(f"{'N':>6} {'p':>5} {'gamma':>7} {'method':<14} {'time_s':>9} {'kkt':>9} {'objective':>14} {'nnz':>5}  note")
     for n, p in args.cases:
         G32, g32 = clustered_gradients(n, p, seed=args.seed)
@@ -133,7 +143,9 @@ def main() -> None:
             rec |= {"sklearn_s": round(t_sk, 4), "sklearn_kkt": kkt, "sklearn_obj": obj, "sklearn_converged": conv,
                     "speedup_vs_sklearn": round(t_sk / t_cv, 1)}
             rows.append(rec)
-    print(json.dumps({"bench": "rank_deficient", "cap_s": args.cap, "results": rows}, default=float))
+        if n <= args.path_max_n:
+            paths.append(time_paths(K, beta, args.path_points, f"{n:>6} {p:>5}"))
+    print(json.dumps({"bench": "rank_deficient", "cap_s": args.cap, "results": rows, "paths": paths}, default=float))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ import argparse
 import json
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +22,7 @@ import numpy as np
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 sys.path.append(str(Path(__file__).resolve().parent))
 
+from baselines import sklearn_lasso  # noqa: E402
 from synthetic import clustered_gradients  # noqa: E402
 
 from solvers import kkt_violation, make_problem, solve_problem  # noqa: E402
@@ -52,20 +52,6 @@ def agreement(a: np.ndarray, b: np.ndarray) -> float:
     return len(ta & tb) / max(len(ta), len(tb), 1)
 
 
-def sklearn_solve(G64: np.ndarray, g: np.ndarray, K: np.ndarray, beta: np.ndarray, gamma: float, max_iter: int):
-    """scikit-learn's coordinate descent on the precomputed Gram: Lasso with X = G^T, y = g_tar, alpha = gamma / p."""
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.linear_model import enet_path
-
-    p = G64.shape[1]
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ConvergenceWarning)
-        _, coefs, _ = enet_path(np.asfortranarray(G64.T), g, l1_ratio=1.0, alphas=[gamma / p], precompute=K,
-                                Xy=beta, max_iter=max_iter, check_input=False)
-    converged = not any(issubclass(c.category, ConvergenceWarning) for c in caught)
-    return coefs[:, 0], converged
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 5000, 20000])
@@ -78,7 +64,7 @@ def main() -> None:
 
     rows = []
     warm = np.random.default_rng(0).standard_normal((8, 4))
-    sklearn_solve(warm, warm[0], warm @ warm.T, warm @ warm[0], 0.1, 10)  # import and JIT costs out of the timings
+    sklearn_lasso(warm, warm[0], warm @ warm.T, warm @ warm[0], 0.1, 10)  # import and JIT costs out of the timings
     solve_problem(make_problem(warm @ warm.T, warm @ warm[0], gamma=0.1), method="cvxpy_paper")
     print(f"{'N':>6} {'gamma':>7} {'method':<22} {'time_s':>9} {'kkt':>9} {'objective':>14} {'nnz':>6} {'top20':>6}  note")
     for n in args.sizes:
@@ -127,7 +113,7 @@ def main() -> None:
                         "top20_vs_cvxpy": agreement(w_cv, ref_w)}
             # scikit-learn coordinate descent on the precomputed Gram
             max_iter = 1000  # sweeps; at N = 20000, gamma = 5e-4 this is about 40 s and still short of KKT 1e-6
-            t_sk, (w_sk, conv_sk) = timed(sklearn_solve, G64, g, K, beta, gamma, max_iter)
+            t_sk, (w_sk, conv_sk) = timed(sklearn_lasso, G64, g, K, beta, gamma, max_iter)
             rec |= {"sklearn_s": round(t_sk, 4), "sklearn_kkt": kkt_violation(prob, w_sk),
                     "sklearn_obj": prob.objective(w_sk), "sklearn_converged": conv_sk, "sklearn_max_iter": max_iter,
                     "speedup_vs_sklearn": round(t_sk / t_cv, 1),

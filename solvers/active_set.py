@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from solvers.homotopy import affordable, deduplicated, lars
+from solvers.homotopy import affordable, lars, path_at
 from solvers.problem import objective_from_residual
 
 
@@ -293,7 +293,7 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
     """argmin 0.5 w'Kw - beta'w + gamma ||w||_1 through the operator; (w, info).
 
     Strategy: rank-deficient problems of known rank start with the homotopy when it is affordable (a warm
-    start does not help it). Otherwise a warm start, or for sparse solutions (gamma >= dense_ratio * max|beta|)
+    start does not help it; give it distinct candidates: solvers.homotopy.deduplicated). Otherwise a warm start, or for sparse solutions (gamma >= dense_ratio * max|beta|)
     plain PDAS from zero and then PDAS with continuation, goes first; dense solutions start with ADMM + polish
     (N <= admm_max_n). Whatever has not converged goes on to orthant-projected Newton, and coordinate descent
     is the last resort.
@@ -301,14 +301,6 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
     gmax = float(np.abs(op.beta).max())
     if gamma >= gmax:
         return np.zeros(op.n), {"iterations": 0, "strategy": "zero", "converged": True, "fallback": None}
-    distinct, keep = deduplicated(op)
-    if keep is not None:  # solve on one candidate per duplicate group; the rest keep weight 0
-        v, info = solve_penalised(distinct, gamma, w0=None if w0 is None else w0[keep], factor=factor,
-                                  max_iter=max_iter, dense_ratio=dense_ratio, admm_max_n=admm_max_n, tol=tol,
-                                  max_seconds=max_seconds)
-        w = np.zeros(op.n)
-        w[keep] = v
-        return w, info
     scale = tol * max(1.0, gmax)
     deadline = None if max_seconds is None else time.perf_counter() + max_seconds
     # ADMM factors an N x N (Gram) or p x p (gradients) matrix once per rho
@@ -398,16 +390,13 @@ def _budget_on_homotopy(op, budget: float, gmax: float) -> tuple[np.ndarray, dic
     None when the interpolated point does not certify."""
     scale = 1e-10 * max(1.0, gmax)
     gammas, W, steps = lars(op, gmax * 1e-12, return_path=True)
-    l1 = np.abs(W).sum(axis=1)
-    reach = np.flatnonzero(l1 >= budget)
-    if reach.size == 0:  # the budget never binds: the (min-l1) unconstrained optimum, if the path got there
-        w, g, binding = W[-1], 0.0, False
-    else:
-        t = int(reach[0])  # t >= 1: W[0] = 0 at gamma_max
-        theta = (budget - l1[t - 1]) / (l1[t] - l1[t - 1])
-        w = W[t - 1] + theta * (W[t] - W[t - 1])
-        g = float(gammas[t - 1] + theta * (gammas[t] - gammas[t - 1]))
-        binding = True
+    l1 = np.abs(W).sum(axis=1)  # non-decreasing along the path, affine between breakpoints
+    binding = bool(l1[-1] >= budget)
+    if binding:
+        g = float(np.interp(budget, l1, gammas))
+        w = path_at(gammas, W, g)[0]
+    else:  # the budget never binds: the (min-l1) unconstrained optimum, if the path got there
+        w, g = W[-1], 0.0
     if _kkt_from(w, residual(op, w), g) > scale:
         return None
     return w, {"iterations": steps, "gamma": g, "binding": binding, "converged": True, "strategy": "homotopy"}
@@ -421,12 +410,6 @@ def solve_budget(op, budget: float, *, max_iter: int = 100) -> tuple[np.ndarray,
     bracket it on a gamma grid; then interpolate exactly.
     """
     gmax = float(np.abs(op.beta).max())
-    distinct, keep = deduplicated(op)
-    if keep is not None:  # solve on one candidate per duplicate group; the rest keep weight 0
-        v, info = solve_budget(distinct, budget, max_iter=max_iter)
-        w = np.zeros(op.n)
-        w[keep] = v
-        return w, info
     if affordable(op):
         found = _budget_on_homotopy(op, budget, gmax)
         if found is not None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from solvers.active_set import kkt_of, residual, solve_budget, solve_penalised
+from solvers.homotopy import deduplicated, expand
 from solvers.kkt import certify
 from solvers.operators import GradientOperator, GramOperator
 from solvers.problem import (
@@ -91,13 +92,15 @@ def _active_set(op, problem_like: KMMProblem) -> tuple[np.ndarray, dict, object]
     """(w, info, the unit-cost operator it solved on)."""
     c = problem_like.costs
     inner = _scaled(op, c)
+    distinct, keep = deduplicated(inner)  # one candidate per duplicate group for the homotopy; the rest get 0
     with _blas_threads(inner.n):
         if problem_like.gamma is not None:
-            v, info = solve_penalised(inner, problem_like.gamma)
+            v, info = solve_penalised(distinct, problem_like.gamma)
             info["multiplier"] = problem_like.gamma
         else:
-            v, info = solve_budget(inner, problem_like.budget)
+            v, info = solve_budget(distinct, problem_like.budget)
             info["multiplier"] = info["gamma"]
+    v = expand(v, keep, inner.n)
     w = v if c is None else v / c
     return w, info, inner
 

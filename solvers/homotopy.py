@@ -20,13 +20,23 @@ HOMOTOPY_MAX_WORK = 2e9
 def deduplicated(op):
     """(the operator on one candidate of every duplicate group, their indices), or (op, None) when there is
     nothing to drop. Only problems headed for the homotopy pay for the search (duplicates make K rank-deficient;
-    the other strategies cope with them through the NNLS polish)."""
-    if not affordable(op) or op.distinct:
+    the other strategies cope with them through the NNLS polish). The entry points (solvers.api, kmm_path)
+    call it once and solve on the result; `expand` puts the solution back."""
+    if not affordable(op):
         return op, None
     keep = representatives(op)
     if keep.size == op.n:
         return op, None
     return op.restricted(keep), keep
+
+
+def expand(v: np.ndarray, keep: np.ndarray | None, n: int) -> np.ndarray:
+    """v (a vector, or rows) over the kept candidates, put back on all n (dropped copies get 0)."""
+    if keep is None:
+        return v
+    full = np.zeros(v.shape[:-1] + (n,))
+    full[..., keep] = v
+    return full
 
 
 def deficient(op) -> bool:
@@ -118,19 +128,14 @@ def lars(op, gamma_min: float, *, return_path: bool) -> tuple[np.ndarray, np.nda
     return gammas, W, int(steps)
 
 
-def solutions_at(op, gammas: np.ndarray) -> np.ndarray:
-    """Row t: the homotopy's solution at gammas[t], for any gammas, from one path (affine between breakpoints).
-
-    Duplicated candidates are solved as one (deduplicated); the others keep weight 0.
-    """
-    distinct, keep = deduplicated(op)
-    gammas = np.asarray(gammas, dtype=np.float64)
-    bps, W_bp, _ = lars(distinct, max(float(gammas.min()), 0.0), return_path=True)
-    # breakpoints decrease; np.interp needs increasing abscissae, and clamps outside them (w = 0 above gamma_max)
-    order = np.argsort(bps, kind="stable")
-    W = np.stack([np.interp(gammas, bps[order], W_bp[order, j]) for j in range(W_bp.shape[1])], axis=1)
-    if keep is None:
-        return W
-    full = np.zeros((gammas.size, op.n))
-    full[:, keep] = W
-    return full
+def path_at(breakpoints: np.ndarray, W: np.ndarray, gammas: np.ndarray) -> np.ndarray:
+    """Row t: the homotopy path (rows W at decreasing breakpoints, affine between them) at gammas[t]; W[0]
+    above the first breakpoint, W[-1] below the last."""
+    gammas = np.atleast_1d(np.asarray(gammas, dtype=np.float64))
+    if breakpoints.size == 1:
+        return np.repeat(W, gammas.size, axis=0)
+    # segment t - 1 .. t holds gamma: breakpoints[t - 1] >= gamma >= breakpoints[t]
+    t = np.clip(np.searchsorted(-breakpoints, -gammas, side="right"), 1, breakpoints.size - 1)
+    hi, lo = breakpoints[t - 1], breakpoints[t]
+    theta = np.clip((hi - gammas) / np.where(hi > lo, hi - lo, 1.0), 0.0, 1.0)
+    return W[t - 1] + theta[:, None] * (W[t] - W[t - 1])

@@ -25,7 +25,6 @@ class GramOperator:
         self.diag = np.diag(self.K).copy()
         self.n = self.beta.shape[0]
         self.rank_bound = self.n if rank is None else int(rank)
-        self.distinct = False  # True once duplicated candidates were dropped (solvers.homotopy.deduplicated)
         self._K32: np.ndarray | None = None
 
     def float32_copy(self) -> np.ndarray | None:
@@ -79,9 +78,7 @@ class GramOperator:
 
     def restricted(self, A: np.ndarray) -> GramOperator:
         """The operator of the candidates A only (K_AA, beta_A)."""
-        op = GramOperator(self.sub(A), self.beta[A], rank=min(self.rank_bound, A.size))
-        op.distinct = True
-        return op
+        return GramOperator(self.sub(A), self.beta[A], rank=min(self.rank_bound, A.size))
 
     def apply(self, A: np.ndarray, w_A: np.ndarray) -> np.ndarray:
         """K[:, A] @ w_A (a length-N vector; K is symmetric, so rows of K are read for small supports)."""
@@ -114,7 +111,6 @@ class GradientOperator:
         self.diag = np.einsum("ij,ij->i", self.G, self.G)
         self.n = self.G.shape[0]
         self.rank_bound = min(self.G.shape)  # a support larger than this has a singular K_AA
-        self.distinct = False  # True once duplicated candidates were dropped (solvers.homotopy.deduplicated)
 
     def sub(self, A: np.ndarray) -> np.ndarray:
         """G_A G_A^T."""
@@ -132,9 +128,7 @@ class GradientOperator:
 
     def restricted(self, A: np.ndarray) -> GradientOperator:
         """The operator of the candidates A only (their gradients G_A, the same g_tar)."""
-        op = GradientOperator(self.G[A], self.g)
-        op.distinct = True
-        return op
+        return GradientOperator(self.G[A], self.g)
 
     def apply(self, A: np.ndarray, w_A: np.ndarray) -> np.ndarray:
         """G (G_A^T w_A)."""

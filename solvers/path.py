@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from solvers.active_set import solve_penalised
-from solvers.homotopy import affordable, solutions_at
+from solvers.homotopy import affordable, deduplicated, expand, lars, path_at
 from solvers.kkt import kkt_violation
 from solvers.operators import GramOperator
 from solvers.problem import KMMProblem, make_problem
@@ -63,18 +63,22 @@ def kmm_path(K: np.ndarray, beta: np.ndarray, *, gammas: np.ndarray | None = Non
     if gammas is None:
         gammas = gmax * np.geomspace(1.0, gamma_min_ratio, n_gammas)
     gammas = np.sort(np.asarray(gammas, dtype=np.float64))[::-1]
-    op = GramOperator(base.K, base.beta, rank=base.rank)
     t0 = time.perf_counter()
-    W = np.zeros((len(gammas), base.n))
+    op, keep = deduplicated(GramOperator(base.K, base.beta, rank=base.rank))  # duplicates get 0 (expand)
+    Wd = np.zeros((len(gammas), op.n))  # over the distinct candidates
     kkts = np.zeros(len(gammas))
-    on_path = solutions_at(op, gammas) if affordable(op) else None
-    w = np.zeros(base.n)
+    on_path = None
+    if affordable(op):
+        breakpoints, W_bp, _ = lars(op, max(float(gammas.min()), 0.0), return_path=True)
+        on_path = path_at(breakpoints, W_bp, gammas)
     for t, g in enumerate(gammas):
         prob = KMMProblem(K=base.K, beta=base.beta, gamma=float(g))
-        if on_path is not None and kkt_violation(prob, on_path[t]) <= 1e-10 * max(1.0, gmax):
-            w = on_path[t]
-        else:
-            w, _ = solve_penalised(op, float(g), w0=w if t else None)
-        W[t] = w
-        kkts[t] = kkt_violation(prob, w)
+        if on_path is not None:
+            Wd[t] = on_path[t]
+            kkts[t] = kkt_violation(prob, expand(Wd[t], keep, base.n))
+            if kkts[t] <= 1e-10 * max(1.0, gmax):
+                continue
+        Wd[t], _ = solve_penalised(op, float(g), w0=Wd[t - 1] if t else None)
+        kkts[t] = kkt_violation(prob, expand(Wd[t], keep, base.n))
+    W = expand(Wd, keep, base.n)
     return KMMPath(gammas=gammas, W=W, kkt=kkts, time_s=time.perf_counter() - t0)

@@ -13,6 +13,13 @@ from engine.config import reference_markdown
 ROOT = Path(__file__).parents[1]
 
 
+def bench_json(script: str, *args: str, timeout: int = 300) -> dict:
+    """Run bench/<script> with args and return the JSON line it ends with."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args],
+                         capture_output=True, text=True, check=True, timeout=timeout).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def test_readme_config_reference_is_current():
     readme = ROOT.joinpath("README.md").read_text(encoding="utf-8")
     start = readme.index("<!-- config-reference:start -->") + len("<!-- config-reference:start -->")
@@ -21,30 +28,25 @@ def test_readme_config_reference_is_current():
 
 
 def test_solver_bench_runs_and_ends_with_json():
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "solvers.py"), "--sizes", "30", "--p", "64"],
-                         capture_output=True, text=True, check=True, timeout=300).stdout
-    figures = json.loads(out.strip().splitlines()[-1])
+    figures = bench_json("solvers.py", "--sizes", "30", "--p", "64")
     assert figures["bench"] == "solvers" and len(figures["results"]) == 2
     for r in figures["results"]:
         assert r["convalue_kkt"] < 1e-6 and r["convalue_obj"] <= r["cvxpy_obj"] + 1e-6
 
 
 def test_rank_deficient_bench_runs_and_ends_with_json():
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "rank_deficient.py"), "--cases", "120x40", "--cap", "10"],
-                         capture_output=True, text=True, check=True, timeout=300).stdout
-    figures = json.loads(out.strip().splitlines()[-1])
+    figures = bench_json("rank_deficient.py", "--cases", "120x40", "--cap", "10")
     assert figures["bench"] == "rank_deficient" and len(figures["results"]) == 2
     for r in figures["results"]:
         assert r["rank"] == 40 and r["convalue_strategy"] == "homotopy"
         assert r["convalue_kkt"] < 1e-9
         assert r["convalue_obj"] <= min(r["cvxpy_obj"], r["former_obj"], r["sklearn_obj"]) + 1e-9
+    (path,) = figures["paths"]
+    assert path["points"] == 50 and max(path["path_kkt"], path["per_point_kkt"]) < 1e-9
 
 
 def test_admm_rho_bench_runs_every_variant_and_ends_with_json():
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "admm_rho.py"), "--sizes", "300", "--seeds", "0",
-                          "--gammas", "5e-4", "--repeat", "1"], capture_output=True, text=True, check=True,
-                         timeout=300).stdout
-    figures = json.loads(out.strip().splitlines()[-1])
+    figures = bench_json("admm_rho.py", "--sizes", "300", "--seeds", "0", "--gammas", "5e-4", "--repeat", "1")
     assert figures["bench"] == "admm_rho" and figures["cases"] == 1
     (row,) = figures["results"]
     assert set(row["iterations"]) == {"former", "polish", "default", "settle1", "settle2"}
@@ -54,19 +56,15 @@ def test_admm_rho_bench_runs_every_variant_and_ends_with_json():
 
 
 def test_blas_threads_bench_runs_and_ends_with_json():
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "blas_threads.py"), "--n", "200", "--repeats", "2"],
-                         capture_output=True, text=True, check=True, timeout=300).stdout
-    figures = json.loads(out.strip().splitlines()[-1])
+    figures = bench_json("blas_threads.py", "--n", "200", "--repeats", "2")
     assert figures["bench"] == "blas_threads" and 0 < figures["support"] <= 200
     assert set(figures["solve_ms"]) == {"1t", "2t_spotrf"} and len(figures["spotrf_inside_solve_2t_ms"]) >= 2
     assert figures["profile_own_ms_per_solve_1t"]
 
 
 def test_prefix_cache_bench_runs_and_ends_with_json(smollm2_dir):
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "prefix_cache.py"), "--groups", "4", "--m", "1",
-                          "--groups-per-call", "2", "--passes", "1"],
-                         capture_output=True, text=True, check=True, timeout=600).stdout
-    figures = json.loads(out.strip().splitlines()[-1])
+    figures = bench_json("prefix_cache.py", "--groups", "4", "--m", "1", "--groups-per-call", "2", "--passes", "1",
+                         timeout=600)
     assert figures["bench"] == "prefix_cache" and figures["max_abs_diff"] == 0.0
     assert figures["gflop"]["kept"] < figures["gflop"]["recomputed"] < figures["gflop"]["naive"]
     assert figures["kept_graph_mb_by_rows"]  # the 2-group prefix was kept
@@ -74,10 +72,7 @@ def test_prefix_cache_bench_runs_and_ends_with_json(smollm2_dir):
 
 def test_contention_bench_phases_end_with_json():
     # the matmul workload runs the featuriser's three phases in spawned processes without loading the model
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "contention.py"), "--workload", "matmul",
-                          "--matmuls", "1", "--passes", "2"],
-                         capture_output=True, text=True, check=True, timeout=300).stdout
-    figures = json.loads(out.strip().splitlines()[-1])
+    figures = bench_json("contention.py", "--workload", "matmul", "--matmuls", "1", "--passes", "2")
     assert figures["bench"] == "contention" and figures["workload"] == "matmul"
     shape = {phase: [len(proc) for proc in procs] for phase, procs in figures["pass_s"].items()}
     assert shape == {"alone_1": [2], "two": [2, 2], "alone_2": [2]}

@@ -13,10 +13,10 @@ class SolverActor:
     """Thin shell around solvers.solve_kmm and solvers.solve_kmm_gradients."""
 
     def solve(self, K: np.ndarray, beta: np.ndarray, settings: dict) -> KMMSolution:
-        """Solve with settings {gamma | budget, costs, method, normalize}; raises on a failed solve."""
+        """Solve with settings {gamma | budget, costs, method, normalize, rank_bound}; raises on a failed solve."""
         return solve_kmm(K, beta, gamma=settings.get("gamma"), budget=settings.get("budget"),
                          costs=settings.get("costs"), method=settings.get("method", "auto"),
-                         normalize=settings.get("normalize", "none"))
+                         normalize=settings.get("normalize", "none"), rank_bound=settings.get("rank_bound"))
 
     def solve_gradients(self, G: np.ndarray, g_tar: np.ndarray, settings: dict) -> KMMSolution:
         """Solve from the vectors (K never formed) with settings {gamma | budget, costs, normalize}."""

@@ -261,8 +261,10 @@ def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) 
         summary["order"] = names  # row order of gram.npy / beta.npy
         summary["space"] = space
         stage = "solve"
+        # K = Gm Gm^T has rank <= p: beyond N = 8000 validation cannot compute the rank, and the solver needs it
+        # when N > p (bench/rank_deficient.py)
         settings = {"gamma": cfg.solver.gamma, "budget": cfg.solver.budget, "method": cfg.solver.method,
-                    "normalize": cfg.solver.normalize, "costs": costs}
+                    "normalize": cfg.solver.normalize, "costs": costs, "rank_bound": int(Gm.shape[1])}
         with timer.stage("solve"):
             solver = SolverActor.remote()
             try:
@@ -271,7 +273,7 @@ def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) 
                 sol = ray.get(call)
             finally:
                 ray.kill(solver)
-        summary["solver"] = sol.summary() | {"normalize": cfg.solver.normalize}
+        summary["solver"] = sol.summary() | {"normalize": cfg.solver.normalize, "rank_bound": int(Gm.shape[1])}
         w = sol.w
         selected = select_top_k(w, beta, cfg.select.k)
         by_alignment = [int(i) for i in np.argsort(-beta, kind="stable")[: cfg.select.k]]
@@ -357,7 +359,7 @@ def resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method:
     try:
         if space == "gram":
             sol = solve_kmm(arrays["gram.npy"], beta, gamma=gamma, budget=budget, costs=costs,
-                            method=method or "auto", normalize=normalize)
+                            method=method or "auto", normalize=normalize, rank_bound=old.get("rank_bound"))
         else:
             Gm, gm = _stored_vectors(run_dir, summary)
             sol = solve_kmm_gradients(Gm, gm, gamma=gamma, budget=budget, costs=costs, normalize=normalize)
@@ -376,7 +378,8 @@ def resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method:
     table = scores_table(names, [by_name[n]["n_examples"] for n in names], [by_name[n]["n_preview"] for n in names],
                          sol.w, beta, cos, selected)
     write_parquet(table, run_dir / "scores.parquet")
-    summary["solver"] = sol.summary() | {"normalize": normalize}
+    summary["solver"] = sol.summary() | {"normalize": normalize} | (
+        {"rank_bound": old["rank_bound"]} if old.get("rank_bound") else {})
     summary["selected"] = [names[i] for i in selected]
     summary["ranking"] = format_ranking(table).splitlines()
     if summary.get("finetune") and summary["finetune"][0]["groups"] != sorted(summary["selected"]):

@@ -146,9 +146,15 @@ def solve_kmm(
     costs: np.ndarray | None = None,
     method: str = "auto",
     normalize: str = "none",
+    rank_bound: int | None = None,
 ) -> KMMSolution:
-    """Solve KMM (paper eq. kmm_l1_penalized with gamma, eq. kmm_qp with budget; costs weight the l1 term)."""
-    problem = make_problem(K, beta, gamma=gamma, budget=budget, costs=costs, normalize=normalize)
+    """Solve KMM (paper eq. kmm_l1_penalized with gamma, eq. kmm_qp with budget; costs weight the l1 term).
+
+    rank_bound: an upper bound on rank(K) when the caller knows one (p for K = G G^T with G of N x p); see
+    make_problem.
+    """
+    problem = make_problem(K, beta, gamma=gamma, budget=budget, costs=costs, normalize=normalize,
+                           rank_bound=rank_bound)
     return solve_problem(problem, method=method)
 
 

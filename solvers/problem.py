@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.linalg as sla
 
 
 def gram_times(K: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -37,7 +38,8 @@ class KMMProblem:
     """min_w 0.5 w'Kw - beta'w + gamma sum_i c_i |w_i| (penalised) or s.t. sum_i c_i |w_i| <= budget.
 
     costs c default to 1 (the paper's ||w||_1); with prices it is the marketplace's cost-weighted budget.
-    rank is K's numerical rank when validation computed K's spectrum (N <= 3000), else None (unknown).
+    rank is K's numerical rank when validation computed it (N <= 8000: eigvalsh or a pivoted Cholesky), capped by
+    the caller's rank_bound; beyond, the caller's rank_bound (an upper bound), else None (unknown).
     """
 
     K: np.ndarray
@@ -84,24 +86,48 @@ class KMMProblem:
 RANK_RTOL = 1e-10
 
 
+EIGVALSH_MAX_N = 3000  # validation's dense eigvalsh up to here (seconds at 3000); the pivoted Cholesky up to PIVOTED_MAX_N
+PIVOTED_MAX_N = 8000  # K's copy and the factor: 1 GB at 8000
+
+
+def _pivoted_facts(K: np.ndarray, tol: float) -> tuple[float, int] | None:
+    """(a lower bound >= -tol on lambda_min(K), K's numerical rank) from a pivoted Cholesky, or None when it
+    cannot certify K PSD within tol.
+
+    LAPACK's pstrf stops once every remaining pivot is below RANK_RTOL max K_ii, leaving P K P^T = L L^T + (0 + S)
+    with S the Schur complement of the unfactored candidates. By Weyl, lambda_min(K) >= -||S||_2 >= -||S||_F,
+    so ||S||_F <= tol certifies PSD-ness, and the pivots taken are the rank. Its cost falls with the rank:
+    N rank^2 (0.6 s at N = 5000, rank 1000, where the Cholesky of K + tol I it replaces took 2.2 s).
+    """
+    c, piv, rank, info = sla.lapack.dpstrf(K, tol=RANK_RTOL * float(np.max(np.diag(K))), lower=1)
+    if info < 0:
+        return None
+    rest, L21 = piv[rank:] - 1, c[rank:, :rank]
+    sq = 0.0
+    for lo in range(0, rest.size, 1024):  # S in row blocks: O(N) extra memory
+        block = K[rest[lo:lo + 1024]][:, rest] - L21[lo:lo + 1024] @ L21.T
+        sq += float(np.einsum("ij,ij->", block, block))
+    bound = float(np.sqrt(sq))
+    return (-bound, int(rank)) if bound <= tol else None
+
+
 def _spectrum_facts(K: np.ndarray, tol: float) -> tuple[float, int | None]:
     """(lambda_min(K), or any value >= -tol when K is PSD within tol; K's numerical rank, or None when unknown).
 
-    N <= 3000: dense eigvalsh, which gives the rank too. N <= 8000: a Cholesky factor of K + tol I exists iff
-    lambda_min > -tol, and only a failure pays for the eigenvalue. Beyond: a bounded Lanczos estimate (approximate).
+    N <= EIGVALSH_MAX_N: dense eigvalsh, which gives the rank too. N <= PIVOTED_MAX_N: a pivoted Cholesky
+    certifies PSD-ness and gives the rank; only a failure pays for the eigenvalue. Beyond: a bounded Lanczos
+    estimate (approximate), and the rank stays unknown.
     """
     n = K.shape[0]
-    if n <= 3000:
+    if n <= EIGVALSH_MAX_N:
         eig = np.linalg.eigvalsh(K)
         return float(eig[0]), int(np.count_nonzero(eig > RANK_RTOL * max(float(eig[-1]), 0.0)))
     from scipy.sparse.linalg import ArpackNoConvergence, eigsh
 
-    if n <= 8000:
-        try:
-            np.linalg.cholesky(K + tol * np.eye(n))
-            return 0.0, None
-        except np.linalg.LinAlgError:
-            pass
+    if n <= PIVOTED_MAX_N:
+        facts = _pivoted_facts(K, tol)
+        if facts is not None:
+            return facts
     try:
         return float(eigsh(K, k=1, which="SA", tol=1e-4, maxiter=300, return_eigenvectors=False)[0]), None
     except ArpackNoConvergence as exc:
@@ -166,9 +192,18 @@ def make_problem(
     sym_tol: float = 1e-6,
     psd_tol: float = 1e-6,
     check_psd: bool = True,
+    rank_bound: int | None = None,
 ) -> KMMProblem:
-    """Validate K, beta and settings and return a float64 KMMProblem (optionally cosine-normalised)."""
+    """Validate K, beta and settings and return a float64 KMMProblem (optionally cosine-normalised).
+
+    rank_bound: an upper bound on rank(K) the caller knows, such as the gradients' dimension p of K = G G^T.
+    Validation computes the rank itself up to N = 8000; beyond, a bound below N lets the solver treat K as
+    rank-deficient (supports larger than the rank are singular) instead of finding out slowly.
+    """
     check_settings(gamma, budget)
+    if rank_bound is not None and (isinstance(rank_bound, bool) or not isinstance(rank_bound, (int, np.integer))
+                                   or rank_bound < 1):
+        raise KMMInputError(f"rank_bound must be a positive integer (an upper bound on rank(K)), got {rank_bound!r}")
     check_normalize(normalize)
     K = np.asarray(K, dtype=np.float64)
     beta = np.asarray(beta, dtype=np.float64)
@@ -193,6 +228,8 @@ def make_problem(
         raise KMMInputError(
             f"K is not positive semidefinite: most negative eigenvalue {lam_min:.3g} (tolerance {-psd_tol * scale:.3g})"
         )
+    if rank_bound is not None:
+        rank = min(int(rank_bound), K.shape[0]) if rank is None else min(rank, int(rank_bound))
     if normalize == "cosine":
         d = np.sqrt(diag)
         K = K / np.outer(d, d)

@@ -52,6 +52,7 @@ def test_outputs_are_complete_and_consistent(first_run):
     assert on_disk["featurize"]["tokens"] > 0 and on_disk["packages"]["ray"]
     manifest = json.loads((run_dir / "vectors" / "manifest.json").read_text())
     assert manifest["complete"] and manifest["fingerprint"]["projection"] == data["projection"]
+    assert on_disk["solver"]["rank_bound"] == manifest["dim"] == data["projection"]["dim"]  # rank(K) <= p, told the solver
     labels = [r["label"] for r in on_disk["finetune"]]
     assert labels == ["target + KMM top-2", "target only", "target + alignment top-2"]
     assert on_disk["finetune"][0]["base_val_loss"] > 0

@@ -377,6 +377,47 @@ def test_validation_records_the_rank_and_the_operator_bounds_supports_by_it():
     assert GramOperator(prob.K, prob.beta).rank_bound == 50  # unknown rank: no bound below N
 
 
+def test_pivoted_cholesky_validation_records_the_rank_and_refuses_indefinite_k(monkeypatch):
+    """Above EIGVALSH_MAX_N validation takes a pivoted Cholesky: the same rank, PSD-ness certified by the
+    Schur complement's norm, and a clear refusal with lambda_min when K is indefinite."""
+    import solvers.problem as problem_module
+
+    monkeypatch.setattr(problem_module, "EIGVALSH_MAX_N", 10)  # the N <= 8000 branch at a test's size
+    G, g = random_gradients(3, 50, 12, True)
+    assert make_problem(G @ G.T, G @ g, gamma=0.1).rank == 12
+    G, g = random_gradients(4, 40, 60, True)  # N < p, but one exact duplicate
+    assert make_problem(G @ G.T, G @ g, gamma=0.1).rank == 39
+    G, g = random_gradients(4, 40, 60, False)
+    assert make_problem(G @ G.T, G @ g, gamma=0.1).rank == 40
+    K = G @ G.T
+    lam = np.linalg.eigvalsh(K)[0]
+    indefinite = K - (lam + 0.01) * np.eye(40)  # lambda_min = -0.01, far beyond the tolerance
+    with pytest.raises(KMMInputError, match="not positive semidefinite: most negative eigenvalue -0.01"):
+        make_problem(indefinite, G @ g, gamma=0.1)
+
+
+def test_a_callers_rank_bound_stands_in_where_validation_does_not_compute_the_rank(monkeypatch):
+    """Above PIVOTED_MAX_N the rank is unknown unless the caller bounds it (p for K = G G^T); with the bound an
+    N > p problem takes the homotopy and is exact. A bound caps a computed rank, and a bad one is refused."""
+    import solvers.problem as problem_module
+
+    G, g = _clustered(60, 15, seed=2)
+    K, beta = G @ G.T, G @ g
+    assert make_problem(K, beta, gamma=1e-3, rank_bound=100).rank == 15  # the computed rank stands
+    monkeypatch.setattr(problem_module, "EIGVALSH_MAX_N", 10)
+    monkeypatch.setattr(problem_module, "PIVOTED_MAX_N", 10)  # the N > 8000 branch at a test's size
+    assert make_problem(K, beta, gamma=1e-3).rank is None
+    assert make_problem(K, beta, gamma=1e-3, rank_bound=15).rank == 15
+    assert make_problem(K, beta, gamma=1e-3, rank_bound=600).rank == 60
+    sol = solve_kmm(K, beta, gamma=1e-3, rank_bound=15)
+    ref = solve_kmm(K, beta, gamma=1e-3, method="cvxpy")
+    assert sol.status == "optimal" and sol.info["strategy"] == "homotopy" and sol.kkt <= 1e-9
+    assert sol.objective <= ref.objective + 1e-9 * max(1.0, abs(ref.objective))
+    for bad in (0, -3, 2.5, True, "15"):
+        with pytest.raises(KMMInputError, match="rank_bound must be a positive integer"):
+            make_problem(K, beta, gamma=1e-3, rank_bound=bad)
+
+
 @pytest.mark.parametrize("gamma_ratio", [3e-2, 3e-4, 3e-6])
 def test_n_above_p_takes_the_homotopy_and_is_exact(gamma_ratio):
     """N = 300 > p = 100 at small gamma: the former ADMM/PDAS chain took 10-40 s here and once gave up."""

@@ -49,33 +49,42 @@ def affordable(op) -> bool:
     return deficient(op) and op.n * float(op.rank_bound) ** 2 <= HOMOTOPY_MAX_WORK
 
 
-def _duplicate_pairs_gram(op, tol: float) -> tuple[np.ndarray, np.ndarray]:
-    """(i, j) with K_ii + K_jj - 2 |K_ij| <= tol, from blocks of rows of K (O(N^2) reads, O(N) memory)."""
-    d = op.diag
-    rows, cols = [], []
-    for lo in range(0, op.n, 1024):
-        idx = np.arange(lo, min(lo + 1024, op.n))
-        dist = np.abs(op.K[idx])
-        dist *= -2.0
-        dist += d[None, :]
-        dist += d[idx, None]
-        dist[np.arange(idx.size), idx] = np.inf
-        i, j = np.nonzero(dist <= tol)
-        rows.append(idx[i])
-        cols.append(j)
-    return np.concatenate(rows), np.concatenate(cols)
+#: the most candidate pairs checked exactly; beyond (many near-equal projections), only sorted neighbours are
+MAX_PAIRS = 4_000_000
 
 
-def _duplicate_pairs_gradients(op, tol: float) -> tuple[np.ndarray, np.ndarray]:
-    """(i, j) with ||g_i -+ g_j||^2 <= tol among rows whose |<g, r>| agree for a random r (O(N p), not N^2 p)."""
-    h = np.abs(op.G @ np.random.default_rng(0).standard_normal(op.G.shape[1]))
+def _duplicate_pairs(op, tol: float) -> tuple[np.ndarray, np.ndarray]:
+    """(i, j) with ||g_i -+ g_j||^2 = K_ii + K_jj -+ 2 K_ij <= tol, found through one random projection h_i = <g_i, v>.
+
+    |h_i -+ h_j| <= ||g_i -+ g_j|| ||v||, so such pairs lie within delta = sqrt(tol) ||v|| of each other in |h|,
+    and only pairs that close are checked exactly: one product (G v, or K r = G (G^T r) with ||G^T r||^2 = r'Kr)
+    instead of a pairwise scan of K (measured: 0.4 against 20 ms at N = 1000, 7.7 against 86 ms at N = 3000).
+    """
+    rng = np.random.default_rng(0)
+    if hasattr(op, "K"):
+        r = rng.standard_normal(op.n)
+        h = op.K @ r
+        norm_v = np.sqrt(max(float(r @ h), 0.0))
+    else:
+        v = rng.standard_normal(op.G.shape[1])
+        h = op.G @ v
+        norm_v = float(np.linalg.norm(v))
+    h = np.abs(h)
+    delta = np.sqrt(tol) * norm_v + 1e-9 * max(float(h.max()), 1e-300)  # plus the products' round-off
     order = np.argsort(h, kind="stable")
-    near = np.flatnonzero(np.diff(h[order]) <= 1e-9 * max(float(h.max()), 1e-300))
-    i, j = order[near], order[near + 1]
+    ends = np.searchsorted(h[order], h[order] + delta, side="right")
+    counts = ends - np.arange(op.n) - 1  # sorted neighbours within delta after each position
+    total = int(counts.sum())
+    if total > MAX_PAIRS:
+        counts = np.minimum(counts, 1)
+        total = int(counts.sum())
+    a = np.repeat(np.arange(op.n), counts)
+    b = a + 1 + np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+    i, j = order[a], order[b]
     if i.size == 0:
         return i, j
-    dots = np.einsum("ij,ij->i", op.G[i], op.G[j])
-    close = op.diag[i] + op.diag[j] - 2 * np.abs(dots) <= tol
+    k_ij = op.K[i, j] if hasattr(op, "K") else np.einsum("ij,ij->i", op.G[i], op.G[j])
+    close = op.diag[i] + op.diag[j] - 2 * np.abs(k_ij) <= tol
     return i[close], j[close]
 
 
@@ -91,8 +100,7 @@ def representatives(op, rtol: float = 1e-12) -> np.ndarray:
     from scipy.sparse.csgraph import connected_components
 
     tol = rtol * float(op.diag.max())
-    find = _duplicate_pairs_gram if hasattr(op, "K") else _duplicate_pairs_gradients
-    i, j = find(op, tol)
+    i, j = _duplicate_pairs(op, tol)
     if i.size == 0:
         return np.arange(op.n)
     graph = coo_matrix((np.ones(i.size), (i, j)), shape=(op.n, op.n))

@@ -454,6 +454,37 @@ def test_duplicates_are_solved_once_and_keep_the_weight_on_one_copy():
         assert sol.objective <= ref.objective + 1e-7 * max(1.0, abs(ref.objective)), kw
 
 
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(4, 60), p=st.integers(2, 30), copies=st.integers(0, 6))
+def test_duplicate_search_finds_the_groups_a_pairwise_scan_finds(seed, n, p, copies):
+    """The projection search (one product, pairs within sqrt(tol) ||v|| checked) groups candidates exactly as the
+    O(N^2) definition does: copies, negated copies and copies within the tolerance (1e-8 noise)."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    from solvers.homotopy import _duplicate_pairs
+    from solvers.operators import GradientOperator, GramOperator
+
+    rng = np.random.default_rng(seed)
+    G = rng.normal(size=(n, p))
+    for _ in range(copies):
+        i, j = rng.integers(0, n, 2)
+        G[j] = rng.choice([1.0, -1.0]) * G[i] + (1e-8 * rng.normal(size=p) if rng.random() < 0.3 else 0.0)
+    K = G @ G.T
+
+    def groups(i, j):
+        return connected_components(coo_matrix((np.ones(len(i)), (i, j)), shape=(n, n)), directed=False)[1]
+
+    for op in (GramOperator(K, K[0]), GradientOperator(G, G[0])):
+        tol = 1e-12 * float(op.diag.max())
+        dist = op.diag[:, None] + op.diag[None, :] - 2 * np.abs(K)
+        np.fill_diagonal(dist, np.inf)
+        truth = groups(*np.nonzero(dist <= tol))
+        found = groups(*_duplicate_pairs(op, tol))
+        # the same partition: label maps are one-to-one
+        assert len(set(zip(truth, found))) == len(set(truth)) == len(set(found))
+
+
 def test_budget_reads_the_homotopy_breakpoints_exactly():
     G, g = random_gradients(4, 120, 30, False)
     K, beta = G @ G.T, G @ g

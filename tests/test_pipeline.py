@@ -73,6 +73,7 @@ def test_resolving_saved_gram_gives_saved_scores(first_run):
     again = {r["group"]: r["score"] for r in pq.read_table(run_dir / "scores.parquet").to_pylist()}
     assert again == pytest.approx(saved, abs=1e-9)
     assert out["resolved"] and out["solver"]["gamma"] == data["solver"]["gamma"]
+    assert out["solver"]["rank_bound"] == summary["solver"]["rank_bound"]  # passed again to the re-solve
 
 
 def test_same_seed_same_scores_with_one_worker_and_other_blocks(first_run):

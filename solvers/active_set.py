@@ -288,7 +288,7 @@ def _nnls_polish(op, gamma: float, w: np.ndarray, scale: float,
 
 
 def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: float = 0.25,
-                    max_iter: int = 200, dense_ratio: float = 0.01, admm_max_n: int = 6000,
+                    max_iter: int = 200, dense_ratio: float = 0.01, admm_max_n: int = 20000,
                     tol: float = 1e-10, max_seconds: float | None = None) -> tuple[np.ndarray, dict]:
     """argmin 0.5 w'Kw - beta'w + gamma ||w||_1 through the operator; (w, info).
 
@@ -303,7 +303,8 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
         return np.zeros(op.n), {"iterations": 0, "strategy": "zero", "converged": True, "fallback": None}
     scale = tol * max(1.0, gmax)
     deadline = None if max_seconds is None else time.perf_counter() + max_seconds
-    # ADMM factors an N x N (Gram) or p x p (gradients) matrix once per rho
+    # ADMM factors an N x N (Gram) or p x p (gradients) matrix once per rho. Up to N = 20000 (the pipeline's
+    # Gram limit) that beats the PDAS chain on dense supports: 7.8 s against more than 14 min at N = 10000, p = 2048
     can_admm = hasattr(op, "shifted_solver") and (op.n <= admm_max_n or not hasattr(op, "K"))
 
     def continuation() -> tuple[np.ndarray, int, bool]:

@@ -88,6 +88,10 @@ RANK_RTOL = 1e-10
 
 EIGVALSH_MAX_N = 3000  # validation's dense eigvalsh up to here (seconds at 3000); the pivoted Cholesky up to PIVOTED_MAX_N
 PIVOTED_MAX_N = 8000  # K's copy and the factor: 1 GB at 8000
+#: beyond PIVOTED_MAX_N, the pivoted Cholesky still runs when a caller's rank bound r puts its cost, about 2 N^2 r
+#: (the factor's trailing updates, then the Schur complement), at or below this: validation took 18 s at
+#: N = 10000, r = 2048 here, where the Lanczos estimate took 115 s without converging (K's 7952 zero eigenvalues)
+PIVOTED_MAX_WORK = 1e12
 
 
 def _pivoted_facts(K: np.ndarray, tol: float) -> tuple[float, int] | None:
@@ -111,12 +115,13 @@ def _pivoted_facts(K: np.ndarray, tol: float) -> tuple[float, int] | None:
     return (-bound, int(rank)) if bound <= tol else None
 
 
-def _spectrum_facts(K: np.ndarray, tol: float) -> tuple[float, int | None]:
+def _spectrum_facts(K: np.ndarray, tol: float, rank_bound: int | None = None) -> tuple[float, int | None]:
     """(lambda_min(K), or any value >= -tol when K is PSD within tol; K's numerical rank, or None when unknown).
 
-    N <= EIGVALSH_MAX_N: dense eigvalsh, which gives the rank too. N <= PIVOTED_MAX_N: a pivoted Cholesky
-    certifies PSD-ness and gives the rank; only a failure pays for the eigenvalue. Beyond: a bounded Lanczos
-    estimate (approximate), and the rank stays unknown.
+    N <= EIGVALSH_MAX_N: dense eigvalsh, which gives the rank too. N <= PIVOTED_MAX_N, or beyond when the caller's
+    rank bound makes it affordable (PIVOTED_MAX_WORK): a pivoted Cholesky certifies PSD-ness and gives the rank;
+    only a failure pays for the eigenvalue. Otherwise: a bounded Lanczos estimate (approximate), and the rank
+    stays unknown.
     """
     n = K.shape[0]
     if n <= EIGVALSH_MAX_N:
@@ -124,7 +129,8 @@ def _spectrum_facts(K: np.ndarray, tol: float) -> tuple[float, int | None]:
         return float(eig[0]), int(np.count_nonzero(eig > RANK_RTOL * max(float(eig[-1]), 0.0)))
     from scipy.sparse.linalg import ArpackNoConvergence, eigsh
 
-    if n <= PIVOTED_MAX_N:
+    bounded = rank_bound is not None and 2.0 * n * n * min(int(rank_bound), n) <= PIVOTED_MAX_WORK
+    if n <= PIVOTED_MAX_N or bounded:
         facts = _pivoted_facts(K, tol)
         if facts is not None:
             return facts
@@ -197,8 +203,9 @@ def make_problem(
     """Validate K, beta and settings and return a float64 KMMProblem (optionally cosine-normalised).
 
     rank_bound: an upper bound on rank(K) the caller knows, such as the gradients' dimension p of K = G G^T.
-    Validation computes the rank itself up to N = 8000; beyond, a bound below N lets the solver treat K as
-    rank-deficient (supports larger than the rank are singular) instead of finding out slowly.
+    Validation computes the rank itself up to N = 8000, and beyond when the bound makes its pivoted Cholesky
+    affordable (PIVOTED_MAX_WORK); otherwise a bound below N still lets the solver treat K as rank-deficient
+    (supports larger than the rank are singular) instead of finding out slowly.
     """
     check_settings(gamma, budget)
     if rank_bound is not None and (isinstance(rank_bound, bool) or not isinstance(rank_bound, (int, np.integer))
@@ -223,7 +230,7 @@ def make_problem(
     diag = np.diag(K)
     check_norms(diag, 1e-12 * scale)
     costs = check_costs(costs, beta.shape[0])
-    lam_min, rank = _spectrum_facts(K, psd_tol * scale) if check_psd else (0.0, None)
+    lam_min, rank = _spectrum_facts(K, psd_tol * scale, rank_bound) if check_psd else (0.0, None)
     if lam_min < -psd_tol * scale:
         raise KMMInputError(
             f"K is not positive semidefinite: most negative eigenvalue {lam_min:.3g} (tolerance {-psd_tol * scale:.3g})"

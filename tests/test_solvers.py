@@ -407,6 +407,8 @@ def test_a_callers_rank_bound_stands_in_where_validation_does_not_compute_the_ra
     monkeypatch.setattr(problem_module, "EIGVALSH_MAX_N", 10)
     monkeypatch.setattr(problem_module, "PIVOTED_MAX_N", 10)  # the N > 8000 branch at a test's size
     assert make_problem(K, beta, gamma=1e-3).rank is None
+    assert make_problem(K, beta, gamma=1e-3, rank_bound=30).rank == 15  # the bound makes the pivoted check affordable
+    monkeypatch.setattr(problem_module, "PIVOTED_MAX_WORK", 0.0)  # ... and when it does not, the bound stands in
     assert make_problem(K, beta, gamma=1e-3, rank_bound=15).rank == 15
     assert make_problem(K, beta, gamma=1e-3, rank_bound=600).rank == 60
     sol = solve_kmm(K, beta, gamma=1e-3, rank_bound=15)

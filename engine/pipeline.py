@@ -261,8 +261,8 @@ def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) 
         summary["order"] = names  # row order of gram.npy / beta.npy
         summary["space"] = space
         stage = "solve"
-        # K = Gm Gm^T has rank <= p: beyond N = 8000 validation cannot compute the rank, and the solver needs it
-        # when N > p (bench/rank_deficient.py)
+        # K = Gm Gm^T has rank <= p: the bound lets validation compute the rank beyond N = 8000 (or stands in for
+        # it), and the solver needs the rank when N > p (bench/rank_deficient.py)
         settings = {"gamma": cfg.solver.gamma, "budget": cfg.solver.budget, "method": cfg.solver.method,
                     "normalize": cfg.solver.normalize, "costs": costs, "rank_bound": int(Gm.shape[1])}
         with timer.stage("solve"):

@@ -38,8 +38,9 @@ class KMMProblem:
     """min_w 0.5 w'Kw - beta'w + gamma sum_i c_i |w_i| (penalised) or s.t. sum_i c_i |w_i| <= budget.
 
     costs c default to 1 (the paper's ||w||_1); with prices it is the marketplace's cost-weighted budget.
-    rank is K's numerical rank when validation computed it (N <= 8000: eigvalsh or a pivoted Cholesky), capped by
-    the caller's rank_bound; beyond, the caller's rank_bound (an upper bound), else None (unknown).
+    rank is K's numerical rank when validation computed it (eigvalsh, or a pivoted Cholesky up to N = 8000 and
+    beyond where the caller's rank_bound makes it affordable), capped by that bound; otherwise the caller's
+    rank_bound (an upper bound), else None (unknown).
     """
 
     K: np.ndarray
@@ -100,15 +101,16 @@ def _pivoted_facts(K: np.ndarray, tol: float) -> tuple[float, int] | None:
 
     LAPACK's pstrf stops once every remaining pivot is below RANK_RTOL max K_ii, leaving P K P^T = L L^T + (0 + S)
     with S the Schur complement of the unfactored candidates. By Weyl, lambda_min(K) >= -||S||_2 >= -||S||_F,
-    so ||S||_F <= tol certifies PSD-ness, and the pivots taken are the rank. Its cost falls with the rank:
-    N rank^2 (0.6 s at N = 5000, rank 1000, where the Cholesky of K + tol I it replaces took 2.2 s).
+    so ||S||_F <= tol certifies PSD-ness, and the pivots taken are the rank. Its cost falls with the rank: about
+    N^2 rank for the factor and (N - rank)^2 rank for S (0.6 + 0.6 s at N = 5000, rank 1000, where the Cholesky
+    of K + tol I it replaced took 2.2 s).
     """
     c, piv, rank, info = sla.lapack.dpstrf(K, tol=RANK_RTOL * float(np.max(np.diag(K))), lower=1)
     if info < 0:
         return None
     rest, L21 = piv[rank:] - 1, c[rank:, :rank]
     sq = 0.0
-    for lo in range(0, rest.size, 1024):  # S in row blocks: O(N) extra memory
+    for lo in range(0, rest.size, 1024):  # S 1024 rows at a time: never a second N x N array
         block = K[rest[lo:lo + 1024]][:, rest] - L21[lo:lo + 1024] @ L21.T
         sq += float(np.einsum("ij,ij->", block, block))
     bound = float(np.sqrt(sq))

@@ -273,7 +273,7 @@ def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) 
                 sol = ray.get(call)
             finally:
                 ray.kill(solver)
-        summary["solver"] = sol.summary() | {"normalize": cfg.solver.normalize, "rank_bound": int(Gm.shape[1])}
+        summary["solver"] = sol.summary() | {"normalize": cfg.solver.normalize, "rank_bound": settings["rank_bound"]}
         w = sol.w
         selected = select_top_k(w, beta, cfg.select.k)
         by_alignment = [int(i) for i in np.argsort(-beta, kind="stable")[: cfg.select.k]]

@@ -304,7 +304,8 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
     scale = tol * max(1.0, gmax)
     deadline = None if max_seconds is None else time.perf_counter() + max_seconds
     # ADMM factors an N x N (Gram) or p x p (gradients) matrix once per rho. Up to N = 20000 (the pipeline's
-    # Gram limit) that beats the PDAS chain on dense supports: 7.8 s against more than 14 min at N = 10000, p = 2048
+    # Gram limit) that beats the PDAS chain on dense supports: bench/large_gram.py, N = 10000, p = 2048:
+    # 6.7 s exact, where the chain stopped at its 120 s cap with KKT 6.6e-3
     can_admm = hasattr(op, "shifted_solver") and (op.n <= admm_max_n or not hasattr(op, "K"))
 
     def continuation() -> tuple[np.ndarray, int, bool]:

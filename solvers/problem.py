@@ -90,8 +90,8 @@ RANK_RTOL = 1e-10
 EIGVALSH_MAX_N = 3000  # validation's dense eigvalsh up to here (seconds at 3000); the pivoted Cholesky up to PIVOTED_MAX_N
 PIVOTED_MAX_N = 8000  # K's copy and the factor: 1 GB at 8000
 #: beyond PIVOTED_MAX_N, the pivoted Cholesky still runs when a caller's rank bound r puts its cost, about 2 N^2 r
-#: (the factor's trailing updates, then the Schur complement), at or below this: validation took 18 s at
-#: N = 10000, r = 2048 here, where the Lanczos estimate took 115 s without converging (K's 7952 zero eigenvalues)
+#: (the factor's trailing updates, then the Schur complement), at or below this: bench/large_gram.py, N = 10000,
+#: r = 2048: validation 12.5 s, where the Lanczos estimate took 116 s without converging (7952 zero eigenvalues)
 PIVOTED_MAX_WORK = 1e12
 
 

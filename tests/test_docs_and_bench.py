@@ -45,6 +45,14 @@ def test_rank_deficient_bench_runs_and_ends_with_json():
     assert path["points"] == 50 and max(path["path_kkt"], path["per_point_kkt"]) < 1e-9
 
 
+def test_large_gram_bench_runs_both_branches_and_ends_with_json():
+    figures = bench_json("large_gram.py", "--n", "400", "--p", "200", "--cap", "2")
+    assert figures["bench"] == "large_gram"
+    assert figures["rank_bound_result"] == 200 and figures["rank_without_bound"] is None
+    assert figures["solve_strategy"] == "admm_polish" and figures["solve_converged"] and figures["solve_kkt"] < 1e-9
+    assert figures["former_strategy"] != "admm_polish"
+
+
 def test_admm_rho_bench_runs_every_variant_and_ends_with_json():
     figures = bench_json("admm_rho.py", "--sizes", "300", "--seeds", "0", "--gammas", "5e-4", "--repeat", "1")
     assert figures["bench"] == "admm_rho" and figures["cases"] == 1

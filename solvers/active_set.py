@@ -2,10 +2,11 @@
 
 For a support A with signs s the penalised optimum solves K_AA w_A = beta_A - gamma s_A. Sparse
 solutions: primal-dual active set (PDAS: A and s from the fixed point w_i = soft(w_i + d_i / K_ii,
-gamma / K_ii), d = beta - K w) straight at gamma, then with gamma continuation and orthant-projected
-Newton when it cycles. Dense solutions: ADMM with K + rho I factored once in float32 (rho in proportion
-to gamma / max|beta|), polished by an exact solve on the ADMM iterate's support and signs once they hold
-still. Large support systems factor in float32 and are refined to float64 accuracy (solvers.linalg).
+gamma / K_ii), d = beta - K w) straight at gamma (stopped when it cycles or diverges), then with gamma
+continuation and orthant-projected Newton; where N > p or in the gradient form, the LARS homotopy on a
+working set of candidates grown by KKT violators goes first. Dense solutions: ADMM with K + rho I
+factored once in float32 (rho in proportion to gamma / max|beta|), polished by an exact solve on the ADMM
+iterate's support and signs once they hold still. Large support systems factor in float32 and are refined to float64 accuracy (solvers.linalg).
 Rank-deficient K of known rank (N > p), where supports larger than the rank are singular: the LARS-lasso
 homotopy (solvers.homotopy) when affordable. Other degenerate cases (duplicated candidates): an NNLS polish
 on the equicorrelation set, then the CVXPY reference, then coordinate descent. The budget form follows the
@@ -18,7 +19,8 @@ import time
 
 import numpy as np
 
-from solvers.homotopy import affordable, lars, path_at
+from solvers.homotopy import affordable, deficient, lars, path_at, representatives
+from solvers.operators import GramOperator
 from solvers.problem import objective_from_residual
 
 
@@ -44,20 +46,29 @@ def _kkt_from(w: np.ndarray, r: np.ndarray, gamma: float) -> float:
 
 
 def _pdas_plain(op, gamma: float, w: np.ndarray, max_iter: int, scale: float,
-                deadline: float | None = None, r: np.ndarray | None = None) -> tuple[np.ndarray, int, bool]:
-    """Plain PDAS (full Newton jumps); stops at a KKT point, on a cycle, or at max_iter; returns the best iterate.
+                deadline: float | None = None, r: np.ndarray | None = None,
+                diverging: int | None = 2) -> tuple[np.ndarray, int, bool]:
+    """Plain PDAS (full Newton jumps); stops at a KKT point, on a cycle, on divergence, or at max_iter; returns
+    the best iterate.
 
-    r, when given, is the residual K w - beta at w (saves a product).
+    r, when given, is the residual K w - beta at w (saves a product). diverging: stop after this many objective
+    increases in a row (None: never). PDAS is not monotone, but where it fails straight at a small gamma its
+    objective climbs at every step while its supports grow toward N, each a larger factorisation
+    (bench/sparse_chain.py).
     """
     beta = op.beta
     diag = np.maximum(op.diag, 1e-300)
     if r is None:
         r = residual(op, w)
-    best_w, best_f = w, _objective(w, r, beta, gamma)
+    f = _objective(w, r, beta, gamma)
+    best_w, best_f = w, f
     seen: set[bytes] = set()
+    rises = 0
     for it in range(1, max_iter + 1):
         if _kkt_from(w, r, gamma) <= scale:
             return w, it - 1, True
+        if diverging is not None and rises >= diverging:
+            break
         u = diag * w - r
         A = np.flatnonzero(np.abs(u) > gamma)
         s = np.sign(u[A])
@@ -70,11 +81,12 @@ def _pdas_plain(op, gamma: float, w: np.ndarray, max_iter: int, scale: float,
             w[A], r = op.solve_support_residual(A, beta[A] - gamma * s)
         else:
             r = -beta
-        f = _objective(w, r, beta, gamma)
+        f, f_before = _objective(w, r, beta, gamma), f
+        rises = rises + 1 if f > f_before else 0
         if f < best_f:
             best_w, best_f = w, f
     converged = _kkt_from(w, r, gamma) <= scale
-    return (w if converged else best_w), max_iter, converged
+    return (w if converged else best_w), len(seen), converged  # one support solve per pattern seen
 
 
 def _orthant_newton(op, gamma: float, w: np.ndarray, max_iter: int, scale: float,
@@ -250,6 +262,67 @@ def _homotopy(op, gamma: float, scale: float) -> tuple[np.ndarray, int, bool]:
     return wp, steps + k, ok
 
 
+#: the working-set homotopy's first set (the largest |beta|) and its largest set (LARS costs about |W|^3 on it).
+#: 128 first: faster than 64 in 19 and than 256 in 11 of 21 scratch cases (bench/sparse_chain.py's sizes, and
+#: N = 20000 in the gradient form); fewer rounds than 64, smaller LARS problems than 256
+WORKING_SET_START = 128
+WORKING_SET_MAX = 1024
+
+
+def _working_set_homotopy(op, gamma: float, scale: float,
+                          deadline: float | None = None) -> tuple[np.ndarray, int, bool]:
+    """The homotopy on a working set W grown by the candidates that violate KKT outside it; (w, steps, converged).
+
+    For sparse solutions where PDAS's supports can exceed the rank (N > p), so that plain PDAS stops at once and
+    continuation jumps to such supports at every stage, and for the gradient form, where a support of s costs
+    s^2 p to form: LARS on the few candidates of W (one of each duplicate group) is exact, and w is optimal
+    once no candidate outside W has |r_i| > gamma. Each round adds the worst violators,
+    at most doubling W; past WORKING_SET_MAX candidates it gives up and the chain goes on.
+    """
+    n = op.n
+    cap = min(n, WORKING_SET_MAX)
+    W = np.sort(np.argsort(-np.abs(op.beta), kind="stable")[:min(cap, WORKING_SET_START)])
+    w, steps = np.zeros(n), 0
+    while not _late(deadline):
+        # the Gram form of W for both operators: scikit-learn's LARS on the gradients stops early on small residues
+        sub = GramOperator(op.sub(W), op.beta[W])
+        keep = representatives(sub)  # LARS ends at a wrong point on exact ties
+        _, path, k = lars(sub.restricted(keep) if keep.size < W.size else sub, gamma, return_path=False)
+        steps += k
+        w = np.zeros(n)
+        w[W[keep]] = path[-1]
+        r = residual(op, w)
+        outside = np.ones(n, dtype=bool)
+        outside[W] = False
+        violators = np.flatnonzero(outside & (np.abs(r) > gamma + scale))
+        if violators.size == 0:
+            if _kkt_from(w, r, gamma) <= scale:
+                return w, steps, True
+            wp, k, ok = _pdas_plain(op, gamma, w, 2, scale, r=r)  # round-off in LARS (the gradient form)
+            return wp, steps + k, ok
+        room = cap - W.size
+        if room <= 0:
+            break
+        worst = violators[np.argsort(-np.abs(r[violators]), kind="stable")]
+        W = np.union1d(W, worst[:min(room, max(W.size, 32))])
+    return w, steps, False
+
+
+def _continuation(op, gamma: float, factor: float, max_iter: int,
+                  deadline: float | None = None) -> tuple[np.ndarray, int, bool]:
+    """PDAS at gamma_max * factor^k down to gamma, each stage warm-started from the last; (w, iterations, converged)."""
+    gmax = float(np.abs(op.beta).max())
+    n_stages = max(1, int(np.ceil(np.log(gamma / gmax) / np.log(factor))))
+    stages = [g for g in gmax * factor ** np.arange(1, n_stages) if g > gamma] + [gamma]
+    w, total, ok = np.zeros(op.n), 0, False
+    for g in stages:
+        w_try, it, ok = pdas(op, g, w, max_iter, deadline=deadline)
+        total += it
+        if ok or g == gamma:
+            w = w_try
+    return w, total, ok
+
+
 def _admm_rho(gamma: float, gmax: float) -> float:
     """ADMM's first rho relative to mean K_ii, in proportion to gamma / max|beta| (both ratios scale-free).
 
@@ -293,8 +366,10 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
     """argmin 0.5 w'Kw - beta'w + gamma ||w||_1 through the operator; (w, info).
 
     Strategy: rank-deficient problems of known rank start with the homotopy when it is affordable (a warm
-    start does not help it; give it distinct candidates: solvers.homotopy.deduplicated). Otherwise a warm start, or for sparse solutions (gamma >= dense_ratio * max|beta|)
-    plain PDAS from zero and then PDAS with continuation, goes first; dense solutions start with ADMM + polish
+    start does not help it; give it distinct candidates: solvers.homotopy.deduplicated). Otherwise a warm
+    start goes first; for sparse solutions (gamma >= dense_ratio * max|beta|) plain PDAS from zero, then PDAS
+    with continuation, then the working-set homotopy (which goes first where N > p or in the gradient form);
+    dense solutions start with ADMM + polish
     (N <= admm_max_n). Whatever has not converged goes on to orthant-projected Newton, and coordinate descent
     is the last resort.
     """
@@ -307,17 +382,6 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
     # Gram limit) that beats the PDAS chain on dense supports: bench/large_gram.py, N = 10000, p = 2048:
     # 6.7 s exact, where the chain stopped at its 120 s cap with KKT 6.6e-3
     can_admm = hasattr(op, "shifted_solver") and (op.n <= admm_max_n or not hasattr(op, "K"))
-
-    def continuation() -> tuple[np.ndarray, int, bool]:
-        n_stages = max(1, int(np.ceil(np.log(gamma / gmax) / np.log(factor))))
-        stages = [g for g in gmax * factor ** np.arange(1, n_stages) if g > gamma] + [gamma]
-        w, total, ok = np.zeros(op.n), 0, False
-        for g in stages:
-            w_try, it, ok = pdas(op, g, w, max_iter, deadline=deadline)
-            total += it
-            if ok or g == gamma:
-                w = w_try
-        return w, total, ok
 
     def admm() -> tuple[np.ndarray, int, bool]:
         # ADMM's speed depends on rho; degenerate (rank-deficient) problems may need another scale
@@ -332,19 +396,24 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
             best = _closer(op, gamma, best, w)  # an unfinished run's iterate, not a later run's zero start
         return best, total, False
 
+    stages = ("pdas_continuation", lambda: _continuation(op, gamma, factor, max_iter, deadline))
     if affordable(op):
         # PDAS would jump to singular supports larger than the rank and ADMM crawls (bench/rank_deficient.py)
         chain = [("homotopy", lambda: _homotopy(op, gamma, scale))]
     elif w0 is not None:
         chain = [("warm_pdas", lambda: pdas(op, gamma, w0, max_iter, deadline=deadline))]
     elif gamma >= dense_ratio * gmax or not can_admm:
-        # sparse solutions: plain PDAS straight at gamma usually lands in a few Newton steps (measured:
-        # 0.5 vs 1.5 ms at N = 100); if it cycles, continuation from gamma_max is the robust route
-        chain = [("pdas_direct", lambda: _pdas_plain(op, gamma, np.zeros(op.n), 15, scale, deadline)),
-                 ("pdas_continuation", continuation)]
+        # sparse solutions on a full-rank Gram: plain PDAS straight at gamma usually lands in a few Newton steps
+        # (measured: 0.5 vs 1.5 ms at N = 100), and continuation from gamma_max is fast where it stops. Where N > p
+        # (PDAS's first support, every |beta_i| > gamma, can exceed the rank) or in the gradient form (a support
+        # of s candidates costs s^2 p to form), the working-set homotopy goes first: its systems stay small
+        # (bench/sparse_chain.py)
+        direct = ("pdas_direct", lambda: _pdas_plain(op, gamma, np.zeros(op.n), 15, scale, deadline))
+        grown = ("working_set_homotopy", lambda: _working_set_homotopy(op, gamma, scale, deadline))
+        chain = [grown, direct, stages] if deficient(op) or not hasattr(op, "K") else [direct, stages, grown]
     else:
         chain = [("admm_polish", admm)]
-    chain += [(n, f) for n, f in (("pdas_continuation", continuation), ("admm_polish", admm))
+    chain += [(n, f) for n, f in (stages, ("admm_polish", admm))
               if (n != "admm_polish" or can_admm) and n not in {c[0] for c in chain}]
     iters, best = 0, None
     for name, run in chain:

@@ -63,6 +63,14 @@ def test_admm_rho_bench_runs_every_variant_and_ends_with_json():
     assert {"default_vs_settle1", "default_vs_settle2"} <= set(figures)
 
 
+def test_sparse_chain_bench_runs_both_chains_and_ends_with_json():
+    figures = bench_json("sparse_chain.py", "--cases", "200x1000", "--gammas", "2e-2", "--repeats", "1")
+    assert figures["bench"] == "sparse_chain" and figures["cases"] == 2
+    for row in figures["results"]:  # both chains certified on the Gram and the gradient operator
+        assert row["kkt_former"] <= 1e-9 and row["kkt_now"] <= 1e-9
+    assert {row["form"] for row in figures["results"]} == {"gram", "gradients"}
+
+
 def test_blas_threads_bench_runs_and_ends_with_json():
     figures = bench_json("blas_threads.py", "--n", "200", "--repeats", "2")
     assert figures["bench"] == "blas_threads" and 0 < figures["support"] <= 200

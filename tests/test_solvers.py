@@ -547,3 +547,78 @@ def test_an_unconverged_solve_returns_the_closest_iterate_any_strategy_reached(m
     w, info = AS.solve_penalised(GramOperator(K, beta), gamma)  # rank unknown: the ADMM chain
     assert len(calls) == 3 and not info["converged"]
     assert np.array_equal(w, good)
+
+
+# --- sparse solutions where plain PDAS fails: the divergence stop and the working-set homotopy --------------
+
+
+def test_plain_pdas_stops_when_its_objective_climbs_and_returns_its_best_iterate():
+    """Straight at a small gamma on clustered gradients, PDAS's objective climbs while its supports grow; it stops
+    after two rises in a row (three support solves here) where it formerly ran on until a cycle (twelve)."""
+    from solvers.active_set import _objective, _pdas_plain, residual
+    from solvers.operators import GramOperator
+
+    G, g = _clustered(200, 1000, seed=0)
+    op = GramOperator(G @ G.T, G @ g)
+    gamma = 0.02 * float(np.abs(op.beta).max())
+    scale = 1e-10 * max(1.0, float(np.abs(op.beta).max()))
+    w, solves, ok = _pdas_plain(op, gamma, np.zeros(op.n), 15, scale)
+    _, solves_all, ok_all = _pdas_plain(op, gamma, np.zeros(op.n), 15, scale, diverging=None)
+    assert not ok and not ok_all
+    assert solves == 3 and solves_all == 12
+    assert _objective(w, residual(op, w), op.beta, gamma) < 0.0  # the best iterate, better than w = 0
+    sol = solve_kmm(G @ G.T, G @ g, gamma=gamma)  # the chain goes on to an exact solution
+    assert sol.status == "optimal" and sol.kkt <= 1e-10 * max(1.0, float(np.abs(op.beta).max()))
+
+
+@pytest.mark.parametrize("n, p", [(240, 600), (400, 120)])  # N < p, and N > p (K of rank p)
+def test_sparse_gradient_space_solves_take_the_working_set_homotopy_and_are_exact(n, p, monkeypatch):
+    import solvers.homotopy as homotopy_module
+    from solvers import solve_kmm_gradients
+
+    monkeypatch.setattr(homotopy_module, "HOMOTOPY_MAX_WORK", 0.0)  # N > p at a size beyond the full homotopy
+    G, g = _clustered(n, p, seed=1)
+    gamma = 0.02 * float(np.abs(G @ g).max())
+    grad = solve_kmm_gradients(G, g, gamma=gamma)
+    assert grad.info["strategy"] == "working_set_homotopy" and grad.info["fallback"] is None
+    assert grad.kkt <= 1e-10 * max(1.0, float(np.abs(G @ g).max()))
+    ref = solve_kmm(G @ G.T, G @ g, gamma=gamma, method="cvxpy")
+    assert grad.objective <= ref.objective + 1e-9 * max(1.0, abs(ref.objective))
+    assert grad.objective == pytest.approx(solve_kmm(G @ G.T, G @ g, gamma=gamma).objective, rel=1e-9, abs=1e-12)
+
+
+def test_working_set_homotopy_on_a_gram_beyond_the_full_homotopy_handles_duplicates(monkeypatch):
+    """N > p where the full homotopy is not affordable (so no duplicate search ran first): the working set goes
+    first, drops exact copies inside W before LARS, and is exact; the weight of a duplicate pair sits on one copy."""
+    import solvers.homotopy as homotopy_module
+
+    monkeypatch.setattr(homotopy_module, "HOMOTOPY_MAX_WORK", 0.0)
+    G, g = _clustered(300, 80, seed=3)
+    G = np.vstack([G, G[:10]])  # exact copies of ten candidates
+    K, beta = G @ G.T, G @ g
+    gamma = 0.03 * float(np.abs(beta).max())
+    sol = solve_kmm(K, beta, gamma=gamma)
+    assert sol.info["strategy"] == "working_set_homotopy" and sol.info["fallback"] is None
+    assert sol.kkt <= 1e-10 * max(1.0, float(np.abs(beta).max()))
+    ref = make_problem(K, beta, gamma=gamma).objective(scipy_penalised(K, beta, gamma))
+    assert sol.objective <= ref + 1e-9 * max(1.0, abs(ref))
+    assert np.count_nonzero(sol.w[:10] * sol.w[300:]) == 0  # never both copies of a pair
+
+
+def test_working_set_homotopy_gives_up_at_its_cap_and_the_chain_goes_on(monkeypatch):
+    import solvers.active_set as AS
+    from solvers import solve_kmm_gradients
+    from solvers.operators import GradientOperator
+
+    G, g = _clustered(240, 600, seed=1)
+    gamma = 0.02 * float(np.abs(G @ g).max())
+    full = solve_kmm_gradients(G, g, gamma=gamma)
+    assert np.count_nonzero(full.w) > 16
+    monkeypatch.setattr(AS, "WORKING_SET_START", 8)
+    monkeypatch.setattr(AS, "WORKING_SET_MAX", 16)  # smaller than the support
+    op = GradientOperator(G, g)
+    w, steps, ok = AS._working_set_homotopy(op, gamma, 1e-10)
+    assert not ok and np.count_nonzero(w) <= 16
+    capped = solve_kmm_gradients(G, g, gamma=gamma)
+    assert capped.status == "optimal" and capped.info["strategy"] != "working_set_homotopy"
+    assert capped.objective == pytest.approx(full.objective, rel=1e-9, abs=1e-12)

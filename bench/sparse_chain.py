@@ -7,14 +7,18 @@ the homotopy on a working set grown by KKT violators runs first where supports c
 and in the gradient form (where every support system forms G_A G_A^T); on a full-rank Gram PDAS and then
 continuation still go first, and the working set comes third. On clustered synthetic unit-norm gradients (bench/synthetic.py), in one process, interleaved,
 best of --repeats, for the Gram and the gradient operator: time, KKT violation and strategy of both, and the
-ratio. Ends with one JSON line.
+ratio. Per case it also runs plain PDAS from zero with and without the divergence stop once (does the stop ever
+cut a run that converges? how many support solves does it save?), and with --starts it times the working-set
+homotopy alone for each size of its first set. Ends with one JSON line.
 
     .venv/bin/python bench/sparse_chain.py [--cases 1000x4096 2000x4096 5000x4096 5000x1000] [--gammas 5e-2 2e-2 1e-2]
+    .venv/bin/python bench/sparse_chain.py --starts 64 128 256     # and the first set's size
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -49,6 +53,21 @@ def former_chain(op, gamma: float) -> tuple[np.ndarray, str]:
     return w, "pdas_continuation" if ok else "not converged (the former chain went on to ADMM)"
 
 
+def stop_census(op, gamma: float) -> dict:
+    """Plain PDAS from zero at gamma without and with the divergence stop: converged?, support solves made."""
+    scale = 1e-10 * max(1.0, float(np.abs(op.beta).max()))
+    _, solves_all, ok_all = _pdas_plain(op, gamma, np.zeros(op.n), 15, scale, diverging=None)
+    _, solves_stop, ok_stop = _pdas_plain(op, gamma, np.zeros(op.n), 15, scale)
+    return {"converged_without_stop": ok_all, "converged_with_stop": ok_stop,
+            "solves_without_stop": solves_all, "solves_with_stop": solves_stop}
+
+
+def working_set_alone(op, gamma: float, *, start: int) -> tuple[np.ndarray, bool]:
+    """The working-set homotopy by itself, its first set of `start` candidates; (w, converged)."""
+    w, _, ok = _working_set_homotopy(op, gamma, 1e-10 * max(1.0, float(np.abs(op.beta).max())), start=start)
+    return w, ok
+
+
 def current_chain(op, gamma: float) -> tuple[np.ndarray, str]:
     """solve_penalised as it is now."""
     w, info = solve_penalised(op, gamma)
@@ -80,6 +99,8 @@ def main() -> None:
     ap.add_argument("--gammas", type=float, nargs="+", default=[5e-2, 2e-2, 1e-2])
     ap.add_argument("--forms", nargs="+", choices=("gram", "gradients"), default=["gram", "gradients"])
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--starts", type=int, nargs="*", default=[],
+                    help="also time the working-set homotopy alone for each size of its first set")
     args = ap.parse_args()
 
     warm = GramOperator(np.eye(4) + 0.1, np.arange(1.0, 5.0))
@@ -106,14 +127,39 @@ def main() -> None:
                        "now_s": round(t_new, 4), "ratio": round(t_old / t_new, 2), "kkt_former": k_old,
                        "kkt_now": k_new, "strategy_former": s_old, "strategy_now": s_new,
                        "nnz": int(np.count_nonzero(w_new))}
+                rec |= stop_census(op, gamma)
+                for start in args.starts:
+                    t_ws, _, ok = best_of(functools.partial(working_set_alone, start=start), op, gamma, args.repeats)
+                    rec.setdefault("start_s", {})[start] = round(t_ws, 4) if ok else None
                 rows.append(rec)
                 print(f"{n:>6} {p:>5} {gamma:>7.0e} {form:<9} {t_old:>9.4f} {t_new:>9.4f} {rec['ratio']:>6.2f}x "
-                      f"{k_old:>10.1e} {k_new:>9.1e}  {s_old} -> {s_new}", flush=True)
+                      f"{k_old:>10.1e} {k_new:>9.1e}  {s_old} -> {s_new}"
+                      + (f"  first set {rec['start_s']}" if args.starts else ""), flush=True)
     ratios = np.array([r["ratio"] for r in rows])
     summary = {"bench": "sparse_chain", "cases": len(rows),
                "geomean_ratio": round(float(np.exp(np.log(ratios).mean())), 2) if rows else None,
-               "slower_cases": int((ratios < 1).sum()), "results": rows}
+               "slower_cases": int((ratios < 1).sum()),
+               # runs that converge without the stop but not with it: the stop's only possible harm
+               "stop_cut_converging": sum(r["converged_without_stop"] and not r["converged_with_stop"] for r in rows),
+               "stop_converging_runs": sum(r["converged_without_stop"] for r in rows),
+               "failing_solves_without_stop": sum(r["solves_without_stop"] for r in rows
+                                                  if not r["converged_without_stop"]),
+               "failing_solves_with_stop": sum(r["solves_with_stop"] for r in rows if not r["converged_without_stop"]),
+               "results": rows}
     print(f"geometric mean: {summary['geomean_ratio']}x faster; slower in {summary['slower_cases']} of {len(rows)}")
+    print(f"plain PDAS from zero: {summary['stop_converging_runs']} of {len(rows)} runs converge without the "
+          f"divergence stop, {summary['stop_cut_converging']} of them not with it; the failing runs made "
+          f"{summary['failing_solves_without_stop']} support solves without it, {summary['failing_solves_with_stop']} "
+          f"with it")
+    for start in args.starts:
+        times = [r["start_s"][start] for r in rows]
+        done = [t for t in times if t is not None]
+        fastest = sum(t is not None and t == min(v for v in r["start_s"].values() if v is not None)
+                      for t, r in zip(times, rows))
+        summary.setdefault("start_geomean_s", {})[start] = (round(float(np.exp(np.log(done).mean())), 4)
+                                                             if done else None)
+        print(f"working set first {start}: geometric mean {summary['start_geomean_s'][start]} s over "
+              f"{len(done)} certified cases, fastest in {fastest}")
     print(json.dumps(summary, default=float))
 
 

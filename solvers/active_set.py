@@ -6,7 +6,8 @@ gamma / K_ii), d = beta - K w) straight at gamma (stopped when it cycles or dive
 continuation and orthant-projected Newton; where N > p or in the gradient form, the LARS homotopy on a
 working set of candidates grown by KKT violators goes first. Dense solutions: ADMM with K + rho I
 factored once in float32 (rho in proportion to gamma / max|beta|), polished by an exact solve on the ADMM
-iterate's support and signs once they hold still. Large support systems factor in float32 and are refined to float64 accuracy (solvers.linalg).
+iterate's support and signs once they hold still. Large support systems factor in float32 and are refined
+to float64 accuracy (solvers.linalg).
 Rank-deficient K of known rank (N > p), where supports larger than the rank are singular: the LARS-lasso
 homotopy (solvers.homotopy) when affordable. Other degenerate cases (duplicated candidates): an NNLS polish
 on the equicorrelation set, then the CVXPY reference, then coordinate descent. The budget form follows the
@@ -19,7 +20,7 @@ import time
 
 import numpy as np
 
-from solvers.homotopy import affordable, deficient, lars, path_at, representatives
+from solvers.homotopy import affordable, deficient, distinct, expand, lars, path_at
 from solvers.operators import GramOperator
 from solvers.problem import objective_from_residual
 
@@ -255,50 +256,46 @@ def _homotopy(op, gamma: float, scale: float) -> tuple[np.ndarray, int, bool]:
     """The homotopy's solution at gamma, certified by its KKT (two PDAS steps if round-off left it short)."""
     _, W, steps = lars(op, gamma, return_path=False)
     w = W[-1]
-    r = residual(op, w)
-    if _kkt_from(w, r, gamma) <= scale:
-        return w, steps, True
-    wp, k, ok = _pdas_plain(op, gamma, w, 2, scale, r=r)
+    wp, k, ok = _pdas_plain(op, gamma, w, 2, scale)  # w itself, after 0 steps, when it certifies
     return wp, steps + k, ok
 
 
 #: the working-set homotopy's first set (the largest |beta|) and its largest set (LARS costs about |W|^3 on it).
-#: 128 first: faster than 64 in 19 and than 256 in 11 of 21 scratch cases (bench/sparse_chain.py's sizes, and
-#: N = 20000 in the gradient form); fewer rounds than 64, smaller LARS problems than 256
+#: bench/sparse_chain.py --starts 64 128 256 (24 cases): geometric means 67, 49 and 45 ms; 128 and 256 each
+#: fastest in 12 cases, 64 in none (it needs more rounds)
 WORKING_SET_START = 128
 WORKING_SET_MAX = 1024
 
 
-def _working_set_homotopy(op, gamma: float, scale: float,
-                          deadline: float | None = None) -> tuple[np.ndarray, int, bool]:
+def _working_set_homotopy(op, gamma: float, scale: float, deadline: float | None = None, *,
+                          start: int = WORKING_SET_START) -> tuple[np.ndarray, int, bool]:
     """The homotopy on a working set W grown by the candidates that violate KKT outside it; (w, steps, converged).
 
     For sparse solutions where PDAS's supports can exceed the rank (N > p), so that plain PDAS stops at once and
     continuation jumps to such supports at every stage, and for the gradient form, where a support of s costs
     s^2 p to form: LARS on the few candidates of W (one of each duplicate group) is exact, and w is optimal
     once no candidate outside W has |r_i| > gamma. Each round adds the worst violators,
-    at most doubling W; past WORKING_SET_MAX candidates it gives up and the chain goes on.
+    at most doubling W; past WORKING_SET_MAX candidates it gives up and the chain goes on. start: the size of the
+    first W.
     """
     n = op.n
     cap = min(n, WORKING_SET_MAX)
-    W = np.sort(np.argsort(-np.abs(op.beta), kind="stable")[:min(cap, WORKING_SET_START)])
+    W = np.sort(np.argsort(-np.abs(op.beta), kind="stable")[:min(cap, start)])
     w, steps = np.zeros(n), 0
     while not _late(deadline):
-        # the Gram form of W for both operators: scikit-learn's LARS on the gradients stops early on small residues
-        sub = GramOperator(op.sub(W), op.beta[W])
-        keep = representatives(sub)  # LARS ends at a wrong point on exact ties
-        _, path, k = lars(sub.restricted(keep) if keep.size < W.size else sub, gamma, return_path=False)
+        # the Gram form of W for both operators (scikit-learn's LARS on the gradients stops early on small
+        # residues), one candidate of each duplicate group (LARS ends at a wrong point on exact ties)
+        sub, keep = distinct(GramOperator(op.sub(W), op.beta[W]))
+        _, path, k = lars(sub, gamma, return_path=False)
         steps += k
         w = np.zeros(n)
-        w[W[keep]] = path[-1]
+        w[W] = expand(path[-1], keep, W.size)
         r = residual(op, w)
         outside = np.ones(n, dtype=bool)
         outside[W] = False
         violators = np.flatnonzero(outside & (np.abs(r) > gamma + scale))
-        if violators.size == 0:
-            if _kkt_from(w, r, gamma) <= scale:
-                return w, steps, True
-            wp, k, ok = _pdas_plain(op, gamma, w, 2, scale, r=r)  # round-off in LARS (the gradient form)
+        if violators.size == 0:  # w itself when it certifies, else two PDAS steps (round-off in LARS)
+            wp, k, ok = _pdas_plain(op, gamma, w, 2, scale, r=r)
             return wp, steps + k, ok
         room = cap - W.size
         if room <= 0:

@@ -17,17 +17,21 @@ import numpy as np
 HOMOTOPY_MAX_WORK = 2e9
 
 
-def deduplicated(op):
+def distinct(op):
     """(the operator on one candidate of every duplicate group, their indices), or (op, None) when there is
-    nothing to drop. Only problems headed for the homotopy pay for the search (duplicates make K rank-deficient;
-    the other strategies cope with them through the NNLS polish). The entry points (solvers.api, kmm_path)
-    call it once and solve on the result; `expand` puts the solution back."""
-    if not affordable(op):
-        return op, None
+    nothing to drop; `expand` puts a solution on the result back on all candidates."""
     keep = representatives(op)
     if keep.size == op.n:
         return op, None
     return op.restricted(keep), keep
+
+
+def deduplicated(op):
+    """distinct(op) for problems headed for the full homotopy, else (op, None): only they pay for the search
+    (duplicates make K rank-deficient; the other strategies cope with them through the NNLS polish, and the
+    working-set homotopy deduplicates its own small sets). The entry points (solvers.api, kmm_path) call it once
+    and solve on the result."""
+    return distinct(op) if affordable(op) else (op, None)
 
 
 def expand(v: np.ndarray, keep: np.ndarray | None, n: int) -> np.ndarray:

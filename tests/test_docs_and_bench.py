@@ -64,11 +64,15 @@ def test_admm_rho_bench_runs_every_variant_and_ends_with_json():
 
 
 def test_sparse_chain_bench_runs_both_chains_and_ends_with_json():
-    figures = bench_json("sparse_chain.py", "--cases", "200x1000", "--gammas", "2e-2", "--repeats", "1")
+    figures = bench_json("sparse_chain.py", "--cases", "200x1000", "--gammas", "2e-2", "--repeats", "1",
+                         "--starts", "64", "128")
     assert figures["bench"] == "sparse_chain" and figures["cases"] == 2
     for row in figures["results"]:  # both chains certified on the Gram and the gradient operator
         assert row["kkt_former"] <= 1e-9 and row["kkt_now"] <= 1e-9
+        assert row["solves_with_stop"] <= row["solves_without_stop"]
+        assert set(row["start_s"]) == {"64", "128"}  # JSON keys
     assert {row["form"] for row in figures["results"]} == {"gram", "gradients"}
+    assert figures["stop_cut_converging"] == 0
 
 
 def test_blas_threads_bench_runs_and_ends_with_json():

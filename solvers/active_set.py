@@ -268,7 +268,7 @@ WORKING_SET_MAX = 1024
 
 
 def _working_set_homotopy(op, gamma: float, scale: float, deadline: float | None = None, *,
-                          start: int = WORKING_SET_START) -> tuple[np.ndarray, int, bool]:
+                          start: int | None = None) -> tuple[np.ndarray, int, bool]:
     """The homotopy on a working set W grown by the candidates that violate KKT outside it; (w, steps, converged).
 
     For sparse solutions where PDAS's supports can exceed the rank (N > p), so that plain PDAS stops at once and
@@ -276,9 +276,10 @@ def _working_set_homotopy(op, gamma: float, scale: float, deadline: float | None
     s^2 p to form: LARS on the few candidates of W (one of each duplicate group) is exact, and w is optimal
     once no candidate outside W has |r_i| > gamma. Each round adds the worst violators,
     at most doubling W; past WORKING_SET_MAX candidates it gives up and the chain goes on. start: the size of the
-    first W.
+    first W (WORKING_SET_START when None, read at call time like WORKING_SET_MAX).
     """
     n = op.n
+    start = WORKING_SET_START if start is None else start
     cap = min(n, WORKING_SET_MAX)
     W = np.sort(np.argsort(-np.abs(op.beta), kind="stable")[:min(cap, start)])
     w, steps = np.zeros(n), 0
@@ -393,7 +394,7 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
             best = _closer(op, gamma, best, w)  # an unfinished run's iterate, not a later run's zero start
         return best, total, False
 
-    stages = ("pdas_continuation", lambda: _continuation(op, gamma, factor, max_iter, deadline))
+    continuation = ("pdas_continuation", lambda: _continuation(op, gamma, factor, max_iter, deadline))
     if affordable(op):
         # PDAS would jump to singular supports larger than the rank and ADMM crawls (bench/rank_deficient.py)
         chain = [("homotopy", lambda: _homotopy(op, gamma, scale))]
@@ -407,10 +408,11 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
         # (bench/sparse_chain.py)
         direct = ("pdas_direct", lambda: _pdas_plain(op, gamma, np.zeros(op.n), 15, scale, deadline))
         grown = ("working_set_homotopy", lambda: _working_set_homotopy(op, gamma, scale, deadline))
-        chain = [grown, direct, stages] if deficient(op) or not hasattr(op, "K") else [direct, stages, grown]
+        chain = ([grown, direct, continuation] if deficient(op) or not hasattr(op, "K")
+                 else [direct, continuation, grown])
     else:
         chain = [("admm_polish", admm)]
-    chain += [(n, f) for n, f in (stages, ("admm_polish", admm))
+    chain += [(n, f) for n, f in (continuation, ("admm_polish", admm))
               if (n != "admm_polish" or can_admm) and n not in {c[0] for c in chain}]
     iters, best = 0, None
     for name, run in chain:

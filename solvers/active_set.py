@@ -9,8 +9,9 @@ factored once in float32 (rho in proportion to gamma / max|beta|), polished by a
 iterate's support and signs once they hold still. Large support systems factor in float32 and are refined
 to float64 accuracy (solvers.linalg).
 Rank-deficient K of known rank (N > p), where supports larger than the rank are singular: the LARS-lasso
-homotopy (solvers.homotopy) when affordable. Other degenerate cases (duplicated candidates): an NNLS polish
-on the equicorrelation set, then the CVXPY reference, then coordinate descent. The budget form follows the
+homotopy (solvers.homotopy) when affordable, after the working set for sparse solutions of many candidates.
+Other degenerate cases (duplicated candidates): an NNLS polish on the equicorrelation set, then the CVXPY
+reference, then coordinate descent. The budget form follows the
 penalised path (solve_budget): read off the homotopy's breakpoints, or bracketed on a gamma grid.
 """
 
@@ -265,6 +266,13 @@ def _homotopy(op, gamma: float, scale: float) -> tuple[np.ndarray, int, bool]:
 #: fastest in 12 cases, 64 in none (it needs more rounds)
 WORKING_SET_START = 128
 WORKING_SET_MAX = 1024
+#: on a rank-deficient K small enough for the full homotopy, the working set still goes first for sparse solutions
+#: (gamma >= WORKING_SET_FIRST_RATIO * max|beta|) of at least WORKING_SET_FIRST_MIN_N candidates: scikit-learn's
+#: LARS copies all of K (72 MB at N = 3000) for a path of a few dozen steps, the working set only its small sets.
+#: Measured (scratch, 2026-11-23, 21 cases, best of 3): 1.1-10x faster at N = 2000-4000 from 3 % of max|beta| up,
+#: up to 3x slower at N = 300-1000 or below 3 %; bench/rank_deficient.py times both where they differ
+WORKING_SET_FIRST_MIN_N = 2000
+WORKING_SET_FIRST_RATIO = 0.03
 
 
 def _working_set_homotopy(op, gamma: float, scale: float, deadline: float | None = None, *,
@@ -364,7 +372,8 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
     """argmin 0.5 w'Kw - beta'w + gamma ||w||_1 through the operator; (w, info).
 
     Strategy: rank-deficient problems of known rank start with the homotopy when it is affordable (a warm
-    start does not help it; give it distinct candidates: solvers.homotopy.deduplicated). Otherwise a warm
+    start does not help it; give it distinct candidates: solvers.homotopy.deduplicated), after the working-set
+    homotopy for sparse solutions of many candidates. Otherwise a warm
     start goes first; for sparse solutions (gamma >= dense_ratio * max|beta|) plain PDAS from zero, then PDAS
     with continuation, then the working-set homotopy (which goes first where N > p or in the gradient form);
     dense solutions start with ADMM + polish
@@ -395,9 +404,12 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
         return best, total, False
 
     continuation = ("pdas_continuation", lambda: _continuation(op, gamma, factor, max_iter, deadline))
+    grown = ("working_set_homotopy", lambda: _working_set_homotopy(op, gamma, scale, deadline))
     if affordable(op):
         # PDAS would jump to singular supports larger than the rank and ADMM crawls (bench/rank_deficient.py)
         chain = [("homotopy", lambda: _homotopy(op, gamma, scale))]
+        if op.n >= WORKING_SET_FIRST_MIN_N and gamma >= WORKING_SET_FIRST_RATIO * gmax:
+            chain.insert(0, grown)
     elif w0 is not None:
         chain = [("warm_pdas", lambda: pdas(op, gamma, w0, max_iter, deadline=deadline))]
     elif gamma >= dense_ratio * gmax or not can_admm:
@@ -407,7 +419,6 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
         # of s candidates costs s^2 p to form), the working-set homotopy goes first: its systems stay small
         # (bench/sparse_chain.py)
         direct = ("pdas_direct", lambda: _pdas_plain(op, gamma, np.zeros(op.n), 15, scale, deadline))
-        grown = ("working_set_homotopy", lambda: _working_set_homotopy(op, gamma, scale, deadline))
         chain = ([grown, direct, continuation] if deficient(op) or not hasattr(op, "K")
                  else [direct, continuation, grown])
     else:

@@ -606,6 +606,26 @@ def test_working_set_homotopy_on_a_gram_beyond_the_full_homotopy_handles_duplica
     assert np.count_nonzero(sol.w[chosen] * sol.w[300:]) == 0  # never both copies of a pair
 
 
+def test_rank_deficient_sparse_solves_of_many_candidates_take_the_working_set_first(monkeypatch):
+    """An affordable N > p problem: the working set goes before the full homotopy from WORKING_SET_FIRST_MIN_N
+    candidates and WORKING_SET_FIRST_RATIO * max|beta| up (patched to this size), exactly; below either, the homotopy."""
+    import solvers.active_set as AS
+
+    G, g = _clustered(400, 60, seed=4)
+    K, beta = G @ G.T, G @ g
+    gmax = float(np.abs(beta).max())
+    monkeypatch.setattr(AS, "WORKING_SET_FIRST_MIN_N", 300)
+    for ratio, strategy in ((0.1, "working_set_homotopy"), (0.5 * AS.WORKING_SET_FIRST_RATIO, "homotopy")):
+        gamma = ratio * gmax
+        sol = solve_kmm(K, beta, gamma=gamma)
+        assert sol.info["strategy"] == strategy and sol.info["fallback"] is None
+        assert sol.kkt <= 1e-10 * max(1.0, gmax)
+        ref = make_problem(K, beta, gamma=gamma).objective(scipy_penalised(K, beta, gamma))
+        assert sol.objective <= ref + 1e-9 * max(1.0, abs(ref))
+    monkeypatch.setattr(AS, "WORKING_SET_FIRST_MIN_N", 401)
+    assert solve_kmm(K, beta, gamma=0.1 * gmax).info["strategy"] == "homotopy"
+
+
 def test_working_set_homotopy_gives_up_at_its_cap_and_the_chain_goes_on(monkeypatch):
     import solvers.active_set as AS
     from solvers import solve_kmm_gradients

@@ -4,7 +4,10 @@ On the clustered problem of bench/solvers.py (p = 4096, seed 0), in one process:
 (1) spotrf alone in a tight loop, at N and at the solution's support size, one thread against two;
 (2) the whole solve on one thread against two threads inside spotrf only (every other call stays on one),
     interleaved, best and median of --repeats solves each, with every spotrf call's time inside the solve;
-(3) a cProfile of the one-thread solve: milliseconds per solve of the costliest functions.
+(3) a cProfile of the one-thread solve: milliseconds per solve of the costliest functions;
+(4) the solve against its skeleton: the same LAPACK and BLAS calls as one solve makes (counted by spies on
+    the triangular solves and products of K), on the same matrices, with none of the solver's logic,
+    interleaved, one thread: how far the solve is above the cost of the linear algebra it needs.
 Prints the figures and ends with one JSON line.
 
     .venv/bin/python bench/blas_threads.py [--n 1000 --gamma 5e-4 --repeats 30]
@@ -29,6 +32,9 @@ sys.path.append(str(Path(__file__).resolve().parent))
 
 from synthetic import clustered_gradients  # noqa: E402
 
+import solvers.kkt  # noqa: E402
+import solvers.linalg  # noqa: E402
+import solvers.operators  # noqa: E402
 from solvers import make_problem, solve_problem  # noqa: E402
 from solvers.api import _threadpools  # noqa: E402
 
@@ -37,6 +43,57 @@ def stats_ms(ts: list[float]) -> dict[str, float]:
     """min, median and max of `ts` seconds, in milliseconds."""
     a = 1e3 * np.asarray(ts)
     return {"min": round(float(a.min()), 2), "median": round(float(np.median(a)), 2), "max": round(float(a.max()), 2)}
+
+
+def count_calls(prob) -> dict[str, int]:
+    """Triangular-solve pairs with the N x N factor and with the support's, and products of K, in one solve."""
+    counts = {"pairs_n": 0, "pairs_support": 0, "products": 0}
+    n = prob.K.shape[0]
+    originals = {(solvers.linalg, "cholesky_solve"): solvers.linalg.cholesky_solve,
+                 (solvers.operators, "cholesky_solve"): solvers.operators.cholesky_solve,
+                 (solvers.operators, "gram_times"): solvers.operators.gram_times,
+                 (solvers.kkt, "gram_times"): solvers.kkt.gram_times}
+
+    def pair(c, b):
+        counts["pairs_n" if c.shape[0] == n else "pairs_support"] += 1
+        return originals[(solvers.linalg, "cholesky_solve")](c, b)
+
+    def product(K, w):
+        counts["products"] += 1
+        return originals[(solvers.operators, "gram_times")](K, w)
+
+    solvers.linalg.cholesky_solve = solvers.operators.cholesky_solve = pair
+    solvers.operators.gram_times = solvers.kkt.gram_times = product
+    try:
+        solve_problem(prob, method="active_set")
+    finally:
+        for (module, name), fn in originals.items():
+            setattr(module, name, fn)
+    return counts
+
+
+def skeleton(K: np.ndarray, beta: np.ndarray, support: np.ndarray, counts: dict[str, int], rho: float) -> None:
+    """The linear algebra of one ADMM + polish solve and nothing else: float32 copy, two factorisations,
+    the counted triangular-solve pairs and products, the support gather (a lower bound on the ADMM path, the
+    one N = 1000, gamma = 5e-4 takes; supports under solvers.linalg.MIXED_MIN_N factor in float64 instead)."""
+    strtrs, spotrf = sla.lapack.strtrs, sla.lapack.spotrf
+    shifted = K.astype(np.float32)
+    shifted[np.diag_indices(K.shape[0])] += np.float32(rho)
+    c, _ = spotrf(shifted.T, lower=1, clean=0, overwrite_a=1)
+    b = beta.astype(np.float32)
+    for _ in range(counts["pairs_n"]):
+        y, _ = strtrs(c, b, lower=1)
+        strtrs(c, y, lower=1, trans=1)
+    kss = K.astype(np.float32).take(support, axis=0).take(support, axis=1)
+    cs, _ = spotrf(kss.T, lower=1, clean=0, overwrite_a=1)
+    x = r = beta[support].astype(np.float32)
+    for _ in range(counts["pairs_support"]):
+        y, _ = strtrs(cs, r, lower=1)
+        x, _ = strtrs(cs, y, lower=1, trans=1)
+    w = np.zeros(K.shape[0])
+    w[support] = x
+    for _ in range(counts["products"]):
+        K @ w
 
 
 def main() -> None:
@@ -99,11 +156,26 @@ def main() -> None:
     own_ms = {f"{Path(f).stem}:{name}" if f != "~" else name: round(1e3 * tt / args.repeats, 2)
               for (f, _, name), (_, _, tt, _, _) in rows}
 
+    # (4) the solve against the linear algebra it makes (the calls counted in one solve), one thread
+    counts = count_calls(prob)
+    on = np.flatnonzero(solve_problem(prob, method="active_set").w)
+    rho = 0.01 * float(np.mean(np.diag(K)))
+    bare: dict[str, list[float]] = {"solve": [], "skeleton": []}
+    with ctl.limit(limits=1, user_api="blas"):
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            solve_problem(prob, method="active_set")
+            bare["solve"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            skeleton(K, prob.beta, on, counts, rho)
+            bare["skeleton"].append(time.perf_counter() - t0)
+
     fig = {"bench": "blas_threads", "n": args.n, "gamma": args.gamma, "support": support, "repeats": args.repeats,
            "spotrf_alone_ms": {k: stats_ms(v) for k, v in alone.items()},
            "solve_ms": {k: stats_ms(v) for k, v in solve.items()},
            "spotrf_inside_solve_2t_ms": [round(1e3 * t, 2) for t in inside],
-           "profile_own_ms_per_solve_1t": own_ms}
+           "profile_own_ms_per_solve_1t": own_ms,
+           "calls_per_solve": counts, "skeleton_ms": {k: stats_ms(v) for k, v in bare.items()}}
     for k, v in fig["spotrf_alone_ms"].items():
         print(f"spotrf alone {k:>10}: min {v['min']:6.2f}  median {v['median']:6.2f}  max {v['max']:7.2f} ms")
     for k, v in fig["solve_ms"].items():
@@ -113,6 +185,10 @@ def main() -> None:
     print(f"spotrf calls inside the two-thread solves (N, then the support of {support}), ms: "
           f"{fig['spotrf_inside_solve_2t_ms']}")
     print("one-thread solve, own time per solve (ms): " + ", ".join(f"{k} {v}" for k, v in own_ms.items()))
+    s, b = fig["skeleton_ms"]["solve"], fig["skeleton_ms"]["skeleton"]
+    print(f"solve against its skeleton ({counts['pairs_n']} + {counts['pairs_support']} triangular-solve pairs, "
+          f"{counts['products']} products, two factorisations): solve min {s['min']:.2f} median {s['median']:.2f} ms, "
+          f"skeleton min {b['min']:.2f} median {b['median']:.2f} ms, {s['median'] - b['median']:.2f} ms above it (medians)")
     print(json.dumps(fig))
 
 

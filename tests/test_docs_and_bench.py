@@ -80,6 +80,8 @@ def test_blas_threads_bench_runs_and_ends_with_json():
     assert figures["bench"] == "blas_threads" and 0 < figures["support"] <= 200
     assert set(figures["solve_ms"]) == {"1t", "2t_spotrf"} and len(figures["spotrf_inside_solve_2t_ms"]) >= 2
     assert figures["profile_own_ms_per_solve_1t"]
+    assert figures["calls_per_solve"]["products"] >= 1  # at least the certificate's
+    assert set(figures["skeleton_ms"]) == {"solve", "skeleton"}
 
 
 def test_prefix_cache_bench_runs_and_ends_with_json(smollm2_dir):

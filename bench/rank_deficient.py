@@ -19,11 +19,13 @@ Per case up to N = --path-max-n it also times kmm_path on --path-points gammas (
 every point) against one homotopy per point, as kmm_path ran before.
 
     .venv/bin/python bench/rank_deficient.py [--cases 300x100 1000x300 3000x500] [--cap 30]
+    .venv/bin/python bench/rank_deficient.py --scan     # the working set first or the homotopy first, and the rule
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import sys
@@ -42,19 +44,65 @@ from synthetic import clustered_gradients  # noqa: E402
 import solvers.active_set  # noqa: E402
 from solvers import kkt_violation, kmm_path, make_problem, solve_problem  # noqa: E402
 from solvers.active_set import solve_penalised  # noqa: E402
+from solvers.api import _blas_threads  # noqa: E402
 from solvers.operators import GramOperator  # noqa: E402
 
 TIGHT_TOLS = (1e-6, 1e-7, 1e-8, 1e-9, 1e-10)  # scikit-learn's duality-gap tolerances, loosest first
 
 
+@contextlib.contextmanager
+def working_set_first(always: bool):
+    """Inside: on affordable rank-deficient K the working set goes first for every gamma and N (always) or never."""
+    module = solvers.active_set
+    saved = module.WORKING_SET_FIRST_MIN_N, module.WORKING_SET_FIRST_RATIO
+    module.WORKING_SET_FIRST_MIN_N, module.WORKING_SET_FIRST_RATIO = (0, 0.0) if always else (float("inf"), 0.0)
+    try:
+        yield
+    finally:
+        module.WORKING_SET_FIRST_MIN_N, module.WORKING_SET_FIRST_RATIO = saved
+
+
 def homotopy_first(prob):
     """solve_problem with the full homotopy first at every size (the working set never goes before it)."""
-    saved = solvers.active_set.WORKING_SET_FIRST_MIN_N
-    solvers.active_set.WORKING_SET_FIRST_MIN_N = float("inf")
-    try:
+    with working_set_first(False):
         return solve_problem(prob)
-    finally:
-        solvers.active_set.WORKING_SET_FIRST_MIN_N = saved
+
+
+def scan(cases: list[tuple[int, int]], ratios: list[float], repeats: int, seed: int) -> list[dict]:
+    """The working set first against the full homotopy first on every case and gamma = ratio * max|beta|, both
+    through solve_penalised and certified, interleaved, best of `repeats`: the evidence for the rule
+    (WORKING_SET_FIRST_MIN_N, WORKING_SET_FIRST_RATIO) that picks between them."""
+    module = solvers.active_set
+    print(f"{'N':>6} {'p':>5} {'ratio':>6} {'homotopy_s':>11} {'working_s':>10} {'speedup':>8}  rule picks")
+    rows = []
+    for n, p in cases:
+        G32, g32 = clustered_gradients(n, p, seed=seed)
+        G = G32.astype(np.float64)
+        K = G @ G.T
+        op = GramOperator(0.5 * (K + K.T), G @ g32.astype(np.float64), rank=p)
+        gmax = float(np.abs(op.beta).max())
+        for ratio in ratios:
+            best = {True: float("inf"), False: float("inf")}
+            for _ in range(repeats):
+                for always in (False, True):
+                    with working_set_first(always), _blas_threads(n):
+                        t0 = time.perf_counter()
+                        w, info = solve_penalised(op, ratio * gmax)
+                        best[always] = min(best[always], time.perf_counter() - t0)
+                    if not info["converged"]:
+                        raise RuntimeError(f"{n}x{p} at {ratio} max|beta|: not converged ({info})")
+            picks = n >= module.WORKING_SET_FIRST_MIN_N and ratio >= module.WORKING_SET_FIRST_RATIO
+            rows.append({"N": n, "p": p, "ratio": ratio, "homotopy_s": round(best[False], 4),
+                         "working_set_s": round(best[True], 4), "speedup": round(best[False] / best[True], 2),
+                         "rule_picks_working_set": picks})
+            print(f"{n:>6} {p:>5} {ratio:>6g} {best[False]:>11.4f} {best[True]:>10.4f} "
+                  f"{best[False] / best[True]:>7.2f}x  {'working set' if picks else 'homotopy'}", flush=True)
+    for picks in (True, False):
+        s = [r["speedup"] for r in rows if r["rule_picks_working_set"] == picks]
+        if s:
+            print(f"where the rule picks the {'working set' if picks else 'homotopy'}: working set first is "
+                  f"{np.exp(np.log(s).mean()):.2f}x (geometric mean) of {len(s)}, from {min(s):.2f}x to {max(s):.2f}x")
+    return rows
 
 
 def case(text: str) -> tuple[int, int]:
@@ -99,7 +147,17 @@ def main() -> None:
     ap.add_argument("--path-max-n", type=int, default=1000, help="largest N whose kmm_path is timed")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=3, help="convalue's solve (and the homotopy-first one): best of")
+    ap.add_argument("--scan", action="store_true",
+                    help="instead: the working set first against the homotopy first on --scan-cases x --scan-ratios")
+    ap.add_argument("--scan-cases", type=case, nargs="+",
+                    default=[(300, 100), (1000, 100), (1000, 300), (2000, 300), (3000, 500), (4000, 700)])
+    ap.add_argument("--scan-ratios", type=float, nargs="+", default=[0.2, 0.1, 0.05, 0.03, 0.01],
+                    help="gamma / max|beta|")
     args = ap.parse_args()
+    if args.scan:
+        rows = scan(args.scan_cases, args.scan_ratios, args.repeats, args.seed)
+        print(json.dumps({"bench": "rank_deficient_scan", "results": rows}))
+        return
 
     warm = np.random.default_rng(0).standard_normal((8, 4))  # imports (scikit-learn's LARS, CVXPY) out of the timings
     solve_problem(make_problem(warm @ warm.T, warm @ warm[0], gamma=0.1))

@@ -11,8 +11,8 @@ to float64 accuracy (solvers.linalg).
 Rank-deficient K of known rank (N > p), where supports larger than the rank are singular: the LARS-lasso
 homotopy (solvers.homotopy) when affordable, after the working set for sparse solutions of many candidates.
 Other degenerate cases (duplicated candidates): an NNLS polish on the equicorrelation set, then the CVXPY
-reference, then coordinate descent. The budget form follows the
-penalised path (solve_budget): read off the homotopy's breakpoints, or bracketed on a gamma grid.
+reference, then coordinate descent. The budget form follows the penalised path (solve_budget): read off the
+homotopy's breakpoints, or bracketed on a gamma grid.
 """
 
 from __future__ import annotations
@@ -269,8 +269,8 @@ WORKING_SET_MAX = 1024
 #: on a rank-deficient K small enough for the full homotopy, the working set still goes first for sparse solutions
 #: (gamma >= WORKING_SET_FIRST_RATIO * max|beta|) of at least WORKING_SET_FIRST_MIN_N candidates: scikit-learn's
 #: LARS copies all of K (72 MB at N = 3000) for a path of a few dozen steps, the working set only its small sets.
-#: Measured (scratch, 2026-11-23, 21 cases, best of 3): 1.1-10x faster at N = 2000-4000 from 3 % of max|beta| up,
-#: up to 3x slower at N = 300-1000 or below 3 %; bench/rank_deficient.py times both where they differ
+#: bench/rank_deficient.py --scan (30 cases, N = 300-4000): 1.2-5.9x faster (geometric mean 2.31x) in the 12 cases
+#: this rule picks; 0.71x in the other 18 (0.30x at N = 300, 0.63x at 1 % of max|beta|)
 WORKING_SET_FIRST_MIN_N = 2000
 WORKING_SET_FIRST_RATIO = 0.03
 

@@ -75,6 +75,14 @@ def test_sparse_chain_bench_runs_both_chains_and_ends_with_json():
     assert figures["stop_cut_converging"] == 0
 
 
+def test_rank_deficient_scan_times_both_orders_and_ends_with_json():
+    figures = bench_json("rank_deficient.py", "--scan", "--scan-cases", "150x40", "--scan-ratios", "0.1", "0.01",
+                         "--repeats", "1")
+    assert figures["bench"] == "rank_deficient_scan" and len(figures["results"]) == 2
+    assert all(r["homotopy_s"] > 0 and r["working_set_s"] > 0 and not r["rule_picks_working_set"]
+               for r in figures["results"])  # N = 150 is below the rule's N
+
+
 def test_blas_threads_bench_runs_and_ends_with_json():
     figures = bench_json("blas_threads.py", "--n", "200", "--repeats", "2")
     assert figures["bench"] == "blas_threads" and 0 < figures["support"] <= 200

@@ -25,7 +25,7 @@ import numpy as np
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from bench.synthetic import clustered_gradients  # noqa: E402
+from bench.synthetic import clustered_gram  # noqa: E402
 from solvers import active_set, make_problem, solve_problem  # noqa: E402
 
 DEFAULT = {"_admm_rho": active_set._admm_rho, "_polish": active_set._polish, "_admm_polish": active_set._admm_polish}
@@ -62,11 +62,7 @@ def main() -> None:
           + "  " + "  ".join(f"{'ms ' + v:>10}" for v in VARIANTS))
     for n in args.sizes:
         for seed in args.seeds:
-            G, g = clustered_gradients(n, seed=seed)
-            G64, g64 = G.astype(np.float64), g.astype(np.float64)
-            K = G64 @ G64.T
-            K = 0.5 * (K + K.T)
-            beta = G64 @ g64
+            K, beta, _, _ = clustered_gram(n, seed=seed)
             for gamma in args.gammas:
                 prob = make_problem(K, beta, gamma=gamma, check_psd=False)
                 best = {v: np.inf for v in VARIANTS}

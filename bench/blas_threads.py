@@ -1,7 +1,8 @@
 """One or two BLAS threads for the active-set solve at N = 1000, gamma = 5e-4, and where its time goes.
 
 On the clustered problem of bench/solvers.py (p = 4096, seed 0), in one process:
-(1) spotrf alone in a tight loop, at N and at the solution's support size, one thread against two;
+(1) spotrf alone in a tight loop, at N and at the solution's support size, one thread against two, and torch's
+    Cholesky (MKL on x86 wheels; the library alternative) at N on one thread;
 (2) the whole solve on one thread against two threads inside spotrf only (every other call stays on one),
     interleaved, best and median of --repeats solves each, with every spotrf call's time inside the solve;
 (3) a cProfile of the one-thread solve: milliseconds per solve of the costliest functions;
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import scipy.linalg as sla
+import torch
 
 # this folder holds solvers.py, named like the `solvers` package: the repository root goes first
 sys.path[0] = str(Path(__file__).resolve().parents[1])
@@ -124,6 +126,14 @@ def main() -> None:
                     alone.setdefault(f"n{n}_{threads}t", []).append(time.perf_counter() - t0)
                 if info != 0:
                     raise RuntimeError(f"spotrf failed at n = {n} (info {info})")
+        torch_threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            t0 = time.perf_counter()
+            torch.linalg.cholesky(torch.from_numpy(shifted))
+            alone.setdefault(f"torch_n{args.n}_1t", []).append(time.perf_counter() - t0)
+        finally:
+            torch.set_num_threads(torch_threads)
 
     # (2) the whole solve; the solver holds BLAS at one thread, the patched spotrf lifts it to two for its call
     inside: list[float] = []
@@ -177,7 +187,7 @@ def main() -> None:
            "profile_own_ms_per_solve_1t": own_ms,
            "calls_per_solve": counts, "skeleton_ms": {k: stats_ms(v) for k, v in bare.items()}}
     for k, v in fig["spotrf_alone_ms"].items():
-        print(f"spotrf alone {k:>10}: min {v['min']:6.2f}  median {v['median']:6.2f}  max {v['max']:7.2f} ms")
+        print(f"factor alone {k:>16}: min {v['min']:6.2f}  median {v['median']:6.2f}  max {v['max']:7.2f} ms")
     for k, v in fig["solve_ms"].items():
         print(f"solve {k:>17}: min {v['min']:6.2f}  median {v['median']:6.2f}  max {v['max']:7.2f} ms")
     print(f"two-thread solve / one-thread solve, medians: "

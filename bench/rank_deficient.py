@@ -39,7 +39,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from baselines import sklearn_lasso  # noqa: E402
-from synthetic import clustered_gradients  # noqa: E402
+from synthetic import clustered_gram  # noqa: E402
 
 import solvers.active_set  # noqa: E402
 from solvers import kkt_violation, kmm_path, make_problem, solve_problem  # noqa: E402
@@ -76,10 +76,8 @@ def scan(cases: list[tuple[int, int]], ratios: list[float], repeats: int, seed: 
     print(f"{'N':>6} {'p':>5} {'ratio':>6} {'homotopy_s':>11} {'working_s':>10} {'speedup':>8}  rule picks")
     rows = []
     for n, p in cases:
-        G32, g32 = clustered_gradients(n, p, seed=seed)
-        G = G32.astype(np.float64)
-        K = G @ G.T
-        op = GramOperator(0.5 * (K + K.T), G @ g32.astype(np.float64), rank=p)
+        K, beta, _, _ = clustered_gram(n, p, seed=seed)
+        op = GramOperator(K, beta, rank=p)
         gmax = float(np.abs(op.beta).max())
         for ratio in ratios:
             best = {True: float("inf"), False: float("inf")}
@@ -166,11 +164,7 @@ def main() -> None:
     rows, paths = [], []
     print(f"{'N':>6} {'p':>5} {'gamma':>7} {'method':<14} {'time_s':>9} {'kkt':>9} {'objective':>14} {'nnz':>5}  note")
     for n, p in args.cases:
-        G32, g32 = clustered_gradients(n, p, seed=args.seed)
-        G, g = G32.astype(np.float64), g32.astype(np.float64)
-        K = G @ G.T
-        K = 0.5 * (K + K.T)
-        beta = G @ g
+        K, beta, G, g = clustered_gram(n, p, seed=args.seed)
         for gamma in args.gammas:
             t0 = time.perf_counter()
             prob = make_problem(K, beta, gamma=gamma)

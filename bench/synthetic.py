@@ -18,3 +18,11 @@ def clustered_gradients(n: int, p: int = 4096, *, cluster_size: int = 20, spread
     mix = rng.standard_normal(min(8, n_clusters)).astype(np.float32)
     g_tar = mix @ centers[: len(mix)] + 0.5 * rng.standard_normal(p).astype(np.float32) / np.sqrt(p)
     return G, (g_tar / np.linalg.norm(g_tar)).astype(np.float32)
+
+
+def clustered_gram(n: int, p: int = 4096, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(K = G G^T symmetrised, beta = G g_tar, G, g_tar), all float64, of clustered_gradients(n, p, seed=seed)."""
+    G32, g32 = clustered_gradients(n, p, seed=seed)
+    G, g = G32.astype(np.float64), g32.astype(np.float64)
+    K = G @ G.T
+    return 0.5 * (K + K.T), G @ g, G, g

@@ -300,9 +300,9 @@ def _working_set_homotopy(op, gamma: float, scale: float, deadline: float | None
         w = np.zeros(n)
         w[W] = expand(path[-1], keep, W.size)
         r = residual(op, w)
-        outside = np.ones(n, dtype=bool)
-        outside[W] = False
-        violators = np.flatnonzero(outside & (np.abs(r) > gamma + scale))
+        violates = np.abs(r) > gamma + scale
+        violates[W] = False  # only candidates outside W can grow it
+        violators = np.flatnonzero(violates)
         if violators.size == 0:  # w itself when it certifies, else two PDAS steps (round-off in LARS)
             wp, k, ok = _pdas_plain(op, gamma, w, 2, scale, r=r)
             return wp, steps + k, ok

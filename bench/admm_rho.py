@@ -26,27 +26,29 @@ import numpy as np
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from bench.synthetic import clustered_gram  # noqa: E402
-from solvers import active_set, make_problem, solve_problem  # noqa: E402
+from solvers import admm, make_problem, solve_problem  # noqa: E402
+from solvers.active_set import pdas_plain  # noqa: E402
 
-DEFAULT = {"_admm_rho": active_set._admm_rho, "_polish": active_set._polish, "_admm_polish": active_set._admm_polish}
+DEFAULT = {"admm_rho": admm.admm_rho, "polish_on_support": admm.polish_on_support, "admm_polish": admm.admm_polish}
 
 
 def _former_polish(op, gamma: float, z: np.ndarray, scale: float):
-    return active_set._pdas_plain(op, gamma, z, 3, scale)  # the PDAS rule straight on the inexact iterate
+    return pdas_plain(op, gamma, z, 3, scale)  # the PDAS rule straight on the inexact iterate
 
 
 VARIANTS = {
-    "former": DEFAULT | {"_admm_rho": lambda gamma, gmax: 0.3, "_polish": _former_polish},
-    "polish": DEFAULT | {"_admm_rho": lambda gamma, gmax: 0.3},
+    "former": DEFAULT | {"admm_rho": lambda gamma, gmax: 0.3, "polish_on_support": _former_polish},
+    "polish": DEFAULT | {"admm_rho": lambda gamma, gmax: 0.3},
     "default": DEFAULT,
-    "settle1": DEFAULT | {"_admm_polish": functools.partial(DEFAULT["_admm_polish"], settle=1)},
-    "settle2": DEFAULT | {"_admm_polish": functools.partial(DEFAULT["_admm_polish"], settle=2)},
+    "settle1": DEFAULT | {"admm_polish": functools.partial(DEFAULT["admm_polish"], settle=1)},
+    "settle2": DEFAULT | {"admm_polish": functools.partial(DEFAULT["admm_polish"], settle=2)},
 }
 
 
 def _use(variant: dict) -> None:
+    """Put a variant's functions in solvers.admm, where solve_penalised and admm_polish look them up."""
     for name, fn in variant.items():
-        setattr(active_set, name, fn)
+        setattr(admm, name, fn)
 
 
 def main() -> None:

@@ -30,9 +30,9 @@ from synthetic import clustered_gradients  # noqa: E402
 import solvers.homotopy as homotopy_module  # noqa: E402
 import solvers.problem as problem_module  # noqa: E402
 from solvers import kkt_violation, make_problem  # noqa: E402
-from solvers.active_set import solve_penalised  # noqa: E402
 from solvers.api import _blas_threads  # noqa: E402
 from solvers.operators import GramOperator  # noqa: E402
+from solvers.penalised import solve_penalised  # noqa: E402
 
 FORMER_ADMM_MAX_N = 6000
 

@@ -41,11 +41,11 @@ sys.path.append(str(Path(__file__).resolve().parent))
 from baselines import sklearn_lasso  # noqa: E402
 from synthetic import clustered_gram  # noqa: E402
 
-import solvers.active_set  # noqa: E402
+import solvers.penalised  # noqa: E402
 from solvers import kkt_violation, kmm_path, make_problem, solve_problem  # noqa: E402
-from solvers.active_set import solve_penalised  # noqa: E402
 from solvers.api import _blas_threads  # noqa: E402
 from solvers.operators import GramOperator  # noqa: E402
+from solvers.penalised import solve_penalised  # noqa: E402
 
 TIGHT_TOLS = (1e-6, 1e-7, 1e-8, 1e-9, 1e-10)  # scikit-learn's duality-gap tolerances, loosest first
 
@@ -53,7 +53,7 @@ TIGHT_TOLS = (1e-6, 1e-7, 1e-8, 1e-9, 1e-10)  # scikit-learn's duality-gap toler
 @contextlib.contextmanager
 def working_set_first(always: bool):
     """Inside: on affordable rank-deficient K the working set goes first for every gamma and N (always) or never."""
-    module = solvers.active_set
+    module = solvers.penalised
     saved = module.WORKING_SET_FIRST_MIN_N, module.WORKING_SET_FIRST_RATIO
     module.WORKING_SET_FIRST_MIN_N, module.WORKING_SET_FIRST_RATIO = (0, 0.0) if always else (float("inf"), 0.0)
     try:
@@ -72,7 +72,7 @@ def scan(cases: list[tuple[int, int]], ratios: list[float], repeats: int, seed: 
     """The working set first against the full homotopy first on every case and gamma = ratio * max|beta|, both
     through solve_penalised and certified, interleaved, best of `repeats`: the evidence for the rule
     (WORKING_SET_FIRST_MIN_N, WORKING_SET_FIRST_RATIO) that picks between them."""
-    module = solvers.active_set
+    module = solvers.penalised
     print(f"{'N':>6} {'p':>5} {'ratio':>6} {'homotopy_s':>11} {'working_s':>10} {'speedup':>8}  rule picks")
     rows = []
     for n, p in cases:

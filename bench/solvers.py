@@ -26,8 +26,8 @@ from baselines import sklearn_lasso  # noqa: E402
 from synthetic import clustered_gradients  # noqa: E402
 
 from solvers import kkt_violation, make_problem, solve_problem  # noqa: E402
-from solvers.active_set import solve_penalised  # noqa: E402
 from solvers.operators import GradientOperator  # noqa: E402
+from solvers.penalised import solve_penalised  # noqa: E402
 
 
 def timed(fn, *args, repeat: int = 1, **kwargs):

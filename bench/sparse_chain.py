@@ -32,39 +32,35 @@ sys.path.append(str(Path(__file__).resolve().parent))
 
 from synthetic import clustered_gradients  # noqa: E402
 
-from solvers.active_set import (  # noqa: E402
-    _continuation,
-    _pdas_plain,
-    _working_set_homotopy,
-    kkt_of,
-    solve_penalised,
-)
+from solvers.active_set import continuation, kkt_of, pdas_plain  # noqa: E402
 from solvers.api import _blas_threads  # noqa: E402
 from solvers.operators import GradientOperator, GramOperator  # noqa: E402
+from solvers.penalised import solve_penalised  # noqa: E402
+from solvers.working_set import working_set_homotopy  # noqa: E402
 
 
 def former_chain(op, gamma: float) -> tuple[np.ndarray, str]:
     """The former sparse chain's first two links: 15 plain PDAS steps (no divergence stop), then continuation."""
     scale = 1e-10 * max(1.0, float(np.abs(op.beta).max()))
-    w, _, ok = _pdas_plain(op, gamma, np.zeros(op.n), 15, scale, diverging=None)
+    w, _, ok = pdas_plain(op, gamma, np.zeros(op.n), 15, scale, diverging=None)
     if ok:
         return w, "pdas_direct"
-    w, _, ok = _continuation(op, gamma, 0.25, 200)
+    w, _, ok = continuation(op, gamma, 0.25, 200)
     return w, "pdas_continuation" if ok else "not converged (the former chain went on to ADMM)"
 
 
 def stop_census(op, gamma: float) -> dict:
     """Plain PDAS from zero at gamma without and with the divergence stop: converged?, support solves made."""
     scale = 1e-10 * max(1.0, float(np.abs(op.beta).max()))
-    _, solves_all, ok_all = _pdas_plain(op, gamma, np.zeros(op.n), 15, scale, diverging=None)
-    _, solves_stop, ok_stop = _pdas_plain(op, gamma, np.zeros(op.n), 15, scale)
+    _, solves_all, ok_all = pdas_plain(op, gamma, np.zeros(op.n), 15, scale, diverging=None)
+    _, solves_stop, ok_stop = pdas_plain(op, gamma, np.zeros(op.n), 15, scale)
     return {"converged_without_stop": ok_all, "converged_with_stop": ok_stop,
             "solves_without_stop": solves_all, "solves_with_stop": solves_stop}
 
 
 def working_set_alone(op, gamma: float, *, start: int) -> tuple[np.ndarray, bool]:
     """The working-set homotopy by itself, its first set of `start` candidates; (w, converged)."""
-    w, _, ok = _working_set_homotopy(op, gamma, 1e-10 * max(1.0, float(np.abs(op.beta).max())), start=start)
+    w, _, ok = working_set_homotopy(op, gamma, 1e-10 * max(1.0, float(np.abs(op.beta).max())), start=start)
     return w, ok
 
 
@@ -104,7 +100,7 @@ def main() -> None:
     args = ap.parse_args()
 
     warm = GramOperator(np.eye(4) + 0.1, np.arange(1.0, 5.0))
-    _working_set_homotopy(warm, 0.5, 1e-10)  # imports and first calls (scikit-learn's LARS) out of the timings
+    working_set_homotopy(warm, 0.5, 1e-10)  # imports and first calls (scikit-learn's LARS) out of the timings
     rows = []
     print(f"{'N':>6} {'p':>5} {'gamma':>7} {'form':<9} {'former_s':>9} {'now_s':>9} {'ratio':>7} "
           f"{'kkt_former':>10} {'kkt_now':>9}  strategies (former -> now)")

@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from solvers.active_set import kkt_of, residual, solve_budget, solve_penalised
+from solvers.active_set import kkt_of, residual
+from solvers.budget import solve_budget
 from solvers.homotopy import deduplicated, expand
 from solvers.kkt import certify
 from solvers.operators import GradientOperator, GramOperator
+from solvers.penalised import solve_penalised
 from solvers.problem import (
     KMMInputError,
     KMMProblem,

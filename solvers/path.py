@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solvers.active_set import solve_penalised
 from solvers.homotopy import affordable, deduplicated, expand, lars, path_at
 from solvers.kkt import kkt_violation
 from solvers.operators import GramOperator
+from solvers.penalised import solve_penalised
 from solvers.problem import KMMProblem, make_problem
 
 

@@ -526,8 +526,10 @@ def test_an_unconverged_solve_returns_the_closest_iterate_any_strategy_reached(m
     """When every strategy fails, the fallbacks start from (and return) the iterate with the smallest KKT
     violation: the first ADMM run's, not a later run's zero start (the former chain returned w = 0)."""
     import solvers.active_set as AS
+    import solvers.admm as admm_module
     import solvers.reference as ref_module
     from solvers.operators import GramOperator
+    from solvers.penalised import solve_penalised
 
     G, g = random_gradients(8, 60, 20, False)
     K, beta = G @ G.T, G @ g
@@ -539,12 +541,12 @@ def test_an_unconverged_solve_returns_the_closest_iterate_any_strategy_reached(m
         calls.append(kw["rho"])
         return (good.copy() if len(calls) == 1 else np.zeros(op.n)), 10, False
 
-    monkeypatch.setattr(AS, "_admm_polish", admm_once)
+    monkeypatch.setattr(admm_module, "admm_polish", admm_once)
     monkeypatch.setattr(AS, "pdas", lambda op, gamma, w, *a, **k: (np.zeros(op.n), 1, False))
-    monkeypatch.setattr(AS, "_nnls_polish", lambda op, gamma, w, scale, deadline=None: (w, False))
+    monkeypatch.setattr(AS, "nnls_polish", lambda op, gamma, w, scale, deadline=None: (w, False))
     monkeypatch.setattr(AS, "coordinate_descent", lambda op, gamma, w, **k: (w, 0))
     monkeypatch.setattr(ref_module, "solve_cvxpy", lambda problem, tolerance: (np.zeros(problem.n), {}))
-    w, info = AS.solve_penalised(GramOperator(K, beta), gamma)  # rank unknown: the ADMM chain
+    w, info = solve_penalised(GramOperator(K, beta), gamma)  # rank unknown: the ADMM chain
     assert len(calls) == 3 and not info["converged"]
     assert np.array_equal(w, good)
 
@@ -555,18 +557,18 @@ def test_an_unconverged_solve_returns_the_closest_iterate_any_strategy_reached(m
 def test_plain_pdas_stops_when_its_objective_climbs_and_returns_its_best_iterate():
     """Straight at a small gamma on clustered gradients, PDAS's objective climbs while its supports grow; it stops
     after two rises in a row (three support solves here) where it formerly ran on until a cycle (twelve)."""
-    from solvers.active_set import _objective, _pdas_plain, residual
+    from solvers.active_set import objective_at, pdas_plain, residual
     from solvers.operators import GramOperator
 
     G, g = _clustered(200, 1000, seed=0)
     op = GramOperator(G @ G.T, G @ g)
     gamma = 0.02 * float(np.abs(op.beta).max())
     scale = 1e-10 * max(1.0, float(np.abs(op.beta).max()))
-    w, solves, ok = _pdas_plain(op, gamma, np.zeros(op.n), 15, scale)
-    _, solves_all, ok_all = _pdas_plain(op, gamma, np.zeros(op.n), 15, scale, diverging=None)
+    w, solves, ok = pdas_plain(op, gamma, np.zeros(op.n), 15, scale)
+    _, solves_all, ok_all = pdas_plain(op, gamma, np.zeros(op.n), 15, scale, diverging=None)
     assert not ok and not ok_all
     assert solves == 3 and solves_all == 12
-    assert _objective(w, residual(op, w), op.beta, gamma) < 0.0  # the best iterate, better than w = 0
+    assert objective_at(w, residual(op, w), op.beta, gamma) < 0.0  # the best iterate, better than w = 0
     sol = solve_kmm(G @ G.T, G @ g, gamma=gamma)  # the chain goes on to an exact solution
     assert sol.status == "optimal" and sol.kkt <= 1e-10 * max(1.0, float(np.abs(op.beta).max()))
 
@@ -609,25 +611,25 @@ def test_working_set_homotopy_on_a_gram_beyond_the_full_homotopy_handles_duplica
 def test_rank_deficient_sparse_solves_of_many_candidates_take_the_working_set_first(monkeypatch):
     """An affordable N > p problem: the working set goes before the full homotopy from WORKING_SET_FIRST_MIN_N
     candidates and WORKING_SET_FIRST_RATIO * max|beta| up (patched to this size), exactly; below either, the homotopy."""
-    import solvers.active_set as AS
+    import solvers.penalised as penalised_module
 
     G, g = _clustered(400, 60, seed=4)
     K, beta = G @ G.T, G @ g
     gmax = float(np.abs(beta).max())
-    monkeypatch.setattr(AS, "WORKING_SET_FIRST_MIN_N", 300)
-    for ratio, strategy in ((0.1, "working_set_homotopy"), (0.5 * AS.WORKING_SET_FIRST_RATIO, "homotopy")):
+    monkeypatch.setattr(penalised_module, "WORKING_SET_FIRST_MIN_N", 300)
+    for ratio, strategy in ((0.1, "working_set_homotopy"), (0.5 * penalised_module.WORKING_SET_FIRST_RATIO, "homotopy")):
         gamma = ratio * gmax
         sol = solve_kmm(K, beta, gamma=gamma)
         assert sol.info["strategy"] == strategy and sol.info["fallback"] is None
         assert sol.kkt <= 1e-10 * max(1.0, gmax)
         ref = make_problem(K, beta, gamma=gamma).objective(scipy_penalised(K, beta, gamma))
         assert sol.objective <= ref + 1e-9 * max(1.0, abs(ref))
-    monkeypatch.setattr(AS, "WORKING_SET_FIRST_MIN_N", 401)
+    monkeypatch.setattr(penalised_module, "WORKING_SET_FIRST_MIN_N", 401)
     assert solve_kmm(K, beta, gamma=0.1 * gmax).info["strategy"] == "homotopy"
 
 
 def test_working_set_homotopy_gives_up_at_its_cap_and_the_chain_goes_on(monkeypatch):
-    import solvers.active_set as AS
+    import solvers.working_set as WS
     from solvers import solve_kmm_gradients
     from solvers.operators import GradientOperator
 
@@ -635,10 +637,10 @@ def test_working_set_homotopy_gives_up_at_its_cap_and_the_chain_goes_on(monkeypa
     gamma = 0.02 * float(np.abs(G @ g).max())
     full = solve_kmm_gradients(G, g, gamma=gamma)
     assert np.count_nonzero(full.w) > 16
-    monkeypatch.setattr(AS, "WORKING_SET_START", 8)
-    monkeypatch.setattr(AS, "WORKING_SET_MAX", 16)  # smaller than the support
+    monkeypatch.setattr(WS, "WORKING_SET_START", 8)
+    monkeypatch.setattr(WS, "WORKING_SET_MAX", 16)  # smaller than the support
     op = GradientOperator(G, g)
-    w, steps, ok = AS._working_set_homotopy(op, gamma, 1e-10)
+    w, steps, ok = WS.working_set_homotopy(op, gamma, 1e-10)
     assert not ok and np.count_nonzero(w) <= 16
     capped = solve_kmm_gradients(G, g, gamma=gamma)
     assert capped.status == "optimal" and capped.info["strategy"] != "working_set_homotopy"

@@ -1,0 +1,143 @@
+"""Fast exact KMM solver (paper eq. kmm_l1_penalized): the order of strategies, each certified by its KKT conditions.
+
+For a support A with signs s the penalised optimum solves K_AA w_A = beta_A - gamma s_A. Sparse
+solutions: primal-dual active set (PDAS: A and s from the fixed point w_i = soft(w_i + d_i / K_ii,
+gamma / K_ii), d = beta - K w) straight at gamma (stopped when it cycles or diverges), then with gamma
+continuation and orthant-projected Newton; where N > p or in the gradient form, the LARS homotopy on a
+working set of candidates grown by KKT violators goes first. Dense solutions: ADMM with K + rho I
+factored once in float32 (rho in proportion to gamma / max|beta|), polished by an exact solve on the ADMM
+iterate's support and signs once they hold still. Large support systems factor in float32 and are refined
+to float64 accuracy (solvers.linalg).
+Rank-deficient K of known rank (N > p), where supports larger than the rank are singular: the LARS-lasso
+homotopy (solvers.homotopy) when affordable, after the working set for sparse solutions of many candidates.
+Other degenerate cases (duplicated candidates): an NNLS polish on the equicorrelation set, then the CVXPY
+reference, then coordinate descent. The methods live in solvers.active_set (PDAS and its safeguards),
+solvers.admm, solvers.working_set and solvers.homotopy; the budget form (solvers.budget) follows this path.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from solvers import active_set, admm, working_set
+from solvers.active_set import kkt_from, past_deadline, residual
+from solvers.homotopy import affordable, deficient, lars
+
+#: on a rank-deficient K small enough for the full homotopy, the working set still goes first for sparse solutions
+#: (gamma >= WORKING_SET_FIRST_RATIO * max|beta|) of at least WORKING_SET_FIRST_MIN_N candidates: scikit-learn's
+#: LARS copies all of K (72 MB at N = 3000) for a path of a few dozen steps, the working set only its small sets.
+#: bench/rank_deficient.py --scan (30 cases, N = 300-4000): 1.2-5.9x faster (geometric mean 2.31x) in the 12 cases
+#: this rule picks; 0.71x in the other 18 (0.30x at N = 300, 0.63x at 1 % of max|beta|)
+WORKING_SET_FIRST_MIN_N = 2000
+WORKING_SET_FIRST_RATIO = 0.03
+
+
+def _homotopy(op, gamma: float, scale: float) -> tuple[np.ndarray, int, bool]:
+    """The homotopy's solution at gamma, certified by its KKT (two PDAS steps if round-off left it short)."""
+    _, W, steps = lars(op, gamma, return_path=False)
+    w = W[-1]
+    wp, k, ok = active_set.pdas_plain(op, gamma, w, 2, scale)  # w itself, after 0 steps, when it certifies
+    return wp, steps + k, ok
+
+
+def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: float = 0.25,
+                    max_iter: int = 200, dense_ratio: float = 0.01, admm_max_n: int = 20000,
+                    tol: float = 1e-10, max_seconds: float | None = None) -> tuple[np.ndarray, dict]:
+    """argmin 0.5 w'Kw - beta'w + gamma ||w||_1 through the operator; (w, info).
+
+    Strategy: rank-deficient problems of known rank start with the homotopy when it is affordable (a warm
+    start does not help it; give it distinct candidates: solvers.homotopy.deduplicated), after the working-set
+    homotopy for sparse solutions of many candidates. Otherwise a warm
+    start goes first; for sparse solutions (gamma >= dense_ratio * max|beta|) plain PDAS from zero, then PDAS
+    with continuation, then the working-set homotopy (which goes first where N > p or in the gradient form);
+    dense solutions start with ADMM + polish
+    (N <= admm_max_n). Whatever has not converged goes on to orthant-projected Newton, and coordinate descent
+    is the last resort.
+    """
+    gmax = float(np.abs(op.beta).max())
+    if gamma >= gmax:
+        return np.zeros(op.n), {"iterations": 0, "strategy": "zero", "converged": True, "fallback": None}
+    scale = tol * max(1.0, gmax)
+    deadline = None if max_seconds is None else time.perf_counter() + max_seconds
+    # ADMM factors an N x N (Gram) or p x p (gradients) matrix once per rho. Up to N = 20000 (the pipeline's
+    # Gram limit) that beats the PDAS chain on dense supports: bench/large_gram.py, N = 10000, p = 2048:
+    # 6.7 s exact, where the chain stopped at its 120 s cap with KKT 6.6e-3
+    can_admm = hasattr(op, "shifted_solver") and (op.n <= admm_max_n or not hasattr(op, "K"))
+
+    def run_admm() -> tuple[np.ndarray, int, bool]:
+        # ADMM's speed depends on rho; degenerate (rank-deficient) problems may need another scale
+        total, best = 0, np.zeros(op.n)
+        for rho in (admm.admm_rho(gamma, gmax), 3.0, 0.03):
+            if past_deadline(deadline):
+                break
+            w, it, ok = admm.admm_polish(op, gamma, np.zeros(op.n), scale, rho=rho, max_iter=1000,
+                                          deadline=deadline)
+            total += it
+            if ok:
+                return w, total, True
+            best = _closer(op, gamma, best, w)  # an unfinished run's iterate, not a later run's zero start
+        return best, total, False
+
+    stepped = ("pdas_continuation", lambda: active_set.continuation(op, gamma, factor, max_iter, deadline))
+    grown = ("working_set_homotopy", lambda: working_set.working_set_homotopy(op, gamma, scale, deadline))
+    if affordable(op):
+        # PDAS would jump to singular supports larger than the rank and ADMM crawls (bench/rank_deficient.py)
+        chain = [("homotopy", lambda: _homotopy(op, gamma, scale))]
+        if op.n >= WORKING_SET_FIRST_MIN_N and gamma >= WORKING_SET_FIRST_RATIO * gmax:
+            chain.insert(0, grown)
+    elif w0 is not None:
+        chain = [("warm_pdas", lambda: active_set.pdas(op, gamma, w0, max_iter, deadline=deadline))]
+    elif gamma >= dense_ratio * gmax or not can_admm:
+        # sparse solutions on a full-rank Gram: plain PDAS straight at gamma usually lands in a few Newton steps
+        # (measured: 0.5 vs 1.5 ms at N = 100), and continuation from gamma_max is fast where it stops. Where N > p
+        # (PDAS's first support, every |beta_i| > gamma, can exceed the rank) or in the gradient form (a support
+        # of s candidates costs s^2 p to form), the working-set homotopy goes first: its systems stay small
+        # (bench/sparse_chain.py)
+        direct = ("pdas_direct", lambda: active_set.pdas_plain(op, gamma, np.zeros(op.n), 15, scale, deadline))
+        chain = ([grown, direct, stepped] if deficient(op) or not hasattr(op, "K")
+                 else [direct, stepped, grown])
+    else:
+        chain = [("admm_polish", run_admm)]
+    chain += [(n, f) for n, f in (stepped, ("admm_polish", run_admm))
+              if (n != "admm_polish" or can_admm) and n not in {c[0] for c in chain}]
+    iters, best = 0, None
+    for name, run in chain:
+        strategy = name
+        w, it, ok = run()
+        iters += it
+        if ok:
+            break
+        # the fallbacks start from the closest iterate any strategy reached
+        best = w if best is None else _closer(op, gamma, best, w)
+    if not ok:
+        w = best
+    fallback = None
+    if not ok:
+        w, ok = active_set.nnls_polish(op, gamma, w, scale, deadline)
+        fallback = "nnls_polish"
+    if not ok and op.n <= 3000 and not past_deadline(deadline):
+        # a degenerate problem the active-set paths could not certify: the reference library
+        from solvers.problem import KMMProblem
+        from solvers.reference import solve_cvxpy
+
+        K = op.K if hasattr(op, "K") else op.sub(np.arange(op.n))
+        w_ref, _ = solve_cvxpy(KMMProblem(K=K, beta=op.beta, gamma=gamma), tolerance="tight")
+        w_ref = np.where(np.abs(w_ref) > 1e-12 * max(1.0, float(np.abs(w_ref).max())), w_ref, 0.0)
+        w_ref, polished = active_set.nnls_polish(op, gamma, w_ref, scale)
+        ok = polished or kkt_from(w_ref, residual(op, w_ref), gamma) <= 1e3 * scale
+        w = w_ref if ok else _closer(op, gamma, w, w_ref)
+        fallback = "cvxpy_reference"
+    if not ok and not past_deadline(deadline):
+        w_cd, sweeps = active_set.coordinate_descent(op, gamma, w, max_sweeps=5000, tol=1e-9, deadline=deadline)
+        iters += sweeps
+        w_cd, ok = active_set.nnls_polish(op, gamma, w_cd, scale, deadline)
+        w = w_cd if ok else _closer(op, gamma, w, w_cd)
+        fallback = "coordinate_descent+nnls_polish"
+    return w, {"iterations": iters, "strategy": strategy, "converged": ok, "fallback": fallback}
+
+
+def _closer(op, gamma: float, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Whichever of two uncertified iterates has the smaller KKT violation (a on a tie)."""
+    return b if kkt_from(b, residual(op, b), gamma) < kkt_from(a, residual(op, a), gamma) else a

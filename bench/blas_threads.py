@@ -38,7 +38,7 @@ import solvers.kkt  # noqa: E402
 import solvers.linalg  # noqa: E402
 import solvers.operators  # noqa: E402
 from solvers import make_problem, solve_problem  # noqa: E402
-from solvers.api import _threadpools  # noqa: E402
+from solvers.threads import threadpools  # noqa: E402
 
 
 def stats_ms(ts: list[float]) -> dict[str, float]:
@@ -110,7 +110,7 @@ def main() -> None:
     K = 0.5 * (K + K.T)
     prob = make_problem(K, G.astype(np.float64) @ g.astype(np.float64), gamma=args.gamma)
     support = int(np.count_nonzero(solve_problem(prob, method="active_set").w))
-    ctl = _threadpools()
+    ctl = threadpools()
     spotrf = sla.lapack.spotrf
 
     # (1) spotrf alone, threads kept busy by back-to-back calls

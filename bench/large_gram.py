@@ -30,9 +30,9 @@ from synthetic import clustered_gradients  # noqa: E402
 import solvers.homotopy as homotopy_module  # noqa: E402
 import solvers.problem as problem_module  # noqa: E402
 from solvers import kkt_violation, make_problem  # noqa: E402
-from solvers.api import _blas_threads  # noqa: E402
 from solvers.operators import GramOperator  # noqa: E402
 from solvers.penalised import solve_penalised  # noqa: E402
+from solvers.threads import blas_threads  # noqa: E402
 
 FORMER_ADMM_MAX_N = 6000
 
@@ -74,7 +74,7 @@ def main() -> None:
     for name, max_n in (("solve", None), ("former", former_max_n)):
         kw = {} if max_n is None else {"admm_max_n": max_n, "max_seconds": args.cap}
         t0 = time.perf_counter()
-        with _blas_threads(op.n):
+        with blas_threads(op.n):
             w, info = solve_penalised(op, args.gamma, **kw)
         t = time.perf_counter() - t0
         kkt = kkt_violation(prob, w)

@@ -43,9 +43,9 @@ from synthetic import clustered_gram  # noqa: E402
 
 import solvers.penalised  # noqa: E402
 from solvers import kkt_violation, kmm_path, make_problem, solve_problem  # noqa: E402
-from solvers.api import _blas_threads  # noqa: E402
 from solvers.operators import GramOperator  # noqa: E402
 from solvers.penalised import solve_penalised  # noqa: E402
+from solvers.threads import blas_threads  # noqa: E402
 
 TIGHT_TOLS = (1e-6, 1e-7, 1e-8, 1e-9, 1e-10)  # scikit-learn's duality-gap tolerances, loosest first
 
@@ -83,7 +83,7 @@ def scan(cases: list[tuple[int, int]], ratios: list[float], repeats: int, seed: 
             best = {True: float("inf"), False: float("inf")}
             for _ in range(repeats):
                 for always in (False, True):
-                    with working_set_first(always), _blas_threads(n):
+                    with working_set_first(always), blas_threads(n):
                         t0 = time.perf_counter()
                         w, info = solve_penalised(op, ratio * gmax)
                         best[always] = min(best[always], time.perf_counter() - t0)

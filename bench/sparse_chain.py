@@ -33,9 +33,9 @@ sys.path.append(str(Path(__file__).resolve().parent))
 from synthetic import clustered_gradients  # noqa: E402
 
 from solvers.active_set import continuation, kkt_of, pdas_plain  # noqa: E402
-from solvers.api import _blas_threads  # noqa: E402
 from solvers.operators import GradientOperator, GramOperator  # noqa: E402
 from solvers.penalised import solve_penalised  # noqa: E402
+from solvers.threads import blas_threads  # noqa: E402
 from solvers.working_set import working_set_homotopy  # noqa: E402
 
 
@@ -74,7 +74,7 @@ def best_of(fn, op, gamma: float, repeats: int) -> tuple[float, np.ndarray, str]
     """(best seconds, w, strategy) of fn(op, gamma) under the BLAS limit solve_kmm uses."""
     best, out = float("inf"), None
     for _ in range(repeats):
-        with _blas_threads(op.n):
+        with blas_threads(op.n):
             t0 = time.perf_counter()
             out = fn(op, gamma)
             best = min(best, time.perf_counter() - t0)

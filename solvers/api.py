@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import time
 from dataclasses import dataclass, field
 
@@ -27,6 +26,7 @@ from solvers.problem import (
     objective_from_residual,
 )
 from solvers.reference import solve_cvxpy
+from solvers.threads import blas_threads
 
 METHODS = ("auto", "active_set", "cvxpy", "cvxpy_paper")
 KKT_TOL = 1e-6
@@ -74,28 +74,12 @@ def _scaled(op, c: np.ndarray | None):
     return GramOperator(op.K / np.outer(c, c), op.beta / c, rank=op.rank_bound)
 
 
-SINGLE_THREAD_MAX_N = 2000
-
-
-@functools.lru_cache(maxsize=1)
-def _threadpools():
-    from threadpoolctl import ThreadpoolController
-
-    return ThreadpoolController()  # scanning the loaded BLAS libraries once: 0.33 -> 0.01 ms per limit
-
-
-def _blas_threads(n: int):
-    """One BLAS thread up to N = SINGLE_THREAD_MAX_N: measured at N = 1000 on 2 cores (bench/blas_threads.py), one
-    thread solves in a steady 15 ms where two take 14-144 ms (thread hand-offs dominate factorisations of this size)."""
-    return _threadpools().limit(limits=1 if n <= SINGLE_THREAD_MAX_N else None, user_api="blas")
-
-
 def _active_set(op, problem_like: KMMProblem) -> tuple[np.ndarray, dict, object]:
     """(w, info, the unit-cost operator it solved on)."""
     c = problem_like.costs
     inner = _scaled(op, c)
     distinct, keep = deduplicated(inner)  # one candidate per duplicate group for the homotopy; the rest get 0
-    with _blas_threads(inner.n):
+    with blas_threads(inner.n):
         if problem_like.gamma is not None:
             v, info = solve_penalised(distinct, problem_like.gamma)
             info["multiplier"] = problem_like.gamma

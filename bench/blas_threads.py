@@ -79,14 +79,15 @@ def skeleton(K: np.ndarray, beta: np.ndarray, support: np.ndarray, counts: dict[
     the counted triangular-solve pairs and products, the support gather (a lower bound on the ADMM path, the
     one N = 1000, gamma = 5e-4 takes; supports under solvers.linalg.MIXED_MIN_N factor in float64 instead)."""
     strtrs, spotrf = sla.lapack.strtrs, sla.lapack.spotrf
-    shifted = K.astype(np.float32)
+    K32 = K.astype(np.float32)  # cast once and copied for the shift, as GramOperator does
+    shifted = K32.copy()
     shifted[np.diag_indices(K.shape[0])] += np.float32(rho)
     c, _ = spotrf(shifted.T, lower=1, clean=0, overwrite_a=1)
     b = beta.astype(np.float32)
     for _ in range(counts["pairs_n"]):
         y, _ = strtrs(c, b, lower=1)
         strtrs(c, y, lower=1, trans=1)
-    kss = K.astype(np.float32).take(support, axis=0).take(support, axis=1)
+    kss = K32.take(support, axis=0).take(support, axis=1)
     cs, _ = spotrf(kss.T, lower=1, clean=0, overwrite_a=1)
     x = r = beta[support].astype(np.float32)
     for _ in range(counts["pairs_support"]):
@@ -109,7 +110,8 @@ def main() -> None:
     K = (G @ G.T).astype(np.float64)
     K = 0.5 * (K + K.T)
     prob = make_problem(K, G.astype(np.float64) @ g.astype(np.float64), gamma=args.gamma)
-    support = int(np.count_nonzero(solve_problem(prob, method="active_set").w))
+    on = np.flatnonzero(solve_problem(prob, method="active_set").w)
+    support = int(on.size)
     ctl = threadpools()
     spotrf = sla.lapack.spotrf
 
@@ -168,7 +170,6 @@ def main() -> None:
 
     # (4) the solve against the linear algebra it makes (the calls counted in one solve), one thread
     counts = count_calls(prob)
-    on = np.flatnonzero(solve_problem(prob, method="active_set").w)
     rho = 0.01 * float(np.mean(np.diag(K)))
     bare: dict[str, list[float]] = {"solve": [], "skeleton": []}
     with ctl.limit(limits=1, user_api="blas"):

@@ -39,12 +39,12 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from baselines import sklearn_lasso  # noqa: E402
-from synthetic import clustered_gram  # noqa: E402
+from synthetic import case, clustered_gram  # noqa: E402
 
 import solvers.penalised  # noqa: E402
 from solvers import kkt_violation, kmm_path, make_problem, solve_problem  # noqa: E402
 from solvers.operators import GramOperator  # noqa: E402
-from solvers.penalised import solve_penalised  # noqa: E402
+from solvers.penalised import prefers_working_set, solve_penalised  # noqa: E402
 from solvers.threads import blas_threads  # noqa: E402
 
 TIGHT_TOLS = (1e-6, 1e-7, 1e-8, 1e-9, 1e-10)  # scikit-learn's duality-gap tolerances, loosest first
@@ -72,7 +72,6 @@ def scan(cases: list[tuple[int, int]], ratios: list[float], repeats: int, seed: 
     """The working set first against the full homotopy first on every case and gamma = ratio * max|beta|, both
     through solve_penalised and certified, interleaved, best of `repeats`: the evidence for the rule
     (WORKING_SET_FIRST_MIN_N, WORKING_SET_FIRST_RATIO) that picks between them."""
-    module = solvers.penalised
     print(f"{'N':>6} {'p':>5} {'ratio':>6} {'homotopy_s':>11} {'working_s':>10} {'speedup':>8}  rule picks")
     rows = []
     for n, p in cases:
@@ -89,7 +88,7 @@ def scan(cases: list[tuple[int, int]], ratios: list[float], repeats: int, seed: 
                         best[always] = min(best[always], time.perf_counter() - t0)
                     if not info["converged"]:
                         raise RuntimeError(f"{n}x{p} at {ratio} max|beta|: not converged ({info})")
-            picks = n >= module.WORKING_SET_FIRST_MIN_N and ratio >= module.WORKING_SET_FIRST_RATIO
+            picks = prefers_working_set(n, ratio * gmax, gmax)
             rows.append({"N": n, "p": p, "ratio": ratio, "homotopy_s": round(best[False], 4),
                          "working_set_s": round(best[True], 4), "speedup": round(best[False] / best[True], 2),
                          "rule_picks_working_set": picks})
@@ -103,10 +102,10 @@ def scan(cases: list[tuple[int, int]], ratios: list[float], repeats: int, seed: 
     return rows
 
 
-def case(text: str) -> tuple[int, int]:
-    """'NxP' -> (N, p) with p < N."""
-    n, p = (int(v) for v in text.lower().split("x"))
-    if not 0 < p < n:
+def deficient_case(text: str) -> tuple[int, int]:
+    """'NxP' -> (N, p) with p < N (K of rank p)."""
+    n, p = case(text)
+    if p >= n:
         raise argparse.ArgumentTypeError(f"a case is NxP with 0 < P < N, got {text!r}")
     return n, p
 
@@ -137,7 +136,7 @@ def time_paths(K: np.ndarray, beta: np.ndarray, points: int, head: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", type=case, nargs="+", default=[(300, 100), (1000, 300), (3000, 500)])
+    ap.add_argument("--cases", type=deficient_case, nargs="+", default=[(300, 100), (1000, 300), (3000, 500)])
     ap.add_argument("--gammas", type=float, nargs="+", default=[5e-2, 5e-4])
     ap.add_argument("--cap", type=float, default=30.0, help="seconds allowed to the former chain per solve")
     ap.add_argument("--cvxpy-max-n", type=int, default=1000)
@@ -147,7 +146,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="convalue's solve (and the homotopy-first one): best of")
     ap.add_argument("--scan", action="store_true",
                     help="instead: the working set first against the homotopy first on --scan-cases x --scan-ratios")
-    ap.add_argument("--scan-cases", type=case, nargs="+",
+    ap.add_argument("--scan-cases", type=deficient_case, nargs="+",
                     default=[(300, 100), (1000, 100), (1000, 300), (2000, 300), (3000, 500), (4000, 700)])
     ap.add_argument("--scan-ratios", type=float, nargs="+", default=[0.2, 0.1, 0.05, 0.03, 0.01],
                     help="gamma / max|beta|")
@@ -230,9 +229,9 @@ def main() -> None:
                 t0 = time.perf_counter()
                 w_sk, conv = sklearn_lasso(G, g, prob.K, prob.beta, gamma, max_iter=100_000, tol=tol)
                 t_sk = time.perf_counter() - t0
-                if kkt_violation(prob, w_sk) <= 1e-6:
+                certified = kkt_violation(prob, w_sk) <= 1e-6
+                if certified:
                     break
-            certified = kkt_violation(prob, w_sk) <= 1e-6
             kkt, obj = line("sklearn tight", t_sk, w_sk, f"tol {tol:g}; convalue is {t_sk / t_cv:.1f}x faster"
                             + ("" if certified else "; KKT still above 1e-6 at the tightest tolerance"))
             rec |= {"sklearn_tight_tol": tol, "sklearn_tight_s": round(t_sk, 4), "sklearn_tight_kkt": kkt,

@@ -30,7 +30,7 @@ import numpy as np
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 sys.path.append(str(Path(__file__).resolve().parent))
 
-from synthetic import clustered_gradients  # noqa: E402
+from synthetic import case, clustered_gradients  # noqa: E402
 
 from solvers.active_set import continuation, kkt_of, pdas_plain  # noqa: E402
 from solvers.operators import GradientOperator, GramOperator  # noqa: E402
@@ -79,14 +79,6 @@ def best_of(fn, op, gamma: float, repeats: int) -> tuple[float, np.ndarray, str]
             out = fn(op, gamma)
             best = min(best, time.perf_counter() - t0)
     return best, out[0], out[1]
-
-
-def case(text: str) -> tuple[int, int]:
-    """'NxP' -> (N, p)."""
-    n, p = (int(v) for v in text.lower().split("x"))
-    if n <= 0 or p <= 0:
-        raise argparse.ArgumentTypeError(f"a case is NxP with N, P > 0, got {text!r}")
-    return n, p
 
 
 def main() -> None:

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
+
 import numpy as np
+
+
+def case(text: str) -> tuple[int, int]:
+    """'NxP' -> (N, p), both positive: a bench's command-line problem size."""
+    n, p = (int(v) for v in text.lower().split("x"))
+    if n <= 0 or p <= 0:
+        raise argparse.ArgumentTypeError(f"a case is NxP with N, P > 0, got {text!r}")
+    return n, p
 
 
 def clustered_gradients(n: int, p: int = 4096, *, cluster_size: int = 20, spread: float = 0.35,

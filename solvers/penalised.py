@@ -34,6 +34,11 @@ WORKING_SET_FIRST_MIN_N = 2000
 WORKING_SET_FIRST_RATIO = 0.03
 
 
+def prefers_working_set(n: int, gamma: float, gmax: float) -> bool:
+    """True where the working set goes before the full homotopy on an affordable rank-deficient K (gmax: max|beta|)."""
+    return n >= WORKING_SET_FIRST_MIN_N and gamma >= WORKING_SET_FIRST_RATIO * gmax
+
+
 def _homotopy(op, gamma: float, scale: float) -> tuple[np.ndarray, int, bool]:
     """The homotopy's solution at gamma, certified by its KKT (two PDAS steps if round-off left it short)."""
     _, W, steps = lars(op, gamma, return_path=False)
@@ -85,7 +90,7 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
     if affordable(op):
         # PDAS would jump to singular supports larger than the rank and ADMM crawls (bench/rank_deficient.py)
         chain = [("homotopy", lambda: _homotopy(op, gamma, scale))]
-        if op.n >= WORKING_SET_FIRST_MIN_N and gamma >= WORKING_SET_FIRST_RATIO * gmax:
+        if prefers_working_set(op.n, gamma, gmax):
             chain.insert(0, grown)
     elif w0 is not None:
         chain = [("warm_pdas", lambda: active_set.pdas(op, gamma, w0, max_iter, deadline=deadline))]

@@ -2,7 +2,7 @@
 
 Clustered synthetic unit-norm gradients (bench/synthetic.py), K = G G^T of rank p, in one process:
   validation   make_problem with rank_bound = p (the pipeline's bound: a pivoted Cholesky certifies PSD-ness and
-               gives the rank) against make_problem without it (a Lanczos estimate of lambda_min, rank unknown)
+               gives the rank) against make_problem without it (an estimate of lambda_min, rank unknown)
   solve        solve_penalised on the validated problem at a dense gamma: ADMM + polish (the Gram form's default
                up to N = 20000) against the former limit admm_max_n = 6000 (the PDAS chain), capped at --cap s
 Below N = 8000 (smoke runs) the validation thresholds, the former ADMM limit and the homotopy's limit are lowered,

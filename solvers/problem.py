@@ -90,9 +90,18 @@ RANK_RTOL = 1e-10
 EIGVALSH_MAX_N = 3000  # validation's dense eigvalsh up to here (seconds at 3000); the pivoted Cholesky up to PIVOTED_MAX_N
 PIVOTED_MAX_N = 8000  # K's copy and the factor: 1 GB at 8000
 #: beyond PIVOTED_MAX_N, the pivoted Cholesky still runs when a caller's rank bound r puts its cost, about 2 N^2 r
-#: (the factor's trailing updates, then the Schur complement), at or below this: bench/large_gram.py, N = 10000,
-#: r = 2048: validation 12.5 s, where the Lanczos estimate took 116 s without converging (7952 zero eigenvalues)
+#: (the factor's trailing updates, then the Schur complement), at or below this: it certifies PSD-ness exactly and
+#: gives the rank, which the estimate below does not. bench/large_gram.py, N = 10000, r = 2048: 9.6 s, the
+#: estimate 8.2 s (the ARPACK call before it took 116 s without converging: 7952 zero eigenvalues)
 PIVOTED_MAX_WORK = 1e12
+#: beyond the pivoted Cholesky, lambda_min is estimated by LOBPCG with this block of seeded vectors for this many
+#: iterations, a fixed cost of about ESTIMATE_ITERS products of K with the block. bench/validation.py, N = 10000,
+#: p = 8192 (the pipeline's default): 7.2-8.1 s, where the former ARPACK call took 68-97 s and returned no
+#: eigenvalue (1808 zero eigenvalues); on K plus symmetric noise of 1e-4 it reports -1.2e-3, where ARPACK
+#: returned nothing again and let K through. Of block x iterations 16 x 40, 24 x 30, 32 x 20 and 32 x 30, only
+#: 16 x 40 found that cluster (scratch runs; bench/RESULTS.md, "Validation above N = 8000")
+ESTIMATE_BLOCK = 16
+ESTIMATE_ITERS = 40
 
 
 def _pivoted_facts(K: np.ndarray, tol: float) -> tuple[float, int] | None:
@@ -117,30 +126,39 @@ def _pivoted_facts(K: np.ndarray, tol: float) -> tuple[float, int] | None:
     return (-bound, int(rank)) if bound <= tol else None
 
 
-def _spectrum_facts(K: np.ndarray, tol: float, rank_bound: int | None = None) -> tuple[float, int | None]:
-    """(lambda_min(K), or any value >= -tol when K is PSD within tol; K's numerical rank, or None when unknown).
+def ritz_floor(K: np.ndarray) -> float:
+    """The smallest Ritz value of K after a fixed LOBPCG run: an upper bound on lambda_min(K), never below it."""
+    import warnings
+
+    from scipy.sparse.linalg import lobpcg
+
+    n = K.shape[0]
+    X = np.random.default_rng(0).standard_normal((n, min(ESTIMATE_BLOCK, n)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # it stops unconverged by design: the budget bounds the cost, not the accuracy
+        vals = lobpcg(K, X, largest=False, maxiter=ESTIMATE_ITERS, tol=1e-12)[0]
+    return float(np.min(vals))
+
+
+def _spectrum_facts(K: np.ndarray, tol: float, rank_bound: int | None = None) -> tuple[float, int | None, bool]:
+    """(lambda_min(K), or any value >= -tol when K is PSD within tol; K's numerical rank, or None when unknown;
+    whether the first is exact rather than an upper bound on lambda_min).
 
     N <= EIGVALSH_MAX_N: dense eigvalsh, which gives the rank too. N <= PIVOTED_MAX_N, or beyond when the caller's
     rank bound makes it affordable (PIVOTED_MAX_WORK): a pivoted Cholesky certifies PSD-ness and gives the rank;
-    only a failure pays for the eigenvalue. Otherwise: a bounded Lanczos estimate (approximate), and the rank
-    stays unknown.
+    only a failure pays for the eigenvalue. Otherwise: a fixed-cost LOBPCG estimate, whose Ritz value never lies
+    below lambda_min (a PSD K always passes; an indefinite one can slip through), and the rank stays unknown.
     """
     n = K.shape[0]
     if n <= EIGVALSH_MAX_N:
         eig = np.linalg.eigvalsh(K)
-        return float(eig[0]), int(np.count_nonzero(eig > RANK_RTOL * max(float(eig[-1]), 0.0)))
-    from scipy.sparse.linalg import ArpackNoConvergence, eigsh
-
+        return float(eig[0]), int(np.count_nonzero(eig > RANK_RTOL * max(float(eig[-1]), 0.0))), True
     bounded = rank_bound is not None and 2.0 * n * n * min(int(rank_bound), n) <= PIVOTED_MAX_WORK
     if n <= PIVOTED_MAX_N or bounded:
         facts = _pivoted_facts(K, tol)
         if facts is not None:
-            return facts
-    try:
-        return float(eigsh(K, k=1, which="SA", tol=1e-4, maxiter=300, return_eigenvectors=False)[0]), None
-    except ArpackNoConvergence as exc:
-        vals = exc.eigenvalues
-        return (float(vals.min()) if len(vals) else 0.0), None
+            return facts + (True,)
+    return ritz_floor(K), None, False
 
 
 def check_settings(gamma: float | None, budget: float | None) -> None:
@@ -180,6 +198,35 @@ def check_costs(costs: np.ndarray | None, n: int) -> np.ndarray | None:
         bad = int(np.flatnonzero(~np.isfinite(costs) | (costs <= 0))[0])
         raise KMMInputError(f"costs must be finite and > 0, got {costs[bad]!r} at index {bad}")
     return costs
+
+
+#: the side of the square tiles symmetrised works on: a tile and its mirror (1 MB) stay in cache
+SYMMETRISE_TILE = 256
+
+
+def symmetrised(K: np.ndarray, sym_tol: float) -> tuple[np.ndarray, float]:
+    """(0.5 (K + K^T), max |K_ij|) a tile at a time, after refusing K if max |K - K^T| > sym_tol max |K_ij|.
+
+    Tiles keep the peak at K and its symmetrised copy, where whole-matrix K - K^T and K + K^T held two more N x N
+    arrays, and read the transpose in cache: bench/validation.py, N = 10000: 0.5 against 2.7 s, 763 against
+    1526 MB beyond K.
+    """
+    n, b = K.shape[0], SYMMETRISE_TILE
+    out = np.empty_like(K)
+    scale, asym = 1e-300, 0.0
+    for i in range(0, n, b):
+        for j in range(i, n, b):
+            upper, lower_t, tile = K[i:i + b, j:j + b], K[j:j + b, i:i + b].T, out[i:i + b, j:j + b]
+            scale = max(scale, float(upper.max()), -float(upper.min()), float(lower_t.max()), -float(lower_t.min()))
+            np.subtract(upper, lower_t, out=tile)
+            asym = max(asym, float(tile.max()), -float(tile.min()))
+            np.add(upper, lower_t, out=tile)
+            tile *= 0.5
+            if j != i:
+                out[j:j + b, i:i + b] = tile.T
+    if asym > sym_tol * scale:
+        raise KMMInputError(f"K is not symmetric: max |K - K^T| = {asym:.3g} (tolerance {sym_tol * scale:.3g})")
+    return out, scale
 
 
 def check_finite(name: str, a: np.ndarray) -> None:
@@ -224,18 +271,15 @@ def make_problem(
         raise KMMInputError("K is empty: there are no candidates to value")
     check_finite("K", K)
     check_finite("beta", beta)
-    scale = max(float(np.abs(K).max()), 1e-300)
-    asym = float(np.abs(K - K.T).max())
-    if asym > sym_tol * scale:
-        raise KMMInputError(f"K is not symmetric: max |K - K^T| = {asym:.3g} (tolerance {sym_tol * scale:.3g})")
-    K = 0.5 * (K + K.T)
+    K, scale = symmetrised(K, sym_tol)
     diag = np.diag(K)
     check_norms(diag, 1e-12 * scale)
     costs = check_costs(costs, beta.shape[0])
-    lam_min, rank = _spectrum_facts(K, psd_tol * scale, rank_bound) if check_psd else (0.0, None)
+    lam_min, rank, exact = _spectrum_facts(K, psd_tol * scale, rank_bound) if check_psd else (0.0, None, True)
     if lam_min < -psd_tol * scale:
+        value = f"{lam_min:.3g}" if exact else f"at most {lam_min:.3g} (a LOBPCG estimate)"
         raise KMMInputError(
-            f"K is not positive semidefinite: most negative eigenvalue {lam_min:.3g} (tolerance {-psd_tol * scale:.3g})"
+            f"K is not positive semidefinite: most negative eigenvalue {value} (tolerance {-psd_tol * scale:.3g})"
         )
     if rank_bound is not None:
         rank = min(int(rank_bound), K.shape[0]) if rank is None else min(rank, int(rank_bound))

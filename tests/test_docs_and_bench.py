@@ -53,6 +53,14 @@ def test_large_gram_bench_runs_both_branches_and_ends_with_json():
     assert figures["former_strategy"] != "admm_polish"
 
 
+def test_validation_bench_compares_both_estimates_and_ends_with_json():
+    figures = bench_json("validation.py", "--n", "600", "--p", "200")
+    assert figures["bench"] == "validation" and figures["sym_identical"] and figures["rank"] == 200
+    assert figures["sym_peak_mb"] < figures["sym_former_peak_mb"]  # the symmetrised copy only, not two more
+    assert figures["psd_lobpcg_value"] >= -1e-9  # never below lambda_min: a PSD K passes
+    assert figures["noisy_lobpcg_value"] < -1e-4  # the noise's negative eigenvalues are found
+
+
 def test_admm_rho_bench_runs_every_variant_and_ends_with_json():
     figures = bench_json("admm_rho.py", "--sizes", "300", "--seeds", "0", "--gammas", "5e-4", "--repeat", "1")
     assert figures["bench"] == "admm_rho" and figures["cases"] == 1

@@ -140,6 +140,40 @@ def test_bad_input_is_a_clear_error(K, beta, kw, match):
         solve_kmm(K, beta, **kw)
 
 
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31), n=st.integers(1, 40), tile=st.integers(1, 9))
+def test_symmetrised_equals_the_whole_matrix_formula_at_any_tile_size(seed, n, tile):
+    import solvers.problem as problem_module
+
+    A = np.random.default_rng(seed).normal(size=(n, n))  # not symmetric at all: sym_tol = 2 never refuses it
+    saved = problem_module.SYMMETRISE_TILE
+    problem_module.SYMMETRISE_TILE = tile
+    try:
+        S, scale = problem_module.symmetrised(A, 2.0)
+    finally:
+        problem_module.SYMMETRISE_TILE = saved
+    assert np.array_equal(S, 0.5 * (A + A.T)) and scale == float(np.abs(A).max())
+
+
+def test_symmetrisation_in_tiles_is_exact_and_finds_asymmetry_in_any_tile(monkeypatch):
+    """make_problem symmetrises K a tile at a time: the result is exactly 0.5 (K + K^T) and exactly symmetric,
+    and an asymmetry beyond the tolerance in any tile is refused with its size."""
+    import solvers.problem as problem_module
+
+    monkeypatch.setattr(problem_module, "SYMMETRISE_TILE", 7)  # 30 candidates: 5 x 5 tiles, the last ones partial
+    G, g = random_gradients(6, 30, 40, False)
+    K = G @ G.T
+    scale = float(np.abs(K).max())
+    within = K.copy()
+    within[29, 3] += 1e-8 * scale  # inside sym_tol = 1e-6, in a lower tile
+    prob = make_problem(within, G @ g, gamma=0.1)
+    assert np.array_equal(prob.K, 0.5 * (within + within.T)) and np.array_equal(prob.K, prob.K.T)
+    beyond = K.copy()
+    beyond[3, 29] += 1e-3 * scale
+    with pytest.raises(KMMInputError, match=f"max \\|K - K\\^T\\| = {1e-3 * scale:.3g}"):
+        make_problem(beyond, G @ g, gamma=0.1)
+
+
 # --- fast solver vs the CVXPY+OSQP reference; cost-weighted budget; path; gradient space ---------------
 
 
@@ -221,7 +255,7 @@ def test_reference_paper_setting_runs():
 def test_large_indefinite_matrix_is_rejected_without_a_dense_eigendecomposition():
     K = np.eye(3001)
     K[17, 18] = K[18, 17] = 2.0  # the block [[1, 2], [2, 1]] has eigenvalue -1; every K_ii is 1
-    with pytest.raises(KMMInputError, match="most negative eigenvalue -1"):
+    with pytest.raises(KMMInputError, match=r"most negative eigenvalue at most -1 \(a LOBPCG estimate\)"):
         make_problem(K, np.ones(3001), gamma=0.1)
 
 
@@ -392,8 +426,33 @@ def test_pivoted_cholesky_validation_records_the_rank_and_refuses_indefinite_k(m
     K = G @ G.T
     lam = np.linalg.eigvalsh(K)[0]
     indefinite = K - (lam + 0.01) * np.eye(40)  # lambda_min = -0.01, far beyond the tolerance
-    with pytest.raises(KMMInputError, match="not positive semidefinite: most negative eigenvalue -0.01"):
+    # the pivoted check fails, and LOBPCG's Ritz value names the eigenvalue (exact at this size)
+    with pytest.raises(KMMInputError, match="not positive semidefinite: most negative eigenvalue at most -0.01 "):
         make_problem(indefinite, G @ g, gamma=0.1)
+
+
+def test_the_estimate_beyond_the_pivoted_check_never_refuses_a_psd_k_and_finds_negative_eigenvalues(monkeypatch):
+    """Above PIVOTED_MAX_N without an affordable rank bound, lambda_min comes from a fixed LOBPCG run: its Ritz
+    value is never below lambda_min (a rank-deficient PSD K passes), and it finds an isolated negative
+    eigenvalue and a cluster of them (a Gram matrix plus symmetric noise, as from low-precision gradients)."""
+    import solvers.problem as problem_module
+
+    monkeypatch.setattr(problem_module, "EIGVALSH_MAX_N", 10)
+    monkeypatch.setattr(problem_module, "PIVOTED_MAX_N", 10)  # the N > 8000 branch at a test's size
+    G, g = _clustered(400, 100, seed=3)  # rank 100: 300 zero eigenvalues, the regime where ARPACK stalled
+    K, beta = G @ G.T, G @ g
+    assert problem_module.ritz_floor(K) >= np.linalg.eigvalsh(K)[0] - 1e-10
+    assert make_problem(K, beta, gamma=1e-3).rank is None
+    rng = np.random.default_rng(5)
+    v = rng.normal(size=400)
+    v /= np.linalg.norm(v)
+    E = rng.normal(size=(400, 400)) * 2e-3
+    for bad in (K - 2.0 * np.outer(v, v), K + 0.5 * (E + E.T)):
+        lam = np.linalg.eigvalsh(bad)[0]
+        ritz = problem_module.ritz_floor(bad)
+        assert lam <= ritz + 1e-10 and ritz < 0.5 * lam < -1e-3  # an upper bound, and within half of lambda_min
+        with pytest.raises(KMMInputError, match=f"most negative eigenvalue at most {ritz:.3g} \\(a LOBPCG estimate\\)"):
+            make_problem(bad, beta, gamma=1e-3)
 
 
 def test_a_callers_rank_bound_stands_in_where_validation_does_not_compute_the_rank(monkeypatch):

@@ -208,7 +208,7 @@ def symmetrised(K: np.ndarray, sym_tol: float) -> tuple[np.ndarray, float]:
     """(0.5 (K + K^T), max |K_ij|) a tile at a time, after refusing K if max |K - K^T| > sym_tol max |K_ij|.
 
     Tiles keep the peak at K and its symmetrised copy, where whole-matrix K - K^T and K + K^T held two more N x N
-    arrays, and read the transpose in cache: bench/validation.py, N = 10000: 0.5 against 2.7 s, 763 against
+    arrays, and read the transpose in cache: bench/validation.py, N = 10000: 1.2 against 2.2 s, 763 against
     1526 MB beyond K.
     """
     n, b = K.shape[0], SYMMETRISE_TILE

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -128,8 +129,6 @@ def _pivoted_facts(K: np.ndarray, tol: float) -> tuple[float, int] | None:
 
 def ritz_floor(K: np.ndarray) -> float:
     """The smallest Ritz value of K after a fixed LOBPCG run: an upper bound on lambda_min(K), never below it."""
-    import warnings
-
     from scipy.sparse.linalg import lobpcg
 
     n = K.shape[0]
@@ -140,9 +139,9 @@ def ritz_floor(K: np.ndarray) -> float:
     return float(np.min(vals))
 
 
-def _spectrum_facts(K: np.ndarray, tol: float, rank_bound: int | None = None) -> tuple[float, int | None, bool]:
-    """(lambda_min(K), or any value >= -tol when K is PSD within tol; K's numerical rank, or None when unknown;
-    whether the first is exact rather than an upper bound on lambda_min).
+def _spectrum_facts(K: np.ndarray, tol: float, rank_bound: int | None = None) -> tuple[float, int | None]:
+    """(lambda_min(K), or any value >= -tol when K is PSD within tol; K's numerical rank, or None when unknown,
+    which is exactly when the first is only an upper bound on lambda_min).
 
     N <= EIGVALSH_MAX_N: dense eigvalsh, which gives the rank too. N <= PIVOTED_MAX_N, or beyond when the caller's
     rank bound makes it affordable (PIVOTED_MAX_WORK): a pivoted Cholesky certifies PSD-ness and gives the rank;
@@ -152,13 +151,13 @@ def _spectrum_facts(K: np.ndarray, tol: float, rank_bound: int | None = None) ->
     n = K.shape[0]
     if n <= EIGVALSH_MAX_N:
         eig = np.linalg.eigvalsh(K)
-        return float(eig[0]), int(np.count_nonzero(eig > RANK_RTOL * max(float(eig[-1]), 0.0))), True
+        return float(eig[0]), int(np.count_nonzero(eig > RANK_RTOL * max(float(eig[-1]), 0.0)))
     bounded = rank_bound is not None and 2.0 * n * n * min(int(rank_bound), n) <= PIVOTED_MAX_WORK
     if n <= PIVOTED_MAX_N or bounded:
         facts = _pivoted_facts(K, tol)
         if facts is not None:
-            return facts + (True,)
-    return ritz_floor(K), None, False
+            return facts
+    return ritz_floor(K), None
 
 
 def check_settings(gamma: float | None, budget: float | None) -> None:
@@ -275,9 +274,9 @@ def make_problem(
     diag = np.diag(K)
     check_norms(diag, 1e-12 * scale)
     costs = check_costs(costs, beta.shape[0])
-    lam_min, rank, exact = _spectrum_facts(K, psd_tol * scale, rank_bound) if check_psd else (0.0, None, True)
+    lam_min, rank = _spectrum_facts(K, psd_tol * scale, rank_bound) if check_psd else (0.0, None)
     if lam_min < -psd_tol * scale:
-        value = f"{lam_min:.3g}" if exact else f"at most {lam_min:.3g} (a LOBPCG estimate)"
+        value = f"{lam_min:.3g}" if rank is not None else f"at most {lam_min:.3g} (a LOBPCG estimate)"
         raise KMMInputError(
             f"K is not positive semidefinite: most negative eigenvalue {value} (tolerance {-psd_tol * scale:.3g})"
         )

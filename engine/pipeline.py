@@ -382,8 +382,11 @@ def resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method:
         {"rank_bound": old["rank_bound"]} if old.get("rank_bound") else {})
     summary["selected"] = [names[i] for i in selected]
     summary["ranking"] = format_ranking(table).splitlines()
+    # the first fine-tune is the KMM selection's; a later re-solve back to that selection makes it current again
     if summary.get("finetune") and summary["finetune"][0]["groups"] != sorted(summary["selected"]):
         summary["finetune_stale"] = "the re-solve changed the selection; fine-tune results are for the old one"
+    else:
+        summary.pop("finetune_stale", None)
     summary["resolved"] = True
     write_json(summary, summary_path)
     return summary

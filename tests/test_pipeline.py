@@ -144,6 +144,26 @@ def test_resolve_with_a_budget_rewrites_scores(first_run):
     assert sum(abs(r["score"]) for r in table) <= 1.5 + 1e-6
 
 
+def test_resolve_marks_fine_tunes_stale_only_while_the_selection_differs(first_run, tmp_path):
+    """A re-solve that changes the selection flags the fine-tunes as stale; one back to their selection clears it."""
+    import shutil
+
+    tmp, data, first = first_run
+    run_dir = tmp_path / "copy"
+    shutil.copytree(tmp / "runs" / "t", run_dir)
+    # test_rerun_resumes_from_stored_vectors rewrites the shared folder's summary without fine-tunes: restore them
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (run_dir / "summary.json").write_text(json.dumps(summary | {"finetune": first["finetune"]}))
+    tuned = first["finetune"][0]["groups"]
+    beta = np.load(run_dir / "beta.npy")
+    out = resolve(run_dir, gamma=2 * float(np.abs(beta).max()), budget=None, method=None, normalize=None)
+    assert out["selected"] == [] and "finetune_stale" in out  # gamma above max|beta|: w = 0, nothing selected
+    out = resolve(run_dir, gamma=data["solver"]["gamma"], budget=None, method=None, normalize=None)
+    assert sorted(out["selected"]) == tuned
+    on_disk = json.loads((run_dir / "summary.json").read_text())
+    assert "finetune_stale" not in out and "finetune_stale" not in on_disk
+
+
 def test_resolve_names_the_saved_file_that_is_bad_and_keeps_the_scores(first_run, tmp_path):
     """A re-solve of a damaged run folder fails naming the file and value; scores.parquet is left as it was."""
     import shutil

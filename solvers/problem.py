@@ -164,10 +164,26 @@ def check_settings(gamma: float | None, budget: float | None) -> None:
     """Exactly one of gamma >= 0 (penalised form) or budget > 0, both finite."""
     if (gamma is None) == (budget is None):
         raise KMMInputError("give exactly one of gamma (penalised form) or budget (||w||_1 <= budget)")
-    if gamma is not None and not (np.isfinite(gamma) and gamma >= 0):
-        raise KMMInputError(f"gamma must be a finite number >= 0, got {gamma!r}")
-    if budget is not None and not (np.isfinite(budget) and budget > 0):
-        raise KMMInputError(f"budget must be a finite number > 0, got {budget!r}")
+    if gamma is not None and not ((g := _real(gamma)) is not None and np.isfinite(g) and g >= 0):
+        raise KMMInputError(f"gamma must be a finite number >= 0, got {_shown(gamma)}")
+    if budget is not None and not ((b := _real(budget)) is not None and np.isfinite(b) and b > 0):
+        raise KMMInputError(f"budget must be a finite number > 0, got {_shown(budget)}")
+
+
+def _real(value) -> float | None:
+    """value as a float, or None when it is not a real number (a string, a bool, a complex, an array)."""
+    if isinstance(value, (str, bytes, bool, np.bool_, complex, np.complexfloating)):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _shown(value) -> str:
+    """A setting's value for an error message: numpy scalars as plain numbers (-1.0, not np.float64(-1.0))."""
+    real = _real(value)
+    return repr(real) if real is not None and np.ndim(value) == 0 else repr(value)
 
 
 def check_normalize(normalize: str) -> None:
@@ -195,7 +211,7 @@ def check_costs(costs: np.ndarray | None, n: int) -> np.ndarray | None:
         raise KMMInputError(f"costs must be a vector of length N={n}, got shape {costs.shape}")
     if not np.all(np.isfinite(costs)) or np.any(costs <= 0):
         bad = int(np.flatnonzero(~np.isfinite(costs) | (costs <= 0))[0])
-        raise KMMInputError(f"costs must be finite and > 0, got {costs[bad]!r} at index {bad}")
+        raise KMMInputError(f"costs must be finite and > 0, got {float(costs[bad])!r} at index {bad}")
     return costs
 
 

@@ -172,7 +172,7 @@ def check_settings(gamma: float | None, budget: float | None) -> None:
 
 def _real(value) -> float | None:
     """value as a float, or None when it is not a real number (a string, a bool, a complex, an array)."""
-    if isinstance(value, (str, bytes, bool, np.bool_, complex, np.complexfloating)):
+    if isinstance(value, (str, bytes, bool, np.bool_, complex, np.complexfloating)) or np.ndim(value) != 0:
         return None
     try:
         return float(value)
@@ -183,7 +183,7 @@ def _real(value) -> float | None:
 def _shown(value) -> str:
     """A setting's value for an error message: numpy scalars as plain numbers (-1.0, not np.float64(-1.0))."""
     real = _real(value)
-    return repr(real) if real is not None and np.ndim(value) == 0 else repr(value)
+    return repr(real) if real is not None else repr(value)
 
 
 def check_normalize(normalize: str) -> None:

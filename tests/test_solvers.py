@@ -127,6 +127,7 @@ def test_kkt_detects_a_wrong_solution():
         (np.eye(3), np.ones(3), {"gamma": np.float64(-1.0)}, r"gamma must be a finite number >= 0, got -1\.0$"),
         (np.eye(3), np.ones(3), {"gamma": "0.1"}, r"gamma must be .*, got '0\.1'"),
         (np.eye(3), np.ones(3), {"gamma": np.array([0.1, 0.2])}, r"gamma must be .*, got array"),
+        (np.eye(3), np.ones(3), {"budget": np.array([1.0])}, r"budget must be .*, got array\(\[1\.\]\)"),
         (np.eye(3), np.ones(3), {"gamma": True}, "gamma must be"),
         (np.eye(3), np.ones(3), {"budget": 1j}, "budget must be"),
         (np.eye(3), np.ones(3), {"gamma": 0.1, "costs": np.array([1.0, 0.0, 1.0])}, r"got 0\.0 at index 1$"),

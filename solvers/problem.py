@@ -164,26 +164,26 @@ def check_settings(gamma: float | None, budget: float | None) -> None:
     """Exactly one of gamma >= 0 (penalised form) or budget > 0, both finite."""
     if (gamma is None) == (budget is None):
         raise KMMInputError("give exactly one of gamma (penalised form) or budget (||w||_1 <= budget)")
-    if gamma is not None and not ((g := _real(gamma)) is not None and np.isfinite(g) and g >= 0):
-        raise KMMInputError(f"gamma must be a finite number >= 0, got {_shown(gamma)}")
-    if budget is not None and not ((b := _real(budget)) is not None and np.isfinite(b) and b > 0):
-        raise KMMInputError(f"budget must be a finite number > 0, got {_shown(budget)}")
+    if gamma is not None:
+        check_number("gamma", gamma, positive=False)
+    if budget is not None:
+        check_number("budget", budget, positive=True)
 
 
-def _real(value) -> float | None:
-    """value as a float, or None when it is not a real number (a string, a bool, a complex, an array)."""
-    if isinstance(value, (str, bytes, bool, np.bool_, complex, np.complexfloating)) or np.ndim(value) != 0:
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def _shown(value) -> str:
-    """A setting's value for an error message: numpy scalars as plain numbers (-1.0, not np.float64(-1.0))."""
-    real = _real(value)
-    return repr(real) if real is not None else repr(value)
+def check_number(name: str, value, *, positive: bool) -> float:
+    """value as a float when it is a finite real number > 0 (positive) or >= 0; otherwise KMMInputError naming it."""
+    # strings, bools, complex values and arrays of any size are refused before float() (older numpy converts a
+    # one-element array with only a warning); the message shows numpy scalars as plain numbers (-1.0)
+    x = None
+    if not isinstance(value, (str, bytes, bool, np.bool_, complex, np.complexfloating)) and np.ndim(value) == 0:
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            pass
+    if x is None or not np.isfinite(x) or (x <= 0 if positive else x < 0):
+        shown = repr(value) if x is None else repr(x)
+        raise KMMInputError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {shown}")
+    return x
 
 
 def check_normalize(normalize: str) -> None:

@@ -11,7 +11,7 @@ from solvers.homotopy import affordable, deduplicated, expand, lars, path_at
 from solvers.kkt import kkt_violation
 from solvers.operators import GramOperator
 from solvers.penalised import solve_penalised
-from solvers.problem import KMMProblem, make_problem
+from solvers.problem import KMMInputError, KMMProblem, check_number, make_problem
 
 
 @dataclass(frozen=True)
@@ -61,8 +61,16 @@ def kmm_path(K: np.ndarray, beta: np.ndarray, *, gammas: np.ndarray | None = Non
     base = make_problem(K, beta, gamma=0.0, normalize=normalize)
     gmax = float(np.abs(base.beta).max())
     if gammas is None:
-        gammas = gmax * np.geomspace(1.0, gamma_min_ratio, n_gammas)
-    gammas = np.sort(np.asarray(gammas, dtype=np.float64))[::-1]
+        ratio = check_number("gamma_min_ratio", gamma_min_ratio, positive=True)
+        if isinstance(n_gammas, bool) or not isinstance(n_gammas, (int, np.integer)) or n_gammas < 1:
+            raise KMMInputError(f"n_gammas must be a positive integer, got {n_gammas!r}")
+        gammas = gmax * np.geomspace(1.0, ratio, n_gammas)
+    else:  # a NaN or negative gamma would be "solved" and certified like any other
+        raw = np.asarray(gammas)
+        if raw.ndim != 1 or raw.size == 0:
+            raise KMMInputError(f"gammas must be a non-empty 1-d sequence, got shape {raw.shape}")
+        gammas = np.array([check_number(f"gammas[{i}]", g, positive=False) for i, g in enumerate(raw.tolist())])
+    gammas = np.sort(gammas)[::-1]
     t0 = time.perf_counter()
     op, keep = deduplicated(GramOperator(base.K, base.beta, rank=base.rank))  # duplicates get 0 (expand)
     Wd = np.zeros((len(gammas), op.n))  # over the distinct candidates

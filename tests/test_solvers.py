@@ -234,6 +234,25 @@ def test_path_gives_exact_solutions_and_every_top_k():
     assert sel[1][0] in sel[3]
 
 
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"gammas": [0.1, -0.5]}, r"gammas\[1\] must be a finite number >= 0, got -0\.5"),
+        ({"gammas": np.array([np.nan, 0.1])}, r"gammas\[0\] must be .*, got nan"),  # was certified with KKT 0
+        ({"gammas": ["a"]}, r"gammas\[0\] must be .*, got 'a'"),
+        ({"gammas": []}, "non-empty 1-d"),
+        ({"gamma_min_ratio": 0.0}, "gamma_min_ratio must be a finite number > 0"),
+        ({"n_gammas": 0}, "n_gammas must be a positive integer"),
+    ],
+)
+def test_path_refuses_bad_gammas(kw, match):
+    from solvers import kmm_path
+
+    K, beta = random_problem(5, 12, 8, True)
+    with pytest.raises(KMMInputError, match=match):
+        kmm_path(K, beta, **kw)
+
+
 def test_gradient_space_solver_matches_gram_solver():
     from solvers import solve_kmm_gradients
 

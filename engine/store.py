@@ -58,6 +58,7 @@ class VectorStore:
         self.fingerprint = json.loads(json.dumps(fingerprint, sort_keys=True))
         self.manifest_path = self.root / "manifest.json"
         self.manifest: dict = {"format": FORMAT, "fingerprint": self.fingerprint, "blocks": []}
+        self.dropped: list[str] = []  # blocks refused on reopen (missing, changed or truncated)
         if self.manifest_path.exists():
             old = json.loads(self.manifest_path.read_text(encoding="utf-8"))
             if old.get("fingerprint") != self.fingerprint:
@@ -69,14 +70,22 @@ class VectorStore:
                 for b in old.get("blocks", []):
                     (self.root / b["file"]).unlink(missing_ok=True)
             else:
-                self.manifest = old
-                self.manifest["blocks"] = [b for b in old.get("blocks", []) if self._valid(b)]
+                blocks = old.get("blocks", [])
+                self.manifest = old | {"blocks": [b for b in blocks if self._valid(b)]}
+                self.dropped = [b["file"] for b in blocks if b not in self.manifest["blocks"]]
+                if self.dropped:
+                    self._incomplete()
         self.root.mkdir(parents=True, exist_ok=True)
         _atomic_json(self.manifest_path, self.manifest)
 
     def _valid(self, block: dict) -> bool:
         path = self.root / block["file"]
         return path.is_file() and _sha256(path) == block["sha256"]
+
+    def _incomplete(self) -> None:
+        """Drop the complete mark: the store no longer holds exactly what the last finished run stored."""
+        self.manifest.pop("complete", None)
+        self.manifest.pop("groups", None)
 
     def done(self) -> dict[str, str]:
         """Group name -> preview key of every group already stored."""
@@ -107,6 +116,7 @@ class VectorStore:
             columns["example_vectors"] = _per_example_column(per_example, n_examples, p, names)
         table = pa.table(columns)
         tmp = self.root / (name + ".tmp")
+        self._incomplete()
         pq.write_table(table, tmp)
         os.replace(tmp, self.root / name)
         self.manifest["blocks"].append({"file": name, "groups": list(names), "keys": list(keys),
@@ -132,7 +142,9 @@ class VectorStore:
                 counts[g] = t.column("n_examples")[i].as_py()
         missing = [n for n in names if n not in rows]
         if missing:
-            raise StoreError(f"{self.root}: no stored vector for groups {missing[:10]}")
+            why = (f" (blocks {self.dropped[:5]} were refused on opening: missing, changed or truncated)"
+                   if self.dropped else "")
+            raise StoreError(f"{self.root}: no stored vector for groups {missing[:10]}{why}")
         return np.stack([rows[n] for n in names]), {n: counts[n] for n in names}
 
     def load_examples(self, names: list[str]) -> dict[str, np.ndarray]:

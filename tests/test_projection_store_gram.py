@@ -109,7 +109,33 @@ def test_store_round_trip_resume_and_checksums(tmp_path):
     blk.write_bytes(blk.read_bytes()[:-10])
     with pytest.raises(StoreError, match="checksum mismatch"):
         again.load(["c"])
-    assert "c" not in VectorStore(tmp_path / "v", fp).done()
+    reopened = VectorStore(tmp_path / "v", fp)
+    assert "c" not in reopened.done()
+    with pytest.raises(StoreError, match=r"no stored vector for groups \['c'\] \(blocks \['block-000001.parquet'\] were"):
+        reopened.load(["c"])
+
+
+def _marked(root) -> bool:
+    manifest = json.loads((root / "manifest.json").read_text())
+    return manifest.get("complete", False) or "groups" in manifest
+
+
+def test_store_complete_mark_goes_with_any_change(tmp_path):
+    fp = {"model": "m", "projection": {"kind": "countsketch", "dim": 4, "seed": 0}}
+    root = tmp_path / "v"
+    s = VectorStore(root, fp)
+    s.write_block(["a"], ["ka"], [1], [1], np.ones((1, 4)))
+    s.mark_complete(["a"])
+    assert VectorStore(root, fp).done() == {"a": "ka"} and _marked(root)  # a plain reopen keeps the mark
+    # a run that writes a new block (say, changed data) and then stops must not leave the store marked complete
+    VectorStore(root, fp).write_block(["b"], ["kb"], [1], [1], np.ones((1, 4)))
+    assert not _marked(root)
+    again = VectorStore(root, fp)
+    again.mark_complete(["a", "b"])
+    blk = root / again.manifest["blocks"][1]["file"]
+    blk.write_bytes(blk.read_bytes()[:-10])
+    VectorStore(root, fp)  # the reopen drops the corrupted block, so the store no longer holds every group
+    assert not _marked(root)
 
 
 def test_store_refuses_other_projection(tmp_path):

@@ -105,7 +105,8 @@ class SourceConfig:
     kind: Literal["chatterbot", "mathematics", "jsonl", "parquet", "folder"] = opt(
         help="`chatterbot` (built-in multilingual dialogs), `mathematics` (DeepMind's school-math generator, one "
         "group per module, numeric answers: GRPO-ready), `jsonl`, `parquet`, or `folder` (one group per file).")
-    path: str | None = opt(None, "File or folder (not used by `chatterbot`).")
+    path: str | None = opt(None, "File or folder (not used by `chatterbot`); JSONL is read as UTF-8, a leading "
+                                 "byte-order mark accepted.")
     group_by: str | None = opt(
         None, "chatterbot: `language` or `language/topic`. Files: the column holding the group name "
         "(absent: the whole file is one group named after the file).")
@@ -252,7 +253,8 @@ class SolverConfig:
         "none", "`cosine` divides K_ij by sqrt(K_ii K_jj) and beta_i by sqrt(K_ii), removing gradient norms.")
     costs_file: str | None = opt(
         None, "Prices per candidate, a JSON object {group: price} or a Parquet file (group, cost): the l1 term "
-        "becomes sum_i c_i |w_i| (with `budget`: the marketplace's cost-weighted budget).")
+        "becomes sum_i c_i |w_i| (with `budget`: the marketplace's cost-weighted budget). Every candidate needs "
+        "exactly one price > 0; a group priced twice is an error.")
 
     def validate(self) -> None:
         if self.space == "gradients" and self.method.startswith("cvxpy"):
@@ -472,6 +474,9 @@ def load_config(path: str | Path) -> RunConfig:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise ConfigError(f"malformed YAML: {exc}", file=str(path)) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
+                          "save the file as UTF-8", file=str(path)) from None
     if data is None:
         raise ConfigError("config file is empty", file=str(path))
     return config_from_dict(data, file=str(path))

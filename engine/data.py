@@ -81,8 +81,14 @@ def _read_rows(path: Path) -> list[tuple[str, dict]]:
     """(where, row) for every row of a .jsonl or .parquet file."""
     if path.suffix == ".jsonl":
         rows = []
-        with path.open(encoding="utf-8") as fh:
-            for i, line in enumerate(fh, 1):
+        with path.open("rb") as fh:
+            for i, raw in enumerate(fh, 1):
+                try:
+                    # a byte-order mark (Windows editors, PowerShell) is tolerated at the start of the file
+                    line = raw.decode("utf-8-sig" if i == 1 else "utf-8")
+                except UnicodeDecodeError as exc:
+                    raise DataError(f"{path}:{i}: not UTF-8 text (byte {raw[exc.start]:#04x} at column "
+                                    f"{exc.start + 1}); save the file as UTF-8") from None
                 if not line.strip():
                     continue
                 try:

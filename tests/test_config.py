@@ -79,6 +79,10 @@ def test_missing_file(tmp_path):
 def test_malformed_yaml(tmp_path):
     with pytest.raises(ConfigError, match="malformed YAML"):
         load_config(write(tmp_path, "data: [unclosed\n  - x: {"))
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes("name: caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"latin.yaml.*not UTF-8 text \(byte 0xe9 at offset 9\)"):
+        load_config(latin)
 
 
 def test_empty_and_missing_required(tmp_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -49,6 +51,19 @@ def test_invalid_json_line(tmp_path):
     p.write_text('{"prompt": "a", "response": "b"}\n{oops\n')
     with pytest.raises(DataError, match="bad.jsonl:2: invalid JSON"):
         load_source(SourceConfig(kind="jsonl", path=str(p)))
+
+
+def test_jsonl_encoding_bom_accepted_and_non_utf8_named(tmp_path):
+    rows = chatterbot_pairs("hindi", 3)
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+    group = load_source(SourceConfig(kind="jsonl", path=str(bom)))["bom"]
+    assert [e.messages[0][1] for e in group.examples] == [r["prompt"] for r in rows]
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(json.dumps(rows[0]).encode() + b"\n" + '{"prompt": "caf\u00e9", "response": "x"}'.encode("latin-1"))
+    with pytest.raises(DataError, match=r"latin.jsonl:2: not UTF-8 text \(byte 0xe9 at column 16\)"):
+        load_source(SourceConfig(kind="jsonl", path=str(latin)))
 
 
 def test_empty_group_is_an_error(tmp_path):

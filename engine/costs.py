@@ -11,24 +11,52 @@ import numpy as np
 from engine.data import DataError
 
 
+def _unique(path: Path, pairs: list[tuple]) -> dict:
+    """{group: price}, refusing a group priced twice (which price holds would be a guess)."""
+    table: dict = {}
+    for group, price in pairs:
+        if group in table:
+            raise DataError(f"{path}: group {group!r} has two prices ({table[group]!r} and {price!r})")
+        table[group] = price
+    return table
+
+
+class _Pairs(list):
+    """A JSON object as its (key, value) pairs in file order, so that a repeated key can be seen."""
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        table = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_Pairs)
+    except UnicodeDecodeError:
+        raise DataError(f"{path}: not UTF-8 text; save the file as UTF-8") from None
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}: invalid JSON ({exc.msg})") from None
+    if not isinstance(table, _Pairs):
+        raise DataError(f"{path}: expected a JSON object {{group: price}}")
+    return _unique(path, table)
+
+
+def _read_parquet(path: Path) -> dict:
+    import pyarrow.parquet as pq
+
+    try:
+        t = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises several types for unreadable files
+        raise DataError(f"{path}: not a readable Parquet file ({exc})") from None
+    missing = [c for c in ("group", "cost") if c not in t.column_names]
+    if missing:
+        raise DataError(f"{path}: missing column(s) {missing}; expected `group` and `cost`")
+    return _unique(path, zip(t.column("group").to_pylist(), t.column("cost").to_pylist()))
+
+
 def load_costs(path: str | Path, names: list[str]) -> np.ndarray:
     """Prices of `names` (in that order) from a JSON object {group: price} or a Parquet file (group, cost)."""
     path = Path(path).expanduser()
     if path.suffix == ".json":
-        try:
-            table = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}: invalid JSON ({exc.msg})") from None
-        if not isinstance(table, dict):
-            raise DataError(f"{path}: expected a JSON object {{group: price}}")
+        table = _read_json(path)
     elif path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        t = pq.read_table(path)
-        missing = [c for c in ("group", "cost") if c not in t.column_names]
-        if missing:
-            raise DataError(f"{path}: missing column(s) {missing}; expected `group` and `cost`")
-        table = dict(zip(t.column("group").to_pylist(), t.column("cost").to_pylist()))
+        table = _read_parquet(path)
     else:
         raise DataError(f"{path}: costs must be a .json or .parquet file")
     absent = [n for n in names if n not in table]

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import tiny_run_config
@@ -332,3 +333,21 @@ def test_prices_file_errors(tmp_path):
         load_costs(p, ["a", "c"])
     with pytest.raises(DataError, match="price of group 'b' must be a finite number > 0, got -2"):
         load_costs(p, ["a", "b"])
+    # a group priced twice is refused, not settled silently by whichever row comes last
+    p.write_text('{"a": 1.0, "b": 2.0, "a": 3.0}')
+    with pytest.raises(DataError, match=r"c.json: group 'a' has two prices \(1.0 and 3.0\)"):
+        load_costs(p, ["a", "b"])
+    pq.write_table(pa.table({"group": ["a", "b", "b"], "cost": [1.0, 2.0, 2.5]}), tmp_path / "c.parquet")
+    with pytest.raises(DataError, match=r"c.parquet: group 'b' has two prices \(2.0 and 2.5\)"):
+        load_costs(tmp_path / "c.parquet", ["a", "b"])
+    for bad, why in [(b"[[\"a\", 1.0]]", "expected a JSON object"), (b'{"a": 1.0, "b": 2.0\xff}', "not UTF-8 text")]:
+        p.write_bytes(bad)
+        with pytest.raises(DataError, match=why):
+            load_costs(p, ["a", "b"])
+    (tmp_path / "junk.parquet").write_bytes(b"junk")
+    with pytest.raises(DataError, match="junk.parquet: not a readable Parquet file"):
+        load_costs(tmp_path / "junk.parquet", ["a"])
+    pq.write_table(pa.table({"group": ["a", "b"], "cost": [1.0, 0.5]}), tmp_path / "c.parquet")
+    assert load_costs(tmp_path / "c.parquet", ["b", "a"]).tolist() == [0.5, 1.0]
+    p.write_text('{"a": 1, "b": 2.5}')
+    assert load_costs(p, ["a", "b"]).tolist() == [1.0, 2.5]

@@ -334,14 +334,63 @@ def _load_saved(path: Path) -> np.ndarray:
         raise StoreError(f"{path}: not a readable .npy array ({exc})") from None
 
 
+def _saved_summary(run_dir: Path) -> dict:
+    """summary.json of a finished run folder, checked for what a re-solve reads; errors name the file and field."""
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir}: not a finished run folder (summary.json needed)")
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise StoreError(f"{path}: not readable JSON ({exc})") from None
+    if not isinstance(summary, dict):
+        raise StoreError(f"{path}: expected a JSON object, got {type(summary).__name__}")
+    order = summary.get("order")
+    if (not isinstance(order, list) or not order or not all(isinstance(n, str) for n in order)
+            or len(set(order)) != len(order)):
+        raise StoreError(f"{path}: field `order` must list the run's candidate names, each once "
+                         f"(got {json.dumps(order)[:80]})")
+    try:
+        k = summary["config"]["select"]["k"]
+    except (KeyError, TypeError):
+        k = None
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise StoreError(f"{path}: field `config.select.k` must be an integer >= 1 (got {json.dumps(k)})")
+    tunes = summary.get("finetune") or []
+    if not isinstance(summary.get("solver") or {}, dict) or not isinstance(tunes, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("groups"), list) for t in tunes):
+        bad = "solver" if not isinstance(summary.get("solver") or {}, dict) else "finetune"
+        raise StoreError(f"{path}: field `{bad}` is malformed (got {json.dumps(summary[bad])[:80]})")
+    return summary
+
+
+def _saved_scores(run_dir: Path, order: list[str]) -> dict[str, dict]:
+    """scores.parquet's rows by group, which must be exactly the groups of summary.json's order."""
+    path = run_dir / "scores.parquet"
+    if not path.is_file():
+        raise StoreError(f"{path}: missing (the run folder is incomplete)")
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises several types for unreadable files
+        raise StoreError(f"{path}: not a readable Parquet file ({exc})") from None
+    needed = ["group", "n_examples", "n_preview", "cosine"]
+    if missing := [c for c in needed if c not in table.column_names]:
+        raise StoreError(f"{path}: missing column(s) {missing}")
+    rows = table.select(needed).to_pylist()
+    by_name = {r["group"]: r for r in rows}
+    if len(rows) != len(order) or set(by_name) != set(order):
+        extra, absent = sorted(set(by_name) - set(order)), sorted(set(order) - set(by_name))
+        raise StoreError(f"{path}: its {len(rows)} rows do not match summary.json's order of {len(order)} groups "
+                         f"(not in order: {extra[:5]}, no row: {absent[:5]})")
+    return by_name
+
+
 def resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method: str | None,
             normalize: str | None) -> dict:
     """Re-solve a saved run (no gradients recomputed) from gram.npy/beta.npy, or from its stored vectors when
-    it was solved in gradient space; rewrites its scores."""
-    summary_path = run_dir / "summary.json"
-    if not summary_path.is_file():
-        raise FileNotFoundError(f"{run_dir}: not a finished run folder (summary.json needed)")
-    summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    it was solved in gradient space; rewrites its scores. Everything is read and checked before anything is written."""
+    summary = _saved_summary(run_dir)
+    names = summary["order"]  # the row order of gram.npy and beta.npy
     space = summary.get("space", "gram")
     if space == "gram" and not (run_dir / "gram.npy").is_file():
         raise FileNotFoundError(f"{run_dir}: not a finished run folder (gram.npy needed)")
@@ -356,6 +405,10 @@ def resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method:
         ["costs.npy"] if (run_dir / "costs.npy").is_file() else [])
     arrays = {name: _load_saved(run_dir / name) for name in files}
     beta, costs = arrays["beta.npy"], arrays.get("costs.npy")
+    if beta.ndim != 1 or len(beta) != len(names):
+        raise StoreError(f"{run_dir / 'beta.npy'}: shape {beta.shape}, but summary.json's order lists "
+                         f"{len(names)} groups")
+    prev = _saved_scores(run_dir, names)
     try:
         if space == "gram":
             sol = solve_kmm(arrays["gram.npy"], beta, gamma=gamma, budget=budget, costs=costs,
@@ -366,16 +419,10 @@ def resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method:
     except KMMInputError as exc:  # name the saved files the bad values came from
         sources = files + ([] if space == "gram" else ["vectors/"])
         raise KMMInputError(f"{run_dir} ({', '.join(sources)}): {exc}") from None
-    prev = pq.read_table(run_dir / "scores.parquet").to_pylist()
-    if len(prev) != len(beta):
-        raise StoreError(f"{run_dir}: scores.parquet has {len(prev)} rows but beta.npy has {len(beta)}")
-    # scores.parquet is sorted by rank; gram.npy follows the run order recorded in the summary's data section
-    names = summary["order"]
-    by_name = {r["group"]: r for r in prev}
     k = summary["config"]["select"]["k"]
     selected = select_top_k(sol.w, beta, k)
-    cos = np.array([by_name[n]["cosine"] for n in names])  # a property of the gradients, not of the solve
-    table = scores_table(names, [by_name[n]["n_examples"] for n in names], [by_name[n]["n_preview"] for n in names],
+    cos = np.array([prev[n]["cosine"] for n in names])  # a property of the gradients, not of the solve
+    table = scores_table(names, [prev[n]["n_examples"] for n in names], [prev[n]["n_preview"] for n in names],
                          sol.w, beta, cos, selected)
     write_parquet(table, run_dir / "scores.parquet")
     summary["solver"] = sol.summary() | {"normalize": normalize} | (
@@ -388,5 +435,5 @@ def resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method:
     else:
         summary.pop("finetune_stale", None)
     summary["resolved"] = True
-    write_json(summary, summary_path)
+    write_json(summary, run_dir / "summary.json")
     return summary

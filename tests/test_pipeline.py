@@ -184,6 +184,52 @@ def test_resolve_names_the_saved_file_that_is_bad_and_keeps_the_scores(first_run
     assert (run_dir / "scores.parquet").read_bytes() == scores_before
 
 
+def _summary_edit(change):
+    def damage(run_dir):
+        path = run_dir / "summary.json"
+        summary = json.loads(path.read_text())
+        change(summary)
+        path.write_text(json.dumps(summary))
+    return damage
+
+
+def _scores_edit(change):
+    def damage(run_dir):
+        path = run_dir / "scores.parquet"
+        pq.write_table(change(pq.read_table(path)), path)
+    return damage
+
+
+DAMAGED_RUN_FOLDERS = [
+    (lambda d: (d / "summary.json").write_text("{oops"), r"summary.json: not readable JSON"),
+    (lambda d: (d / "summary.json").write_text("[1, 2]"), r"summary.json: expected a JSON object, got list"),
+    (_summary_edit(lambda s: s.pop("order")), r"summary.json: field `order` must list .* \(got null\)"),
+    (_summary_edit(lambda s: s["order"].append(s["order"][0])), r"field `order` must list the run's candidate names, each once"),
+    (_summary_edit(lambda s: s["order"].pop()), r"beta.npy: shape \(5,\), but summary.json's order lists 4 groups"),
+    (_summary_edit(lambda s: s["config"]["select"].update(k=0)), r"field `config.select.k` must be an integer >= 1 \(got 0\)"),
+    (_summary_edit(lambda s: s.update(finetune=[{}])), r"field `finetune` is malformed"),
+    (lambda d: (d / "scores.parquet").unlink(), r"scores.parquet: missing"),
+    (lambda d: (d / "scores.parquet").write_bytes(b"junk"), r"scores.parquet: not a readable Parquet file"),
+    (_scores_edit(lambda t: t.drop_columns(["cosine"])), r"scores.parquet: missing column\(s\) \['cosine'\]"),
+    (_scores_edit(lambda t: t.slice(1)), r"scores.parquet: its 4 rows do not match summary.json's order of 5 groups"),
+]
+
+
+@pytest.mark.parametrize("damage, message", DAMAGED_RUN_FOLDERS)
+def test_resolve_refuses_a_damaged_summary_or_scores_table(first_run, tmp_path, damage, message):
+    """Each damage is a clear StoreError naming the file and field, raised before anything is rewritten."""
+    import shutil
+
+    tmp, _, _ = first_run
+    run_dir = tmp_path / "copy"
+    shutil.copytree(tmp / "runs" / "t", run_dir)
+    damage(run_dir)
+    before = {f.name: f.read_bytes() for f in run_dir.iterdir() if f.is_file()}
+    with pytest.raises(StoreError, match=message):
+        resolve(run_dir, gamma=0.01, budget=None, method=None, normalize=None)
+    assert {f.name: f.read_bytes() for f in run_dir.iterdir() if f.is_file()} == before
+
+
 def test_task_vector_representation_from_config(first_run):
     tmp, data, _ = first_run
     cfg = data | {"name": "tv", "features": {"representation": "task_vector", "tv_steps": 2, "tv_batch_size": 2},

@@ -34,7 +34,7 @@ from engine.report import (
     write_parquet,
 )
 from engine.select import select_top_k
-from engine.store import StoreError, VectorStore
+from engine.store import StoreError, VectorStore, read_manifest
 from engine.tokenize import tokenize_examples
 from solvers import KMMInputError, solve_kmm, solve_kmm_gradients
 
@@ -314,8 +314,7 @@ def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) 
 def _stored_vectors(run_dir: Path, summary: dict) -> tuple[np.ndarray, np.ndarray]:
     """(G, g_tar) of a finished run from its vector store, in the run's metric and row order."""
     root = run_dir / "vectors"
-    manifest = json.loads((root / "manifest.json").read_text(encoding="utf-8"))
-    store = VectorStore(root, manifest["fingerprint"])
+    store = VectorStore(root, read_manifest(root)["fingerprint"])
     G, _ = store.load(summary["order"])
     g_tar = store.load([TARGET_KEY])[0][0].astype(np.float64)
     G, g_tar, _ = metric_vectors(summary["config"]["features"]["metric"], G, g_tar)

@@ -45,6 +45,22 @@ def _per_example_column(per_example: list[np.ndarray], n_examples: list[int], p:
     return pa.ListArray.from_arrays(offsets, rows)
 
 
+def read_manifest(root: Path) -> dict:
+    """The manifest.json of a vector store folder, checked to be a manifest; a StoreError naming it if not."""
+    path = Path(root) / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise StoreError(f"{path}: missing (no vectors stored here)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise StoreError(f"{path}: not readable JSON ({exc})") from None
+    blocks = manifest.get("blocks") if isinstance(manifest, dict) else None
+    if not isinstance(blocks, list) or not isinstance(manifest.get("fingerprint"), dict) or not all(
+            isinstance(b, dict) and {"file", "groups", "keys", "sha256"} <= set(b) for b in blocks):
+        raise StoreError(f"{path}: not a vector-store manifest (fingerprint and blocks expected)")
+    return manifest
+
+
 class VectorStore:
     """A folder of Parquet blocks (group, key, n_examples, n_tokens, vector) and manifest.json.
 
@@ -60,7 +76,12 @@ class VectorStore:
         self.manifest: dict = {"format": FORMAT, "fingerprint": self.fingerprint, "blocks": []}
         self.dropped: list[str] = []  # blocks refused on reopen (missing, changed or truncated)
         if self.manifest_path.exists():
-            old = json.loads(self.manifest_path.read_text(encoding="utf-8"))
+            try:
+                old = read_manifest(self.root)
+            except StoreError as exc:
+                if not overwrite:
+                    raise StoreError(f"{exc}; use another run name/--out, or --overwrite to start it afresh") from None
+                old = {"blocks": [{"file": f.name} for f in self.root.glob("block-*.parquet")]}
             if old.get("fingerprint") != self.fingerprint:
                 if not overwrite:
                     diff = sorted(k for k in set(old.get("fingerprint", {})) | set(self.fingerprint)

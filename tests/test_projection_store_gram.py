@@ -11,7 +11,7 @@ import pytest
 
 from engine.gram import GramReducer, cosine
 from engine.projection import ProjectionError, make_projector
-from engine.store import StoreError, VectorStore
+from engine.store import StoreError, VectorStore, read_manifest
 
 
 @pytest.mark.parametrize("kind", ["countsketch", "rademacher", "gaussian"])
@@ -148,6 +148,25 @@ def test_store_refuses_other_projection(tmp_path):
     assert fresh.done() == {}
     manifest = json.loads((tmp_path / "v" / "manifest.json").read_text())
     assert manifest["fingerprint"]["projection"]["seed"] == 1
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{oops", "not readable JSON"),
+    ("[]", "not a vector-store manifest"),
+    ('{"fingerprint": {"x": 1}, "blocks": [{"file": "block-000000.parquet"}]}', "not a vector-store manifest"),
+])
+def test_store_refuses_a_damaged_manifest_unless_overwritten(tmp_path, text, message):
+    fp = {"model": "m", "projection": {"kind": "countsketch", "dim": 4, "seed": 0}}
+    root = tmp_path / "v"
+    VectorStore(root, fp).write_block(["a"], ["k"], [1], [1], np.ones((1, 4)))
+    (root / "manifest.json").write_text(text)
+    with pytest.raises(StoreError, match=rf"manifest.json: {message}"):
+        read_manifest(root)
+    with pytest.raises(StoreError, match=rf"manifest.json: {message}.*--overwrite to start it afresh"):
+        VectorStore(root, fp)
+    fresh = VectorStore(root, fp, overwrite=True)  # starts afresh: the old blocks go with the damaged manifest
+    assert fresh.done() == {} and list(root.glob("block-*.parquet")) == []
+    assert read_manifest(root)["fingerprint"] == fp
 
 
 def test_store_rejects_non_finite(tmp_path):

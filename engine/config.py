@@ -38,7 +38,8 @@ class ModelConfig:
     """The base model theta_0."""
 
     source: str = opt("smollm2-135m-instruct",
-                      "A built-in model name (`smollm2-135m-instruct`) or a local Hugging Face model folder.")
+                      "A built-in model name (`smollm2-135m-instruct`) or a local Hugging Face model folder (as "
+                      "save_pretrained writes it: config.json, weights, a fast tokenizer; checked before any worker starts).")
     max_length: int = opt(128, "Tokens per example after chat formatting; longer examples are cut on the right.")
     dtype: Literal["float32", "bfloat16"] = opt("float32", "Dtype of the base weights. bfloat16: bf16 weights and bf16 autocast on "
                                                    "CUDA (LoRA weights stay fp32); on a CPU without bf16 matrix units it is "

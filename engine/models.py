@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import importlib.util
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -13,6 +14,8 @@ from pathlib import Path
 from engine.config import LoraConfig, ModelConfig
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: what `from_pretrained` loads weights from: one file, or the index of a sharded checkpoint
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
 class ModelError(RuntimeError):
@@ -71,14 +74,40 @@ def resolve_model_dir(cfg: ModelConfig) -> Path:
     path = Path(cfg.source).expanduser()
     if not (path / "config.json").is_file():
         raise ModelError(f"model.source {cfg.source!r}: no Hugging Face model folder there (config.json missing)")
+    if not any((path / f).is_file() for f in WEIGHT_FILES):
+        raise ModelError(f"model.source {cfg.source!r}: no weights in the folder (expected one of {list(WEIGHT_FILES)}); "
+                         "save the model with save_pretrained")
+    _check_safetensors(path)
     return path
+
+
+def _check_safetensors(path: Path) -> None:
+    """Refuse a truncated or damaged .safetensors file here, not later in every worker (reads the headers only)."""
+    from safetensors import safe_open
+
+    index = path / "model.safetensors.index.json"
+    try:
+        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())) \
+            if index.is_file() else ["model.safetensors"] if (path / "model.safetensors").is_file() else []
+    except (OSError, ValueError, KeyError, AttributeError) as exc:
+        raise ModelError(f"{index}: not a readable weight index ({exc})") from None
+    for name in shards:
+        try:
+            with safe_open(str(path / name), framework="np"):  # header only; numpy avoids importing torch
+                pass
+        except Exception as exc:  # safetensors raises SafetensorError or OSError
+            raise ModelError(f"{path / name}: unreadable weights ({exc}); the file is truncated or damaged") from None
 
 
 def load_tokenizer(model_dir: Path):
     """The model's tokenizer (a fast tokenizer: offsets are needed to mark response tokens)."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    try:
+        tok = AutoTokenizer.from_pretrained(model_dir)
+    except (OSError, ValueError) as exc:  # transformers' errors for a missing or unreadable tokenizer
+        raise ModelError(f"{model_dir}: no usable tokenizer (tokenizer.json and tokenizer_config.json expected): "
+                         f"{str(exc).splitlines()[0]}") from None
     if not tok.is_fast:
         raise ModelError(f"{model_dir}: convalue needs a fast tokenizer (tokenizer.json)")
     if tok.pad_token_id is None:

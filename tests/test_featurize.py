@@ -90,6 +90,31 @@ def test_unknown_target_module_is_a_clear_error(tiny_model_dir):
         attach_lora(load_model(tiny_model_dir), LoraConfig(target_modules=["qq_proj"]))
 
 
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[:1000])
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (d / "model.safetensors").unlink(), r"no weights in the folder"),
+    (lambda d: _truncate(d / "model.safetensors"), r"model.safetensors: unreadable weights .* truncated or damaged"),
+    (lambda d: ((d / "tokenizer.json").unlink(), (d / "tokenizer_config.json").unlink()), r"no usable tokenizer"),
+    (lambda d: (d / "tokenizer_config.json").write_text('{"x":'), r"no usable tokenizer"),
+])
+def test_a_damaged_model_folder_is_refused_in_the_driver(tiny_model_dir, tmp_path, damage, message):
+    """Missing or truncated weights and a missing tokenizer are ModelErrors before any worker starts."""
+    import shutil
+
+    from engine.config import ModelConfig
+    from engine.models import ModelError, resolve_model_dir
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    assert load_tokenizer(resolve_model_dir(ModelConfig(source=str(folder)))).is_fast  # the intact copy loads
+    damage(folder)
+    with pytest.raises(ModelError, match=message):
+        load_tokenizer(resolve_model_dir(ModelConfig(source=str(folder))))
+
+
 def test_pack_by_tokens_covers_everything_within_budget():
     from engine.featurize import pack_by_tokens
 

@@ -81,8 +81,8 @@ def load_reward(spec: str) -> RewardFn:
     else:
         try:
             module = importlib.import_module(where)
-        except ImportError as exc:
-            raise RewardError(f"reward module {where!r} cannot be imported: {exc}") from exc
+        except Exception as exc:  # not found, or user code failing at import time
+            raise RewardError(f"reward module {where!r} cannot be imported: {type(exc).__name__}: {exc}") from exc
     fn = getattr(module, name, None)
     if not callable(fn):
         raise RewardError(f"{where!r} has no function {name!r}")

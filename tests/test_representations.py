@@ -64,12 +64,17 @@ def test_numeric_rewards():
     assert numeric_closeness("none", "12") == 0.0
 
 
-def test_load_reward_by_name_file_and_module():
+def test_load_reward_by_name_file_and_module(tmp_path, monkeypatch):
+    (tmp_path / "broken_reward_module.py").write_text("raise RuntimeError('boom at import')\n")
+    (tmp_path / "broken_reward_file.py").write_text("def f(:\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
     assert load_reward("numeric_exact_match") is numeric_exact_match
     assert load_reward(f"{REWARDS}:length")("abc", "") == 3.0
     assert load_reward("engine.rewards:numeric_closeness") is numeric_closeness
     for spec, msg in [("nope", "unknown reward"), (f"{REWARDS}:absent", "no function"),
-                      ("/no/such.py:f", "does not exist"), ("no_such_module_x:f", "cannot be imported")]:
+                      ("/no/such.py:f", "does not exist"), ("no_such_module_x:f", "cannot be imported"),
+                      ("broken_reward_module:f", "cannot be imported: RuntimeError: boom at import"),
+                      (f"{tmp_path / 'broken_reward_file.py'}:f", "failed to import: SyntaxError")]:
         with pytest.raises(RewardError, match=msg):
             load_reward(spec)
     with pytest.raises(ConfigError, match="features.grpo_reward") as err:

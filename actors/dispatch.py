@@ -8,6 +8,16 @@ from typing import Any
 import ray
 
 
+class WorkItemError(RuntimeError):
+    """A call of windowed() failed: `what` names its payload, `cause` is the worker's own exception (None when
+    the worker died or the call was lost rather than raising)."""
+
+    def __init__(self, what: str, exc: BaseException):
+        self.what = what
+        self.cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) else None
+        super().__init__(f"work item {what} failed: {exc}")
+
+
 def windowed(workers: list, payloads: list[Any], call: Callable[[Any, Any], Any],
              max_in_flight: int, cost: Callable[[Any], float] | None = None) -> Iterator[tuple[Any, Any]]:
     """Yield (payload, result) in completion order, never more than max_in_flight calls outstanding.
@@ -35,7 +45,7 @@ def windowed(workers: list, payloads: list[Any], call: Callable[[Any, Any], Any]
         except Exception as exc:
             for ref in inflight:
                 ray.cancel(ref)
-            raise RuntimeError(f"work item {describe(payload)} failed: {exc}") from exc
+            raise WorkItemError(describe(payload), exc) from exc
         yield payload, result
 
 

@@ -44,6 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "config-reference":
         print(reference_markdown())
         return 0
+    from actors.dispatch import WorkItemError
+    from engine.grpo import GrpoError
+    from engine.rewards import RewardError
+
+    user_errors = (ConfigError, DataError, ModelError, StoreError, KMMInputError, KMMSolveError, GrpoError,
+                   RewardError)
     try:
         if args.command == "run":
             from engine.pipeline import run
@@ -77,9 +83,14 @@ def main(argv: list[str] | None = None) -> int:
             if summary.get("finetune_stale"):
                 print(f"note: {summary['finetune_stale']}")
             return 0
-    except (ConfigError, DataError, ModelError, StoreError, KMMInputError, KMMSolveError,
-            FileNotFoundError) as exc:
+    except (*user_errors, FileNotFoundError) as exc:
         print(f"convalue: error: {exc}", file=sys.stderr)
+        return 2
+    except WorkItemError as exc:
+        if not isinstance(exc.cause, user_errors):  # a fault of convalue or of Ray: the full traceback
+            raise
+        # a problem with the input that a worker found: its message, without the remote traceback
+        print(f"convalue: error: {exc.what}: {exc.cause}", file=sys.stderr)
         return 2
     return 1
 

@@ -8,7 +8,7 @@ import pytest
 def test_window_assigns_by_outstanding_cost_and_names_failures(ray_session):
     import ray
 
-    from actors.dispatch import windowed
+    from actors.dispatch import WorkItemError, windowed
 
     @ray.remote
     class Echo:
@@ -31,5 +31,8 @@ def test_window_assigns_by_outstanding_cost_and_names_failures(ray_session):
 
     results = list(windowed(workers, list(range(7)), lambda w, p: w.run.remote(p), max_in_flight=2))
     assert sorted(p for p, _ in results) == list(range(7))
-    with pytest.raises(RuntimeError, match="work item -1 failed"):
+    with pytest.raises(WorkItemError, match="work item -1 failed") as failed:
         list(windowed(workers, [3, -1, 4], lambda w, p: w.run.remote(p), max_in_flight=2))
+    # the worker's own exception travels with it, for callers that tell input errors from faults
+    assert failed.value.what == "-1" and type(failed.value.cause) is ValueError
+    assert str(failed.value.cause) == "negative payload"

@@ -263,6 +263,27 @@ def test_grpo_representation_from_config(first_run):
     assert not (tmp / "runs" / "grpo0" / "scores.parquet").exists()
 
 
+def test_cli_reports_a_worker_s_input_error_without_the_remote_traceback(first_run, tmp_path, capsys):
+    """A reward function that raises in a gradient worker: exit 2 and one line naming the groups and the reward."""
+    import yaml
+
+    from engine.cli import main
+
+    tmp, data, _ = first_run
+    reward = Path(__file__).parent / "rewards_for_tests.py"
+    cfg = data | {"name": "grpo_broken", "finetune": {"enabled": False},
+                  "features": {"representation": "grpo", "grpo_generations": 2, "grpo_max_new_tokens": 4,
+                               "grpo_reward": f"{reward}:broken"}}
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("convalue: error: [") and "reward function 'broken' raised ValueError: boom" in err
+    assert "Traceback" not in err and "ray::" not in err
+    on_disk = json.loads((tmp / "runs" / "grpo_broken" / "summary.json").read_text())
+    assert on_disk["status"] == "failed" and on_disk["failed_stage"] == "featurize"
+
+
 def test_full_parameters_with_the_diagonal_fisher_metric(first_run):
     tmp, data, _ = first_run
     cfg = data | {"name": "full", "finetune": {"enabled": False},

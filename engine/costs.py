@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ import numpy as np
 from engine.data import DataError
 
 
-def _unique(path: Path, pairs: list[tuple]) -> dict:
+def _unique(path: Path, pairs: Iterable[tuple]) -> dict:
     """{group: price}, refusing a group priced twice (which price holds would be a guess)."""
     table: dict = {}
     for group, price in pairs:

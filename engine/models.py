@@ -86,11 +86,13 @@ def _check_safetensors(path: Path) -> None:
     from safetensors import safe_open
 
     index = path / "model.safetensors.index.json"
-    try:
-        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())) \
-            if index.is_file() else ["model.safetensors"] if (path / "model.safetensors").is_file() else []
-    except (OSError, ValueError, KeyError, AttributeError) as exc:
-        raise ModelError(f"{index}: not a readable weight index ({exc})") from None
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ModelError(f"{index}: not a readable weight index ({exc})") from None
+    else:
+        shards = ["model.safetensors"] if (path / "model.safetensors").is_file() else []
     for name in shards:
         try:
             with safe_open(str(path / name), framework="np"):  # header only; numpy avoids importing torch

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import time
+import typing
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -19,7 +20,7 @@ from actors.dispatch import windowed
 from actors.finetune_job import finetune_task
 from actors.gradient_worker import GradientWorker
 from actors.solver import SolverActor
-from engine.config import ConfigError, RunConfig
+from engine.config import ConfigError, FeaturesConfig, RunConfig
 from engine.costs import load_costs
 from engine.featurize import block_tokens, plan_blocks
 from engine.gram import GramReducer, cosine, metric_vectors
@@ -317,7 +318,7 @@ def _stored_vectors(run_dir: Path, summary: dict) -> tuple[np.ndarray, np.ndarra
     store = VectorStore(root, read_manifest(root)["fingerprint"])
     G, _ = store.load(summary["order"])
     g_tar = store.load([TARGET_KEY])[0][0].astype(np.float64)
-    G, g_tar, _ = metric_vectors(summary["config"]["features"]["metric"], G, g_tar)
+    G, g_tar, _ = metric_vectors(_metric(summary), G, g_tar)
     return G, g_tar
 
 
@@ -355,12 +356,24 @@ def _saved_summary(run_dir: Path) -> dict:
         k = None
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise StoreError(f"{path}: field `config.select.k` must be an integer >= 1 (got {json.dumps(k)})")
-    tunes = summary.get("finetune") or []
-    if not isinstance(summary.get("solver") or {}, dict) or not isinstance(tunes, list) or not all(
-            isinstance(t, dict) and isinstance(t.get("groups"), list) for t in tunes):
-        bad = "solver" if not isinstance(summary.get("solver") or {}, dict) else "finetune"
-        raise StoreError(f"{path}: field `{bad}` is malformed (got {json.dumps(summary[bad])[:80]})")
+    solver, tunes = summary.get("solver") or {}, summary.get("finetune") or []
+    ok = {"solver": isinstance(solver, dict),
+          "finetune": isinstance(tunes, list) and all(isinstance(t, dict) and isinstance(t.get("groups"), list)
+                                                      for t in tunes),
+          "space": summary.get("space", "gram") in ("gram", "gradients"),
+          "config.features.metric": summary.get("space") != "gradients" or _metric(summary) in METRICS}
+    if bad := [name for name, good in ok.items() if not good]:
+        raise StoreError(f"{path}: field `{bad[0]}` is malformed")
     return summary
+
+
+METRICS = typing.get_args(typing.get_type_hints(FeaturesConfig)["metric"])  # features.metric's allowed values
+
+
+def _metric(summary: dict) -> object:
+    """The run's features.metric as recorded in its summary (None where the entry is missing)."""
+    features = summary["config"].get("features")
+    return features.get("metric") if isinstance(features, dict) else None
 
 
 def _saved_scores(run_dir: Path, order: list[str]) -> dict[str, dict]:

@@ -208,6 +208,8 @@ DAMAGED_RUN_FOLDERS = [
     (_summary_edit(lambda s: s["order"].pop()), r"beta.npy: shape \(5,\), but summary.json's order lists 4 groups"),
     (_summary_edit(lambda s: s["config"]["select"].update(k=0)), r"field `config.select.k` must be an integer >= 1 \(got 0\)"),
     (_summary_edit(lambda s: s.update(finetune=[{}])), r"field `finetune` is malformed"),
+    (_summary_edit(lambda s: s.update(solver="x")), r"field `solver` is malformed"),
+    (_summary_edit(lambda s: s.update(space="other")), r"field `space` is malformed"),
     (lambda d: (d / "scores.parquet").unlink(), r"scores.parquet: missing"),
     (lambda d: (d / "scores.parquet").write_bytes(b"junk"), r"scores.parquet: not a readable Parquet file"),
     (_scores_edit(lambda t: t.drop_columns(["cosine"])), r"scores.parquet: missing column\(s\) \['cosine'\]"),
@@ -342,6 +344,14 @@ def test_gradient_space_run_matches_the_gram_space_solution_and_resolves(first_r
         resolve(gs, gamma=0.004, budget=None, method="cvxpy", normalize=None)
     with pytest.raises(ValueError, match="space: gram"):
         config_from_dict(cfg | {"solver": cfg["solver"] | {"method": "cvxpy"}})
+    # the stored vectors are read in the summary's metric: a damaged entry is refused, never read as Euclidean
+    _summary_edit(lambda s: s["config"]["features"].update(metric="cosine"))(gs)
+    with pytest.raises(StoreError, match="field `config.features.metric` is malformed"):
+        resolve(gs, gamma=0.004, budget=None, method=None, normalize=None)
+    (gs / "vectors" / "manifest.json").write_text("{oops")
+    _summary_edit(lambda s: s["config"]["features"].update(metric="euclidean"))(gs)
+    with pytest.raises(StoreError, match="manifest.json: not readable JSON"):
+        resolve(gs, gamma=0.004, budget=None, method=None, normalize=None)
 
 
 def test_cli_joins_an_existing_cluster_by_address(first_run, ray_session, tiny_model_dir):

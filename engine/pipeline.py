@@ -35,7 +35,7 @@ from engine.report import (
     write_parquet,
 )
 from engine.select import select_top_k
-from engine.store import StoreError, VectorStore, read_manifest
+from engine.store import StoreError, VectorStore, exclusive, read_manifest
 from engine.tokenize import tokenize_examples
 from solvers import KMMInputError, solve_kmm, solve_kmm_gradients
 
@@ -226,89 +226,89 @@ def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) 
         data = prepare(cfg.data, tokenizer, cfg.model.max_length, grpo=cfg.features.representation == "grpo")
         costs = load_costs(cfg.solver.costs_file, data.names()) if cfg.solver.costs_file else None
     run_dir = Path(cfg.out).expanduser() / cfg.name
-    store = VectorStore(run_dir / "vectors", fingerprint(cfg, model_dir), overwrite=overwrite)
-    for f in RESULT_FILES:  # results of an earlier run in this folder are replaced, never mixed
-        (run_dir / f).unlink(missing_ok=True)
-    summary: dict = {"status": "running", "config": cfg.to_dict(), "packages": package_versions(),
-                     "data": {"target": data.target.name, "target_train": len(data.target_train),
-                              "target_val": len(data.target_val), "target_preview": len(data.target_item.examples),
-                              "candidates": len(data.items), "warnings": data.warnings}}
-    started = False
-    stage = "ray_init"
-    try:
-        with timer.stage("ray_init"):
-            started = connect(cfg, address)
-        spec = _worker_spec(cfg, model_dir, tokenizer.pad_token_id)
-        names = data.names()
-        space = solver_space(cfg, len(names))
-        reducer = GramReducer(tiles=space == "gram")
-        stage = "featurize"
-        with timer.stage("featurize"):
-            g_tar, fstats = featurize(cfg, spec, data, store, reducer)
-        summary["featurize"] = fstats
-        stage = "gram"
-        with timer.stage("gram"):
-            G = reducer.vectors(names)
-            check_nonzero(cfg, names, G, g_tar)
-            Gm, gm, M = metric_vectors(cfg.features.metric, G, g_tar)  # the vectors in the run's metric
-            if M is not None:
-                summary["metric"] = {"kind": cfg.features.metric, "support": int(np.count_nonzero(M)),
-                                     "max_over_mean": round(float(M.max()), 3)}
-            beta = Gm @ gm
-            if space == "gradients":
-                K = None
-            else:  # the Euclidean Gram was reduced while blocks arrived; another metric is formed here
-                K = reducer.gram(names) if M is None else Gm @ Gm.T
-        summary["order"] = names  # row order of gram.npy / beta.npy
-        summary["space"] = space
-        stage = "solve"
-        # K = Gm Gm^T has rank <= p: the bound lets validation compute the rank beyond N = 8000 (or stands in for
-        # it), and the solver needs the rank when N > p (bench/rank_deficient.py)
-        settings = {"gamma": cfg.solver.gamma, "budget": cfg.solver.budget, "method": cfg.solver.method,
-                    "normalize": cfg.solver.normalize, "costs": costs, "rank_bound": int(Gm.shape[1])}
-        with timer.stage("solve"):
-            solver = SolverActor.remote()
-            try:
-                call = (solver.solve.remote(ray.put(K), ray.put(beta), settings) if K is not None
-                        else solver.solve_gradients.remote(ray.put(Gm), ray.put(gm), settings))
-                sol = ray.get(call)
-            finally:
-                ray.kill(solver)
-        summary["solver"] = sol.summary() | {"normalize": cfg.solver.normalize, "rank_bound": settings["rank_bound"]}
-        w = sol.w
-        selected = select_top_k(w, beta, cfg.select.k)
-        by_alignment = [int(i) for i in np.argsort(-beta, kind="stable")[: cfg.select.k]]
-        n_examples = [len(g.examples) for g in data.candidates]
-        table = scores_table(names, n_examples, [len(it.examples) for it in data.items], w, beta,
-                             cosine(G, g_tar), selected)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if K is not None:
-            write_npy(K, run_dir / "gram.npy")
-        write_npy(beta, run_dir / "beta.npy")
-        if costs is not None:
-            write_npy(costs, run_dir / "costs.npy")
-        write_parquet(table, run_dir / "scores.parquet")
-        summary["selected"] = [names[i] for i in selected]
-        summary["ranking"] = format_ranking(table).splitlines()
-        stage = "finetune"
-        results: list[dict] = []
-        if cfg.finetune.enabled:
-            with timer.stage("finetune"):
-                results = _finetunes(cfg, spec, tokenizer, data, [names[i] for i in selected],
-                                     [names[i] for i in by_alignment])
-        summary["finetune"] = results
-        summary["status"] = "complete"
-    except BaseException as exc:
-        summary["status"] = "failed"
-        summary["failed_stage"] = stage
-        summary["error"] = f"{type(exc).__name__}: {exc}"
-        raise
-    finally:
-        summary["timings_s"] = timer.seconds | {"total": round(time.perf_counter() - t_start, 3)}
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_json(summary, run_dir / "summary.json")
-        if started:
-            ray.shutdown()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with exclusive(run_dir):  # no other run or re-solve writes here meanwhile
+        store = VectorStore(run_dir / "vectors", fingerprint(cfg, model_dir), overwrite=overwrite)
+        for f in RESULT_FILES:  # results of an earlier run in this folder are replaced, never mixed
+            (run_dir / f).unlink(missing_ok=True)
+        summary: dict = {"status": "running", "config": cfg.to_dict(), "packages": package_versions(),
+                         "data": {"target": data.target.name, "target_train": len(data.target_train),
+                                  "target_val": len(data.target_val), "target_preview": len(data.target_item.examples),
+                                  "candidates": len(data.items), "warnings": data.warnings}}
+        started = False
+        stage = "ray_init"
+        try:
+            with timer.stage("ray_init"):
+                started = connect(cfg, address)
+            spec = _worker_spec(cfg, model_dir, tokenizer.pad_token_id)
+            names = data.names()
+            space = solver_space(cfg, len(names))
+            reducer = GramReducer(tiles=space == "gram")
+            stage = "featurize"
+            with timer.stage("featurize"):
+                g_tar, fstats = featurize(cfg, spec, data, store, reducer)
+            summary["featurize"] = fstats
+            stage = "gram"
+            with timer.stage("gram"):
+                G = reducer.vectors(names)
+                check_nonzero(cfg, names, G, g_tar)
+                Gm, gm, M = metric_vectors(cfg.features.metric, G, g_tar)  # the vectors in the run's metric
+                if M is not None:
+                    summary["metric"] = {"kind": cfg.features.metric, "support": int(np.count_nonzero(M)),
+                                         "max_over_mean": round(float(M.max()), 3)}
+                beta = Gm @ gm
+                if space == "gradients":
+                    K = None
+                else:  # the Euclidean Gram was reduced while blocks arrived; another metric is formed here
+                    K = reducer.gram(names) if M is None else Gm @ Gm.T
+            summary["order"] = names  # row order of gram.npy / beta.npy
+            summary["space"] = space
+            stage = "solve"
+            # K = Gm Gm^T has rank <= p: the bound lets validation compute the rank beyond N = 8000 (or stands in for
+            # it), and the solver needs the rank when N > p (bench/rank_deficient.py)
+            settings = {"gamma": cfg.solver.gamma, "budget": cfg.solver.budget, "method": cfg.solver.method,
+                        "normalize": cfg.solver.normalize, "costs": costs, "rank_bound": int(Gm.shape[1])}
+            with timer.stage("solve"):
+                solver = SolverActor.remote()
+                try:
+                    call = (solver.solve.remote(ray.put(K), ray.put(beta), settings) if K is not None
+                            else solver.solve_gradients.remote(ray.put(Gm), ray.put(gm), settings))
+                    sol = ray.get(call)
+                finally:
+                    ray.kill(solver)
+            summary["solver"] = sol.summary() | {"normalize": cfg.solver.normalize, "rank_bound": settings["rank_bound"]}
+            w = sol.w
+            selected = select_top_k(w, beta, cfg.select.k)
+            by_alignment = [int(i) for i in np.argsort(-beta, kind="stable")[: cfg.select.k]]
+            n_examples = [len(g.examples) for g in data.candidates]
+            table = scores_table(names, n_examples, [len(it.examples) for it in data.items], w, beta,
+                                 cosine(G, g_tar), selected)
+            if K is not None:
+                write_npy(K, run_dir / "gram.npy")
+            write_npy(beta, run_dir / "beta.npy")
+            if costs is not None:
+                write_npy(costs, run_dir / "costs.npy")
+            write_parquet(table, run_dir / "scores.parquet")
+            summary["selected"] = [names[i] for i in selected]
+            summary["ranking"] = format_ranking(table).splitlines()
+            stage = "finetune"
+            results: list[dict] = []
+            if cfg.finetune.enabled:
+                with timer.stage("finetune"):
+                    results = _finetunes(cfg, spec, tokenizer, data, [names[i] for i in selected],
+                                         [names[i] for i in by_alignment])
+            summary["finetune"] = results
+            summary["status"] = "complete"
+        except BaseException as exc:
+            summary["status"] = "failed"
+            summary["failed_stage"] = stage
+            summary["error"] = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            summary["timings_s"] = timer.seconds | {"total": round(time.perf_counter() - t_start, 3)}
+            write_json(summary, run_dir / "summary.json")
+            if started:
+                ray.shutdown()
     return summary
 
 
@@ -401,6 +401,14 @@ def resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method:
             normalize: str | None) -> dict:
     """Re-solve a saved run (no gradients recomputed) from gram.npy/beta.npy, or from its stored vectors when
     it was solved in gradient space; rewrites its scores. Everything is read and checked before anything is written."""
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir}: no such run folder")
+    with exclusive(run_dir):
+        return _resolve(run_dir, gamma=gamma, budget=budget, method=method, normalize=normalize)
+
+
+def _resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method: str | None,
+             normalize: str | None) -> dict:
     summary = _saved_summary(run_dir)
     names = summary["order"]  # the row order of gram.npy and beta.npy
     space = summary.get("space", "gram")

@@ -232,6 +232,32 @@ def test_resolve_refuses_a_damaged_summary_or_scores_table(first_run, tmp_path, 
     assert {f.name: f.read_bytes() for f in run_dir.iterdir() if f.is_file()} == before
 
 
+def test_a_run_folder_in_use_is_refused_and_left_untouched(first_run, tmp_path):
+    """While one process runs or re-solves in a folder, another run or re-solve there stops before writing."""
+    import shutil
+
+    from engine.store import exclusive
+
+    tmp, data, _ = first_run
+    run_dir = tmp_path / "runs" / "t"
+    shutil.copytree(tmp / "runs" / "t", run_dir)
+
+    def snapshot():
+        return {str(f.relative_to(run_dir)): f.read_bytes() for f in sorted(run_dir.rglob("*")) if f.is_file()}
+
+    before = snapshot()
+    with exclusive(run_dir):  # what a running convalue process holds
+        with pytest.raises(StoreError, match="in use by another convalue process"):
+            resolve(run_dir, gamma=0.01, budget=None, method=None, normalize=None)
+        with pytest.raises(StoreError, match="in use by another convalue process"):
+            run(config_from_dict(data | {"out": str(tmp_path / "runs")}))
+        assert snapshot() == before
+    assert resolve(run_dir, gamma=0.01, budget=None, method=None, normalize=None)["resolved"]  # released
+    with pytest.raises(FileNotFoundError, match="no such run folder"):
+        resolve(tmp_path / "absent", gamma=0.01, budget=None, method=None, normalize=None)
+    assert not (tmp_path / "absent").exists()
+
+
 def test_task_vector_representation_from_config(first_run):
     tmp, data, _ = first_run
     cfg = data | {"name": "tv", "features": {"representation": "task_vector", "tv_steps": 2, "tv_batch_size": 2},

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.data import Example
+from engine.models import ModelError
 
 IGNORE = -100
 
@@ -44,7 +45,9 @@ def response_spans(tokenizer, example: Example) -> tuple[str, list[tuple[int, in
         before = _render(tokenizer, chat[:i], generation_prompt=True)
         upto = _render(tokenizer, chat[: i + 1], generation_prompt=False)
         if not full.startswith(upto) or not upto.startswith(before):
-            raise ValueError("the chat template is not prefix-stable; cannot locate the response tokens")
+            raise ModelError(f"{tokenizer.name_or_path}: the chat template is not prefix-stable (the conversation "
+                             "up to a reply renders differently inside the whole one), so the response tokens cannot "
+                             "be located; use a model whose template is, or save the tokenizer with a plainer one")
         end = len(upto.rstrip())
         spans.append((len(before), end))
     return full, spans

@@ -123,6 +123,18 @@ def test_labels_cover_only_the_response(smollm2_dir):
     assert len(cut) == 32 and cut.n_response == 0
 
 
+def test_a_chat_template_that_is_not_prefix_stable_is_a_model_error(smollm2_dir):
+    from engine.data import Example
+    from engine.models import ModelError, load_tokenizer
+
+    tok = load_tokenizer(smollm2_dir)
+    # a template that numbers the conversation's length up front renders a prefix differently from the whole
+    tok.chat_template = ("{{ messages|length }}\n{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n"
+                         "{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}")
+    with pytest.raises(ModelError, match="chat template is not prefix-stable"):
+        tokenize_example(tok, Example((("user", "What is your name?"), ("assistant", "I am a bot."))), 128)
+
+
 def _prep_cfg(tmp_path, target_rows, pool_rows, **kw):
     t = write_jsonl(tmp_path / "target.jsonl", target_rows)
     p = write_jsonl(tmp_path / "pool.jsonl", pool_rows)

@@ -402,7 +402,7 @@ def resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method:
     """Re-solve a saved run (no gradients recomputed) from gram.npy/beta.npy, or from its stored vectors when
     it was solved in gradient space; rewrites its scores. Everything is read and checked before anything is written."""
     if not run_dir.is_dir():
-        raise FileNotFoundError(f"{run_dir}: no such run folder")
+        raise FileNotFoundError(f"{run_dir}: not a finished run folder (no such folder)")
     with exclusive(run_dir):
         return _resolve(run_dir, gamma=gamma, budget=budget, method=method, normalize=normalize)
 

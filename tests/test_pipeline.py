@@ -253,7 +253,7 @@ def test_a_run_folder_in_use_is_refused_and_left_untouched(first_run, tmp_path):
             run(config_from_dict(data | {"out": str(tmp_path / "runs")}))
         assert snapshot() == before
     assert resolve(run_dir, gamma=0.01, budget=None, method=None, normalize=None)["resolved"]  # released
-    with pytest.raises(FileNotFoundError, match="no such run folder"):
+    with pytest.raises(FileNotFoundError, match=r"not a finished run folder \(no such folder\)"):
         resolve(tmp_path / "absent", gamma=0.01, budget=None, method=None, normalize=None)
     assert not (tmp_path / "absent").exists()
 

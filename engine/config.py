@@ -105,7 +105,7 @@ class SourceConfig:
 
     kind: Literal["chatterbot", "mathematics", "jsonl", "parquet", "folder"] = opt(
         help="`chatterbot` (built-in multilingual dialogs), `mathematics` (DeepMind's school-math generator, one "
-        "group per module, numeric answers: GRPO-ready), `jsonl`, `parquet`, or `folder` (one group per file).")
+        "group per module, numeric answers: GRPO-ready), `jsonl`, `parquet`, or `folder` (one group per .jsonl or .parquet file; other files are listed in a warning).")
     path: str | None = opt(None, "File or folder (not used by `chatterbot`); JSONL is read as UTF-8, a leading "
                                  "byte-order mark accepted.")
     group_by: str | None = opt(

@@ -183,6 +183,10 @@ def load_source(src: SourceConfig) -> dict[str, Group]:
         files = sorted(p for p in folder.iterdir() if p.suffix in (".jsonl", ".parquet"))
         if not files:
             raise DataError(f"{folder}: folder source has no .jsonl or .parquet files")
+        ignored = sorted(p.name for p in folder.iterdir() if p not in files and not p.name.startswith("."))
+        if ignored:  # e.g. data.JSONL or data.json: a group the user meant to include would vanish unseen
+            logging.getLogger("convalue").warning("%s: not read (only .jsonl and .parquet files are groups): %s",
+                                                  folder, ", ".join(ignored[:10]))
         groups = {}
         for p in files:
             if p.stem in groups:

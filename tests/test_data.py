@@ -22,7 +22,7 @@ def test_chatterbot_groups_by_language_and_topic():
     assert list(by_topic) == ["english/ai"]
 
 
-def test_jsonl_parquet_and_folder_sources(tmp_path):
+def test_jsonl_parquet_and_folder_sources(tmp_path, caplog):
     rows = [r | {"g": "a" if i % 2 else "b"} for i, r in enumerate(chatterbot_pairs("english", 6))]
     jl = write_jsonl(tmp_path / "pool.jsonl", rows)
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "pool.parquet")
@@ -35,8 +35,12 @@ def test_jsonl_parquet_and_folder_sources(tmp_path):
     write_jsonl(folder / "one.jsonl", rows[:3])
     chat = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}]
     write_jsonl(folder / "two.jsonl", chat)
-    groups = load_source(SourceConfig(kind="folder", path=str(folder)))
+    (folder / "three.JSONL").write_text((folder / "one.jsonl").read_text())
+    (folder / "notes").mkdir()
+    with caplog.at_level("WARNING", logger="convalue"):
+        groups = load_source(SourceConfig(kind="folder", path=str(folder)))
     assert sorted(groups) == ["one", "two"]
+    assert "not read (only .jsonl and .parquet files are groups): notes, three.JSONL" in caplog.text
     assert groups["two"].examples[0].messages == (("user", "hi"), ("assistant", "hello"))
 
 

@@ -353,6 +353,11 @@ class RunConfig:
     def validate(self) -> None:
         if not self.name or "/" in self.name or self.name in (".", ".."):
             raise ConfigError("must be a plain folder name", field="name", value=self.name)
+        run_dir = Path(self.out).expanduser() / self.name
+        existing = next(q for q in (run_dir, *run_dir.parents) if q.exists())  # the nearest existing path
+        if not existing.is_dir():
+            raise ConfigError(f"the run folder {run_dir} cannot be made: {existing} is a file", field="out",
+                              value=self.out)
         if self.features.keep_per_example and (self.features.representation != "one_step"
                                                or self.features.parameters != "lora"
                                                or self.model.token_budget is None):

@@ -97,3 +97,16 @@ def test_reference_documents_every_section():
     for section in ("`model`", "`lora`", "`data`", "`data.target`", "`projection`", "`solver`", "`select`",
                     "`finetune`", "`ray`", "preview_size", "max_in_flight"):
         assert section in ref
+
+
+def test_out_that_cannot_hold_the_run_folder(tmp_path):
+    (tmp_path / "afile").write_text("")
+    for out in (tmp_path / "afile", tmp_path / "afile" / "deeper"):
+        with pytest.raises(ConfigError, match=r"run folder .* cannot be made: .*afile is a file") as err:
+            load_config(write(tmp_path, merged(out=str(out))))
+        assert err.value.field == "out"
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "x").write_text("")  # the run folder's own name taken by a file
+    with pytest.raises(ConfigError, match=r"runs/x is a file"):
+        load_config(write(tmp_path, merged(out=str(tmp_path / "runs"))))
+    assert load_config(write(tmp_path, merged(out=str(tmp_path / "new" / "runs")))).out.endswith("new/runs")

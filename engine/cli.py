@@ -46,10 +46,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from actors.dispatch import WorkItemError
     from engine.grpo import GrpoError
+    from engine.pipeline import ClusterError
     from engine.rewards import RewardError
 
     user_errors = (ConfigError, DataError, ModelError, StoreError, KMMInputError, KMMSolveError, GrpoError,
-                   RewardError)
+                   RewardError, ClusterError)
     try:
         if args.command == "run":
             from engine.pipeline import run

@@ -6,6 +6,7 @@ import contextlib
 import json
 import logging
 import os
+import socket
 import time
 import typing
 from collections.abc import Iterator
@@ -61,11 +62,36 @@ class Timer:
             log.info("stage %s done in %.1f s", name, self.seconds[name])
 
 
+class ClusterError(RuntimeError):
+    """The Ray cluster named by --address, RAY_ADDRESS or ray.address cannot be reached."""
+
+
+def cluster_address(cfg: RunConfig, address: str | None) -> tuple[str, str] | None:
+    """(address, where it was given) of the cluster to join: --address, else RAY_ADDRESS, else ray.address."""
+    for value, source in ((address, "--address"), (os.environ.get("RAY_ADDRESS"), "RAY_ADDRESS"),
+                          (cfg.ray.address, "ray.address")):
+        if value:
+            return value, source
+    return None
+
+
+def check_reachable(addr: str, source: str, timeout: float = 5.0) -> None:
+    """Refuse a host:port (or ray://host:port) where nothing listens, in seconds: ray.init retries for minutes."""
+    host, sep, port = addr.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return  # `auto`, or another form that Ray resolves itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ClusterError(f"cannot reach a Ray cluster at {addr} (given by {source}): {exc}; start one with "
+                           "`ray start --head`, or give no address for an embedded cluster") from None
+
+
 def connect(cfg: RunConfig, address: str | None) -> bool:
     """Join RAY_ADDRESS/--address/ray.address, or start an embedded cluster; True if this call started Ray."""
     if ray.is_initialized():
         return False
-    addr = address or os.environ.get("RAY_ADDRESS") or cfg.ray.address
+    addr = (cluster_address(cfg, address) or (None,))[0]
     if addr:
         # an existing cluster (or a Ray job's driver) owns the runtime env: passing one here conflicts
         # with the job's ("Failed to merge the Job's runtime env"); cluster/submit.sh sets HF_HUB_OFFLINE
@@ -216,6 +242,8 @@ def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) 
     """Run the whole valuation; returns the summary (also written to <out>/<name>/summary.json)."""
     timer = Timer()
     t_start = time.perf_counter()
+    if not ray.is_initialized() and (joined := cluster_address(cfg, address)):
+        check_reachable(*joined)  # before the model and data stages, not after them
     if cfg.model.dtype == "bfloat16" and cfg.ray.gpus_per_worker == 0:
         log.warning("model.dtype bfloat16 on CPU workers (ray.gpus_per_worker 0): bf16 matmuls on a CPU without "
                     "bf16 units run about 25x slower than float32 (measured on this project's AVX2 machine)")

@@ -380,6 +380,32 @@ def test_gradient_space_run_matches_the_gram_space_solution_and_resolves(first_r
         resolve(gs, gamma=0.004, budget=None, method=None, normalize=None)
 
 
+def test_an_unreachable_cluster_address_fails_fast_before_any_stage(first_run, ray_session, tmp_path):
+    """A typo in --address is one clear line in seconds; ray.init alone retries for minutes with warnings."""
+    import socket
+    import subprocess
+    import sys
+
+    import yaml
+
+    from engine.pipeline import ClusterError, check_reachable
+
+    check_reachable(ray_session.get_runtime_context().gcs_address, "--address")  # the session's cluster listens
+    check_reachable("auto", "RAY_ADDRESS")  # a form Ray resolves itself is left to Ray
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    with pytest.raises(ClusterError, match=rf"cannot reach a Ray cluster at 127.0.0.1:{port} \(given by ray.address\)"):
+        check_reachable(f"127.0.0.1:{port}", "ray.address")
+    _, data, _ = first_run
+    path = tmp_path / "away.yaml"
+    path.write_text(yaml.safe_dump(data | {"out": str(tmp_path / "runs"), "name": "away"}))
+    r = subprocess.run([sys.executable, "-m", "engine", "run", str(path), "--address", f"127.0.0.1:{port}"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and f"cannot reach a Ray cluster at 127.0.0.1:{port} (given by --address)" in r.stderr
+    assert "stage model" not in r.stderr and not (tmp_path / "runs").exists()
+
+
 def test_cli_joins_an_existing_cluster_by_address(first_run, ray_session, tiny_model_dir):
     """`convalue run --address` from another process: a second driver on the session's running cluster."""
     import subprocess

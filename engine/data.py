@@ -180,10 +180,11 @@ def load_source(src: SourceConfig) -> dict[str, Group]:
         groups = _groups_from_rows(_read_rows(path), src, path.stem)
     else:
         folder = Path(src.path).expanduser()
-        files = sorted(p for p in folder.iterdir() if p.suffix in (".jsonl", ".parquet"))
+        entries = sorted(folder.iterdir())
+        files = [p for p in entries if p.suffix in (".jsonl", ".parquet")]
         if not files:
             raise DataError(f"{folder}: folder source has no .jsonl or .parquet files")
-        ignored = sorted(p.name for p in folder.iterdir() if p not in files and not p.name.startswith("."))
+        ignored = [p.name for p in entries if p.suffix not in (".jsonl", ".parquet") and not p.name.startswith(".")]
         if ignored:  # e.g. data.JSONL or data.json: a group the user meant to include would vanish unseen
             logging.getLogger("convalue").warning("%s: not read (only .jsonl and .parquet files are groups): %s",
                                                   folder, ", ".join(ignored[:10]))

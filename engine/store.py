@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
-import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +13,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 FORMAT = 1
-log = logging.getLogger("convalue")
 
 
 class StoreError(RuntimeError):
@@ -47,23 +43,6 @@ def _per_example_column(per_example: list[np.ndarray], n_examples: list[int], p:
     rows = pa.FixedSizeListArray.from_arrays(pa.array(flat, pa.float32()), p)
     offsets = pa.array(np.concatenate([[0], np.cumsum(n_examples)]).astype(np.int32))
     return pa.ListArray.from_arrays(offsets, rows)
-
-
-@contextlib.contextmanager
-def exclusive(folder: Path) -> Iterator[None]:
-    """Hold an exclusive lock on an existing run folder while a run or a re-solve writes into it."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise StoreError(f"{folder}: in use by another convalue process (a run or a re-solve); wait for it "
-                             "to finish, or use another run name/--out") from None
-        except OSError as exc:  # a file system without flock (some network mounts): go on unguarded
-            log.warning("%s: cannot lock the run folder (%s); do not run two processes on it at once", folder, exc)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 def read_manifest(root: Path) -> dict:
@@ -112,9 +91,9 @@ class VectorStore:
                 for b in old.get("blocks", []):
                     (self.root / b["file"]).unlink(missing_ok=True)
             else:
-                blocks = old.get("blocks", [])
-                self.manifest = old | {"blocks": [b for b in blocks if self._valid(b)]}
-                self.dropped = [b["file"] for b in blocks if b not in self.manifest["blocks"]]
+                valid = [self._valid(b) for b in old["blocks"]]
+                self.manifest = old | {"blocks": [b for b, ok in zip(old["blocks"], valid) if ok]}
+                self.dropped = [b["file"] for b, ok in zip(old["blocks"], valid) if not ok]
                 if self.dropped:
                     self._incomplete()
         self.root.mkdir(parents=True, exist_ok=True)

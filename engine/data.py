@@ -41,6 +41,8 @@ class Group:
     name: str
     examples: list[Example]
     origin: str
+    #: a cluster of a flat pool: (source group, index of the example there) for each example
+    members: list[tuple[str, int]] | None = None
 
 
 def _pair(prompt: object, response: object, where: str) -> Example:
@@ -170,7 +172,7 @@ def _load_mathematics(src: SourceConfig) -> dict[str, Group]:
 
 
 def load_source(src: SourceConfig) -> dict[str, Group]:
-    """All groups of one source after include/exclude, each non-empty."""
+    """All groups of one source after include/exclude, each non-empty; with `clusters`, its k clusters instead."""
     if src.kind == "chatterbot":
         groups = _load_chatterbot(src)
     elif src.kind == "mathematics":
@@ -207,6 +209,11 @@ def load_source(src: SourceConfig) -> dict[str, Group]:
     for g in groups.values():
         if not g.examples:
             raise DataError(f"source {label!r}: group {g.name!r} ({g.origin}) is empty")
+    if src.clusters is not None:
+        from engine.clustering import cluster_pool  # torch and scikit-learn, only for a flat pool
+
+        prefix = Path(src.path).stem if src.path else src.kind
+        groups = cluster_pool(groups, src.clusters, src.embedding, src.seed, prefix)
     return groups
 
 

@@ -9,6 +9,7 @@ import os
 import socket
 import time
 import typing
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -29,6 +30,7 @@ from engine.locks import exclusive
 from engine.models import load_tokenizer, resolve_model_dir
 from engine.prepare import TARGET_KEY, PreparedData, prepare, preview_key
 from engine.report import (
+    clusters_table,
     format_ranking,
     package_versions,
     scores_table,
@@ -42,7 +44,7 @@ from engine.tokenize import tokenize_examples
 from solvers import KMMInputError, solve_kmm, solve_kmm_gradients
 
 log = logging.getLogger("convalue")
-RESULT_FILES = ("scores.parquet", "gram.npy", "beta.npy", "costs.npy", "summary.json")
+RESULT_FILES = ("scores.parquet", "gram.npy", "beta.npy", "costs.npy", "clusters.parquet", "summary.json")
 WORKER_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -267,10 +269,17 @@ def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) 
         store = VectorStore(run_dir / "vectors", fingerprint(cfg, model_dir), overwrite=overwrite)
         for f in RESULT_FILES:  # results of an earlier run in this folder are replaced, never mixed
             (run_dir / f).unlink(missing_ok=True)
+        clusters = clusters_table(data.resolved, set(data.names()))
+        if clusters is not None:  # a flat pool's clusters: which example went where (before any Ray stage)
+            write_parquet(clusters, run_dir / "clusters.parquet")
         summary: dict = {"status": "running", "config": cfg.to_dict(), "packages": package_versions(),
                          "data": {"target": data.target.name, "target_train": len(data.target_train),
                                   "target_val": len(data.target_val), "target_preview": len(data.target_item.examples),
                                   "candidates": len(data.items), "warnings": data.warnings}}
+        if clusters is not None:
+            sizes = sorted(Counter(clusters["group"].to_pylist()).values())
+            summary["data"]["clusters"] = {"groups": len(sizes), "examples": clusters.num_rows,
+                                           "smallest": sizes[0], "largest": sizes[-1]}
         started = False
         stage = "ray_init"
         try:

@@ -34,6 +34,7 @@ class PreparedData:
     candidates: list[Group]
     items: list[WorkItem]
     warnings: list[str] = field(default_factory=list)
+    resolved: list[Group] = field(default_factory=list)  # every candidate group, the skipped small ones too
 
     def names(self) -> list[str]:
         """Candidate names in run order."""
@@ -134,4 +135,4 @@ def prepare(cfg: DataConfig, tokenizer, max_length: int, *, grpo: bool = False) 
         raise DataError("no candidate group is left to value")
     for w in warnings:
         log.warning(w)
-    return PreparedData(target, train_tok, val_tok, target_item, kept, items, warnings)
+    return PreparedData(target, train_tok, val_tok, target_item, kept, items, warnings, candidates)

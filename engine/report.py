@@ -11,9 +11,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from engine.data import Group
 from engine.select import ranks
 
-PACKAGES = ("convalue", "torch", "transformers", "peft", "ray", "cvxpy", "osqp", "numpy", "pyarrow")
+PACKAGES = ("convalue", "torch", "transformers", "peft", "ray", "cvxpy", "osqp", "numpy", "pyarrow", "scikit-learn")
 
 
 def scores_table(names: list[str], n_examples: list[int], n_preview: list[int], w: np.ndarray,
@@ -32,6 +33,29 @@ def scores_table(names: list[str], n_examples: list[int], n_preview: list[int], 
         "cosine": pa.array(np.asarray(cos, dtype=np.float64)[order]),
         "rank": pa.array(r[order], pa.int64()),
         "selected": pa.array(sel[order]),
+    })
+
+
+def clusters_table(groups: list[Group], valued: set[str]) -> pa.Table | None:
+    """Which example of a flat pool went to which cluster: one row per example of the clustered groups (or None).
+
+    valued: the groups the run scores (a cluster smaller than the preview may be skipped).
+    """
+    rows = [(g.name, src, i, ex) for g in groups if g.members is not None
+            for (src, i), ex in zip(g.members, g.examples)]
+    if not rows:
+        return None
+
+    def first(ex, role: str) -> str:
+        return next((c for r, c in ex.messages if r == role), "")
+
+    return pa.table({
+        "group": pa.array([r[0] for r in rows], pa.string()),
+        "source_group": pa.array([r[1] for r in rows], pa.string()),
+        "index": pa.array([r[2] for r in rows], pa.int64()),
+        "prompt": pa.array([first(r[3], "user") for r in rows], pa.string()),
+        "response": pa.array([first(r[3], "assistant") for r in rows], pa.string()),
+        "valued": pa.array([r[0] in valued for r in rows], pa.bool_()),
     })
 
 

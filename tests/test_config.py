@@ -42,6 +42,11 @@ def test_demo_config_is_valid():
     assert cfg.data.target.include == ["marathi"]
 
 
+def test_flat_pool_example_is_valid():
+    cfg = load_config(Path(__file__).parents[1] / "examples" / "flat_pool.yaml")
+    assert cfg.data.candidates[0].clusters == 16 and len(cfg.data.candidates[0].include) == 20
+
+
 @pytest.mark.parametrize(
     ("data", "field", "value_repr"),
     [
@@ -60,6 +65,15 @@ def test_demo_config_is_valid():
         (merged(data=BASE["data"] | {"candidates": [{"kind": "jsonl", "path": "/no/file.jsonl"}]}),
          "data.candidates[0].path", "/no/file.jsonl"),
         (merged(colour="blue"), "colour", "blue"),
+        (merged(data=BASE["data"] | {"candidates": [{"kind": "chatterbot", "clusters": 1}]}),
+         "data.candidates[0].clusters", "1"),
+        (merged(data=BASE["data"] | {"candidates": [{"kind": "chatterbot", "embedding": "/no/encoder"}]}),
+         "data.candidates[0].embedding", "/no/encoder"),
+        (merged(data=BASE["data"] | {"candidates": [{"kind": "chatterbot", "clusters": 4,
+                                                     "embedding": "/no/encoder"}]}),
+         "data.candidates[0].embedding", "/no/encoder"),
+        (merged(data=BASE["data"] | {"target": {"kind": "chatterbot", "include": ["marathi"], "clusters": 2}}),
+         "data.target.clusters", "2"),
     ],
 )
 def test_field_errors_name_file_field_and_value(tmp_path, data, field, value_repr):

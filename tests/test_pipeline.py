@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -480,3 +481,29 @@ def test_prices_file_errors(tmp_path):
     assert load_costs(tmp_path / "c.parquet", ["b", "a"]).tolist() == [0.5, 1.0]
     p.write_text('{"a": 1, "b": 2.5}')
     assert load_costs(p, ["a", "b"]).tolist() == [1.0, 2.5]
+
+
+def test_a_flat_pool_is_clustered_valued_and_mapped_back(first_run):
+    from conftest import chatterbot_pairs, write_jsonl
+
+    tmp, data, _ = first_run
+    rows = [r for lang in ("english", "spanish", "german", "hindi") for r in chatterbot_pairs(lang, 6)]
+    pool = write_jsonl(tmp / "flat.jsonl", rows)  # no group column: one flat pool
+    cfg = data | {"name": "flat", "finetune": {"enabled": False},
+                  "data": data["data"] | {"candidates": [{"kind": "jsonl", "path": str(pool), "clusters": 4}],
+                                          "small_groups": "keep"}}
+    summary = run(config_from_dict(cfg))
+    run_dir = tmp / "runs" / "flat"
+    stats = summary["data"]["clusters"]
+    assert summary["status"] == "complete" and (stats["groups"], stats["examples"]) == (4, 24)
+    scores = pq.read_table(run_dir / "scores.parquet")
+    clusters = pq.read_table(run_dir / "clusters.parquet").to_pylist()
+    assert sorted(scores["group"].to_pylist()) == ["flat/c0", "flat/c1", "flat/c2", "flat/c3"]
+    assert sorted(r["index"] for r in clusters) == list(range(24))
+    assert all(r["prompt"] == rows[r["index"]]["prompt"] and r["valued"] for r in clusters)
+    sizes = Counter(r["group"] for r in clusters)
+    assert dict(zip(scores["group"].to_pylist(), scores["n_examples"].to_pylist())) == sizes
+    assert (stats["smallest"], stats["largest"]) == (min(sizes.values()), max(sizes.values()))
+    # a later run in the folder without a flat pool leaves no stale clusters.parquet behind
+    run(config_from_dict(data | {"name": "flat", "finetune": {"enabled": False}}))
+    assert not (run_dir / "clusters.parquet").exists()

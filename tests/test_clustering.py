@@ -79,10 +79,27 @@ def test_more_clusters_than_examples_or_distinct_examples(tmp_path):
         load_source(SourceConfig(kind="jsonl", path=str(twice), clusters=3))
 
 
-def test_an_encoder_folder_that_does_not_load_is_a_data_error(tmp_path):
+def test_an_encoder_folder_that_does_not_load_is_a_clear_error(tmp_path):
+    import shutil
+
+    from engine.clustering import embedding_dir
+    from engine.models import ModelError
+
     pool = write_jsonl(tmp_path / "pool.jsonl", chatterbot_pairs("english", 6))
     broken = tmp_path / "encoder"
     broken.mkdir()
     (broken / "config.json").write_text('{"model_type": "bert"}')
-    with pytest.raises(DataError, match=r"embedding model .*encoder: cannot be loaded"):
+    with pytest.raises(ModelError, match=r"embedding '.*encoder': no weights in the folder"):
         load_source(SourceConfig(kind="jsonl", path=str(pool), clusters=2, embedding=str(broken)))
+    minilm = embedding_dir("minilm")
+    copy = tmp_path / "minilm"
+    shutil.copytree(minilm, copy)
+    weights = (copy / "model.safetensors").read_bytes()
+    (copy / "model.safetensors").write_bytes(weights[: len(weights) // 2])  # an interrupted copy
+    with pytest.raises(ModelError, match=r"model.safetensors: unreadable weights"):
+        load_source(SourceConfig(kind="jsonl", path=str(pool), clusters=2, embedding=str(copy)))
+    (copy / "model.safetensors").write_bytes(weights)
+    (copy / "tokenizer.json").write_text("{not json")
+    (copy / "vocab.txt").unlink()
+    with pytest.raises(DataError, match=r"embedding model .*minilm: cannot be loaded"):
+        load_source(SourceConfig(kind="jsonl", path=str(pool), clusters=2, embedding=str(copy)))

@@ -6,6 +6,7 @@ import importlib
 import importlib.util
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,9 @@ from engine.data import DataError, Example, Group
 from engine.models import checked_folder
 
 log = logging.getLogger("convalue")
+
+#: embed(texts, model_dir) -> float32 [len(texts), d] unit-norm rows
+Embed = Callable[[list[str], Path], np.ndarray]
 
 
 def embedding_dir(name: str) -> Path:
@@ -33,22 +37,27 @@ def example_text(ex: Example) -> str:
     return "\n".join(content for _, content in ex.messages)
 
 
-def embed_texts(texts: list[str], model_dir: Path, *, batch_size: int = 64, max_length: int = 256) -> np.ndarray:
-    """Unit-norm mean-pooled encoder embeddings, one row per text (float32, texts batched by length)."""
-    import torch
+def load_encoder(model_dir: Path) -> tuple:
+    """(tokenizer, model) of a Hugging Face encoder folder, in eval mode."""
     from transformers import AutoModel, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     bar = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # a weight-loading bar amid the run's log lines
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        model = AutoModel.from_pretrained(model_dir).eval()
+        return AutoTokenizer.from_pretrained(model_dir), AutoModel.from_pretrained(model_dir).eval()
     except (OSError, ValueError) as exc:
         raise DataError(f"embedding model {model_dir}: cannot be loaded as a Hugging Face encoder ({exc})") from None
     finally:
         if bar:
             hf_logging.enable_progress_bar()
+
+
+def encode(encoder: tuple, texts: list[str], *, batch_size: int = 64, max_length: int = 256) -> np.ndarray:
+    """Unit-norm mean-pooled embeddings, one float32 row per text (texts batched by length)."""
+    import torch
+
+    tokenizer, model = encoder
     order = np.argsort([len(t) for t in texts], kind="stable")  # similar lengths share a batch: less padding
     out = np.empty((len(texts), model.config.hidden_size), np.float32)
     with torch.inference_mode():
@@ -62,6 +71,11 @@ def embed_texts(texts: list[str], model_dir: Path, *, batch_size: int = 64, max_
     return out
 
 
+def embed_texts(texts: list[str], model_dir: Path) -> np.ndarray:
+    """Embeddings of texts in this process (the driver passes an embedder that runs on Ray workers instead)."""
+    return encode(load_encoder(model_dir), texts)
+
+
 def kmeans_labels(X: np.ndarray, k: int, seed: int) -> np.ndarray:
     """Seeded k-means labels of the rows of X, numbered by each cluster's first row (empty clusters dropped)."""
     from sklearn.cluster import KMeans
@@ -73,10 +87,12 @@ def kmeans_labels(X: np.ndarray, k: int, seed: int) -> np.ndarray:
     return rank[inverse.reshape(-1)]
 
 
-def cluster_pool(groups: dict[str, Group], k: int, embedding: str, seed: int, prefix: str) -> dict[str, Group]:
+def cluster_pool(groups: dict[str, Group], k: int, embedding: str, seed: int, prefix: str,
+                 embed: Embed = embed_texts) -> dict[str, Group]:
     """The source's examples pooled (in group order) and split into k groups named `<prefix>/c<j>`.
 
     Each new group's `members` holds (source group, index of the example in it) for every example.
+    embed(texts, model_dir) gives the texts' unit-norm embeddings.
     """
     members = [(g.name, i) for g in groups.values() for i in range(len(g.examples))]
     examples = [ex for g in groups.values() for ex in g.examples]
@@ -88,7 +104,7 @@ def cluster_pool(groups: dict[str, Group], k: int, embedding: str, seed: int, pr
         raise DataError(f"source {prefix!r}: clusters={k} but the pool has only {distinct} distinct examples "
                         f"(of {len(examples)}); lower clusters")
     t0 = time.perf_counter()
-    X = embed_texts(texts, embedding_dir(embedding))
+    X = embed(texts, embedding_dir(embedding))
     t1 = time.perf_counter()
     labels = kmeans_labels(X, k, seed)
     n = int(labels.max()) + 1

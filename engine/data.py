@@ -171,8 +171,11 @@ def _load_mathematics(src: SourceConfig) -> dict[str, Group]:
             for name, pairs in reply["groups"].items()}
 
 
-def load_source(src: SourceConfig) -> dict[str, Group]:
-    """All groups of one source after include/exclude, each non-empty; with `clusters`, its k clusters instead."""
+def load_source(src: SourceConfig, *, embed=None) -> dict[str, Group]:
+    """All groups of one source after include/exclude, each non-empty; with `clusters`, its k clusters instead.
+
+    embed: how a flat pool's texts are embedded (engine.clustering.Embed; default: in this process).
+    """
     if src.kind == "chatterbot":
         groups = _load_chatterbot(src)
     elif src.kind == "mathematics":
@@ -210,15 +213,16 @@ def load_source(src: SourceConfig) -> dict[str, Group]:
         if not g.examples:
             raise DataError(f"source {label!r}: group {g.name!r} ({g.origin}) is empty")
     if src.clusters is not None:
-        from engine.clustering import cluster_pool  # torch and scikit-learn, only for a flat pool
+        # torch and scikit-learn, only for a flat pool
+        from engine.clustering import cluster_pool, embed_texts
 
         prefix = Path(src.path).stem if src.path else src.kind
-        groups = cluster_pool(groups, src.clusters, src.embedding, src.seed, prefix)
+        groups = cluster_pool(groups, src.clusters, src.embedding, src.seed, prefix, embed or embed_texts)
     return groups
 
 
-def resolve_groups(cfg: DataConfig) -> tuple[Group, list[Group]]:
-    """The target group and the candidate groups (unique names, target not among them)."""
+def resolve_groups(cfg: DataConfig, *, embed=None) -> tuple[Group, list[Group]]:
+    """The target group and the candidate groups (unique names, target not among them); embed: see load_source."""
     target_groups = load_source(cfg.target)
     if len(target_groups) != 1:
         raise DataError(f"data.target must resolve to exactly one group, got {len(target_groups)}: "
@@ -226,7 +230,7 @@ def resolve_groups(cfg: DataConfig) -> tuple[Group, list[Group]]:
     target = next(iter(target_groups.values()))
     candidates: dict[str, Group] = {}
     for i, src in enumerate(cfg.candidates):
-        for name, g in load_source(src).items():
+        for name, g in load_source(src, embed=embed).items():
             if name in candidates:
                 raise DataError(f"data.candidates[{i}]: duplicate group name {name!r} "
                                 f"(also from {candidates[name].origin})")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ import pyarrow.parquet as pq
 import ray
 
 from actors.dispatch import windowed
+from actors.embedder import embed_on_workers
 from actors.finetune_job import finetune_task
 from actors.gradient_worker import GradientWorker
 from actors.solver import SolverActor
@@ -249,19 +251,52 @@ def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, select
 
 def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) -> dict:
     """Run the whole valuation; returns the summary (also written to <out>/<name>/summary.json)."""
-    timer = Timer()
-    t_start = time.perf_counter()
     joined = cluster_address(cfg, address)
     if joined and not ray.is_initialized():
         check_reachable(*joined)  # before the model and data stages, not after them
+    session = RaySession(cfg, joined[0] if joined else None)
+    try:
+        return _run(cfg, overwrite, session)
+    finally:
+        session.close()
+
+
+class RaySession:
+    """The run's Ray: connected once, when a stage first needs it; shut down at the end only if the run started it."""
+
+    def __init__(self, cfg: RunConfig, addr: str | None):
+        self.cfg, self.addr, self.connected, self.started = cfg, addr, False, False
+
+    def up(self) -> None:
+        """Connect (or start an embedded Ray) unless already done."""
+        if not self.connected:
+            self.started, self.connected = connect(self.cfg, self.addr), True
+
+    def close(self) -> None:
+        """Shut down a Ray this run started."""
+        if self.started:
+            ray.shutdown()
+
+
+def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> dict:
+    timer = Timer()
+    t_start = time.perf_counter()
     if cfg.model.dtype == "bfloat16" and cfg.ray.gpus_per_worker == 0:
         log.warning("model.dtype bfloat16 on CPU workers (ray.gpus_per_worker 0): bf16 matmuls on a CPU without "
                     "bf16 units run about 25x slower than float32 (measured on this project's AVX2 machine)")
     with timer.stage("model"):
         model_dir = resolve_model_dir(cfg.model)
         tokenizer = load_tokenizer(model_dir)
+    embed = None
+    if any(src.clusters is not None for src in cfg.data.candidates):
+        # a flat pool is embedded on Ray workers, so Ray starts before the data stage
+        with timer.stage("ray_init"):
+            session.up()
+        embed = functools.partial(embed_on_workers, workers=cfg.ray.workers, cpus_per_worker=cfg.ray.cpus_per_worker,
+                                  max_in_flight=cfg.ray.max_in_flight)
     with timer.stage("data"):
-        data = prepare(cfg.data, tokenizer, cfg.model.max_length, grpo=cfg.features.representation == "grpo")
+        data = prepare(cfg.data, tokenizer, cfg.model.max_length, grpo=cfg.features.representation == "grpo",
+                       embed=embed)
         costs = load_costs(cfg.solver.costs_file, data.names()) if cfg.solver.costs_file else None
     run_dir = Path(cfg.out).expanduser() / cfg.name
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -270,7 +305,7 @@ def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) 
         for f in RESULT_FILES:  # results of an earlier run in this folder are replaced, never mixed
             (run_dir / f).unlink(missing_ok=True)
         clusters = clusters_table(data.resolved, set(data.names()))
-        if clusters is not None:  # a flat pool's clusters: which example went where (before any Ray stage)
+        if clusters is not None:  # a flat pool's clusters: which example went where (before featurisation)
             write_parquet(clusters, run_dir / "clusters.parquet")
         summary: dict = {"status": "running", "config": cfg.to_dict(), "packages": package_versions(),
                          "data": {"target": data.target.name, "target_train": len(data.target_train),
@@ -280,11 +315,11 @@ def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) 
             sizes = sorted(Counter(clusters["group"].to_pylist()).values())
             summary["data"]["clusters"] = {"groups": len(sizes), "examples": clusters.num_rows,
                                            "smallest": sizes[0], "largest": sizes[-1]}
-        started = False
         stage = "ray_init"
         try:
-            with timer.stage("ray_init"):
-                started = connect(cfg, joined[0] if joined else None)
+            if embed is None:
+                with timer.stage("ray_init"):
+                    session.up()
             spec = _worker_spec(cfg, model_dir, tokenizer.pad_token_id)
             names = data.names()
             space = solver_space(cfg, len(names))
@@ -352,8 +387,6 @@ def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) 
         finally:
             summary["timings_s"] = timer.seconds | {"total": round(time.perf_counter() - t_start, 3)}
             write_json(summary, run_dir / "summary.json")
-            if started:
-                ray.shutdown()
     return summary
 
 

@@ -66,12 +66,13 @@ def _preview_units(tokenizer, examples: list[Example], max_length: int, grpo: bo
     return good, too_long
 
 
-def prepare(cfg: DataConfig, tokenizer, max_length: int, *, grpo: bool = False) -> PreparedData:
+def prepare(cfg: DataConfig, tokenizer, max_length: int, *, grpo: bool = False, embed=None) -> PreparedData:
     """Resolve groups, split the target, sample seeded previews of m usable examples, tokenise, validate.
 
     With grpo, previews hold prompts (PromptExample) rather than SFT examples; the fine-tune splits stay SFT.
+    embed: how a flat pool's texts are embedded (engine.clustering.Embed; default: in this process).
     """
-    target, candidates = resolve_groups(cfg)
+    target, candidates = resolve_groups(cfg, embed=embed)
     if any(g.name == TARGET_KEY for g in candidates):
         raise DataError(f"group name {TARGET_KEY!r} is reserved")
     warnings: list[str] = []

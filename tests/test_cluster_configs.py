@@ -25,3 +25,11 @@ def test_rayjob_fields():
     gpu = [g for g in spec["rayClusterSpec"]["workerGroupSpecs"] if g["groupName"] == "gpu-group"][0]
     limits = gpu["template"]["spec"]["containers"][0]["resources"]["limits"]
     assert limits["nvidia.com/gpu"] == 1  # KubeRay reads the GPU count from limits
+
+
+def test_launcher_installs_every_no_deps_package():
+    pins = [line.strip() for line in (CLUSTER.parent / "requirements-nodeps.txt").read_text().splitlines()
+            if line.strip() and not line.startswith("#")]
+    setup = " ".join(yaml.safe_load((CLUSTER / "ray-cluster-aws.yaml").read_text())["setup_commands"])
+    assert pins and [p for p in pins if p not in setup] == []
+    assert "requirements-nodeps.txt" in (CLUSTER / "Dockerfile").read_text()

@@ -103,3 +103,33 @@ def test_an_encoder_folder_that_does_not_load_is_a_clear_error(tmp_path):
     (copy / "vocab.txt").unlink()
     with pytest.raises(DataError, match=r"embedding model .*minilm: cannot be loaded"):
         load_source(SourceConfig(kind="jsonl", path=str(pool), clusters=2, embedding=str(copy)))
+
+
+def test_embedding_on_ray_workers_matches_the_driver(ray_session):
+    from actors.embedder import embed_on_workers
+    from engine.clustering import embed_texts, embedding_dir, example_text
+
+    texts = [example_text(e) for e in load_source(SourceConfig(kind="chatterbot", group_by="language/topic",
+                                                                include=["english/food"]))["english/food"].examples]
+    d = embedding_dir("minilm")
+    here = embed_texts(texts, d)
+    there = embed_on_workers(texts, d, workers=2, cpus_per_worker=1, max_in_flight=2, chunk=5)  # 4 chunks
+    assert there.shape == here.shape == (17, 384)
+    np.testing.assert_allclose(there, here, atol=1e-5)  # batches differ, so the last bits may
+
+
+def test_an_encoder_that_fails_on_the_workers_is_reported_as_a_data_error(ray_session, tmp_path):
+    import shutil
+
+    from actors.dispatch import WorkItemError
+    from actors.embedder import embed_on_workers
+    from engine.clustering import embedding_dir
+
+    copy = tmp_path / "minilm"
+    shutil.copytree(embedding_dir("minilm"), copy)
+    (copy / "tokenizer.json").write_text("{not json")
+    (copy / "vocab.txt").unlink()
+    with pytest.raises(WorkItemError) as err:
+        embed_on_workers(["a", "b"], copy, workers=1, cpus_per_worker=1, max_in_flight=1)
+    assert isinstance(err.value.cause, DataError) and "cannot be loaded" in str(err.value.cause)
+    assert err.value.what == "embedding of 2 pool texts"  # what the CLI prints before the cause

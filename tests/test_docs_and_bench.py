@@ -119,3 +119,9 @@ def test_contention_bench_phases_end_with_json():
     alone, two = statistics.median(warm["alone_1"] + warm["alone_2"]), statistics.median(warm["two"])
     # first passes left out; pass_s is rounded to 1 ms, hence the tolerance
     assert abs(figures["slowdown_two_vs_alone"] - (two / alone - 1)) <= 0.0011 * (1 + two / alone) / alone + 1e-4
+
+
+def test_clustering_bench_embeds_both_ways_and_ends_with_json():
+    figures = bench_json("clustering.py", "--examples", "40", "--languages", "english", "--clusters", "4")
+    assert figures["bench"] == "clustering" and figures["examples"] == 40 and figures["clusters"] == 4
+    assert figures["max_abs_diff"] < 1e-4 and figures["driver_s"] > 0 and figures["ray_s"] > 0

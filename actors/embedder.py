@@ -1,0 +1,70 @@
+"""Embedder: a Ray actor holding one sentence encoder; a flat pool's texts are embedded across a pool of them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import ray
+
+from actors.dispatch import windowed
+
+
+class EmbedderImpl:
+    """Loads the encoder once, with `threads` torch threads; embeds lists of texts."""
+
+    def __init__(self, model_dir: str, threads: int):
+        import torch
+
+        from engine.clustering import load_encoder
+        from engine.data import DataError
+
+        torch.set_num_threads(threads)
+        self.error: DataError | None = None
+        try:
+            self.encoder = load_encoder(Path(model_dir))
+        except DataError as exc:  # an input error: raised by each call, where the driver reports it as one
+            self.error = exc
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        """Unit-norm embeddings of texts, one float32 row each."""
+        from engine.clustering import encode
+
+        if self.error is not None:
+            raise self.error
+        return encode(self.encoder, texts)
+
+
+# embedding is a pure function of (encoder, texts): retrying a call is safe
+Embedder = ray.remote(max_restarts=2, max_task_retries=2)(EmbedderImpl)
+
+
+@dataclass(frozen=True, eq=False)
+class Chunk:
+    """The positions of the texts one call embeds (named so in a failed call's error)."""
+
+    index: np.ndarray
+
+    def __repr__(self) -> str:
+        return f"embedding of {len(self.index)} pool texts"
+
+
+def embed_on_workers(texts: list[str], model_dir: Path, *, workers: int, cpus_per_worker: int,
+                     max_in_flight: int, chunk: int = 512) -> np.ndarray:
+    """Embeddings of texts computed by up to `workers` Embedder actors (chunks of similar length, ray.wait)."""
+    order = np.argsort([len(t) for t in texts], kind="stable")
+    chunks = [Chunk(order[i : i + chunk]) for i in range(0, len(texts), chunk)][::-1]  # longest first: short tail
+    n = max(1, min(workers, len(chunks)))
+    actors = [Embedder.options(num_cpus=cpus_per_worker).remote(str(model_dir), cpus_per_worker) for _ in range(n)]
+    out: np.ndarray | None = None
+    try:
+        for c, X in windowed(actors, chunks, lambda a, c: a.embed.remote([texts[i] for i in c.index]),
+                             max_in_flight * n):
+            if out is None:
+                out = np.empty((len(texts), X.shape[1]), np.float32)
+            out[c.index] = X
+    finally:
+        for a in actors:
+            ray.kill(a)
+    return out if out is not None else np.empty((0, 0), np.float32)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import logging
@@ -19,6 +20,8 @@ log = logging.getLogger("convalue")
 
 #: embed(texts, model_dir) -> float32 [len(texts), d] unit-norm rows
 Embed = Callable[[list[str], Path], np.ndarray]
+#: tokens of a text the encoder sees (all-MiniLM-L6-v2's own max_seq_length)
+MAX_LENGTH = 256
 
 
 def embedding_dir(name: str) -> Path:
@@ -53,7 +56,7 @@ def load_encoder(model_dir: Path) -> tuple:
             hf_logging.enable_progress_bar()
 
 
-def encode(encoder: tuple, texts: list[str], *, batch_size: int = 64, max_length: int = 256) -> np.ndarray:
+def encode(encoder: tuple, texts: list[str], *, batch_size: int = 64, max_length: int = MAX_LENGTH) -> np.ndarray:
     """Unit-norm mean-pooled embeddings, one float32 row per text (texts batched by length)."""
     import torch
 
@@ -74,6 +77,62 @@ def encode(encoder: tuple, texts: list[str], *, batch_size: int = 64, max_length
 def embed_texts(texts: list[str], model_dir: Path) -> np.ndarray:
     """Embeddings of texts in this process (the driver passes an embedder that runs on Ray workers instead)."""
     return encode(load_encoder(model_dir), texts)
+
+
+def embedding_key(texts: list[str], model_dir: Path) -> str:
+    """Content hash of an embedding job: the encoder folder's files and every text (in order)."""
+    h = hashlib.sha256(f"max_length={MAX_LENGTH}".encode())
+    for f in sorted(p for p in model_dir.iterdir() if p.is_file()):
+        h.update(f.name.encode())
+        with f.open("rb") as fh:  # (hashlib.file_digest needs Python 3.11)
+            for block in iter(lambda fh=fh: fh.read(1 << 20), b""):
+                h.update(block)
+    for t in texts:
+        b = t.encode()
+        h.update(len(b).to_bytes(8, "little") + b)
+    return h.hexdigest()[:32]
+
+
+class EmbeddingCache:
+    """An embedder that keeps its results in a folder (one .npy per content hash), so a rerun of the same pool
+    (a resumed run, another k or seed) does not embed it again. Reads at any time; writes only in save()."""
+
+    def __init__(self, folder: Path, embed: Embed):
+        self.folder, self.embed = folder, embed
+        self.used: dict[str, np.ndarray] = {}  # key -> embeddings, of this run
+        self.hits = 0
+
+    def __call__(self, texts: list[str], model_dir: Path) -> np.ndarray:
+        key = embedding_key(texts, model_dir)
+        path = self.folder / f"{key}.npy"
+        X = None
+        if path.is_file():
+            try:
+                X = np.load(path)
+            except (OSError, ValueError) as exc:
+                log.warning("%s: unreadable cached embeddings (%s); embedding again", path, exc)
+            if X is not None and (X.dtype != np.float32 or X.ndim != 2 or len(X) != len(texts)
+                                  or not np.isfinite(X).all()):
+                log.warning("%s: cached embeddings of shape %s do not fit %d texts; embedding again", path,
+                            X.shape, len(texts))
+                X = None
+        if X is None:
+            X = self.embed(texts, model_dir)
+        else:
+            self.hits += 1
+            log.info("reused cached embeddings of %d texts (%s)", len(texts), path)
+        self.used[key] = X
+        return X
+
+    def save(self, write: Callable[[np.ndarray, Path], None]) -> None:
+        """Keep this run's embeddings (write: an atomic array writer) and drop the folder's others."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for key, X in self.used.items():
+            if not (self.folder / f"{key}.npy").is_file():
+                write(X, self.folder / f"{key}.npy")
+        for f in self.folder.glob("*.npy"):
+            if f.stem not in self.used:
+                f.unlink()
 
 
 def kmeans_labels(X: np.ndarray, k: int, seed: int) -> np.ndarray:

@@ -24,6 +24,7 @@ from actors.embedder import embed_on_workers
 from actors.finetune_job import finetune_task
 from actors.gradient_worker import GradientWorker
 from actors.solver import SolverActor
+from engine.clustering import EmbeddingCache
 from engine.config import ConfigError, FeaturesConfig, RunConfig
 from engine.costs import load_costs
 from engine.featurize import block_tokens, plan_blocks
@@ -287,23 +288,27 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> dict:
     with timer.stage("model"):
         model_dir = resolve_model_dir(cfg.model)
         tokenizer = load_tokenizer(model_dir)
+    run_dir = Path(cfg.out).expanduser() / cfg.name
     embed = None
     if any(src.clusters is not None for src in cfg.data.candidates):
-        # a flat pool is embedded on Ray workers, so Ray starts before the data stage
+        # a flat pool is embedded on Ray workers, so Ray starts before the data stage; embeddings kept in the
+        # run folder (content-keyed) spare a rerun of the same pool, with another k or seed too, the embedding
         with timer.stage("ray_init"):
             session.up()
-        embed = functools.partial(embed_on_workers, workers=cfg.ray.workers, cpus_per_worker=cfg.ray.cpus_per_worker,
-                                  max_in_flight=cfg.ray.max_in_flight)
+        embed = EmbeddingCache(run_dir / "embeddings", functools.partial(
+            embed_on_workers, workers=cfg.ray.workers, cpus_per_worker=cfg.ray.cpus_per_worker,
+            max_in_flight=cfg.ray.max_in_flight))
     with timer.stage("data"):
         data = prepare(cfg.data, tokenizer, cfg.model.max_length, grpo=cfg.features.representation == "grpo",
                        embed=embed)
         costs = load_costs(cfg.solver.costs_file, data.names()) if cfg.solver.costs_file else None
-    run_dir = Path(cfg.out).expanduser() / cfg.name
     run_dir.mkdir(parents=True, exist_ok=True)
     with _locked(run_dir):  # no other run or re-solve writes here meanwhile
         store = VectorStore(run_dir / "vectors", fingerprint(cfg, model_dir), overwrite=overwrite)
         for f in RESULT_FILES:  # results of an earlier run in this folder are replaced, never mixed
             (run_dir / f).unlink(missing_ok=True)
+        if embed is not None:
+            embed.save(write_npy)
         clusters = clusters_table(data.resolved, set(data.names()))
         if clusters is not None:  # a flat pool's clusters: which example went where (before featurisation)
             write_parquet(clusters, run_dir / "clusters.parquet")
@@ -314,7 +319,8 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> dict:
         if clusters is not None:
             sizes = sorted(Counter(clusters["group"].to_pylist()).values())
             summary["data"]["clusters"] = {"groups": len(sizes), "examples": clusters.num_rows,
-                                           "smallest": sizes[0], "largest": sizes[-1]}
+                                           "smallest": sizes[0], "largest": sizes[-1],
+                                           "pools_reusing_embeddings": embed.hits if embed is not None else 0}
         stage = "ray_init"
         try:
             if embed is None:

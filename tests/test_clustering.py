@@ -133,3 +133,43 @@ def test_an_encoder_that_fails_on_the_workers_is_reported_as_a_data_error(ray_se
         embed_on_workers(["a", "b"], copy, workers=1, cpus_per_worker=1, max_in_flight=1)
     assert isinstance(err.value.cause, DataError) and "cannot be loaded" in str(err.value.cause)
     assert err.value.what == "embedding of 2 pool texts"  # what the CLI prints before the cause
+
+
+def test_embedding_cache_reuses_by_content_and_keeps_only_the_run_s_own(tmp_path, caplog):
+    from engine.clustering import EmbeddingCache, embed_texts, embedding_dir
+    from engine.report import write_npy
+
+    calls = []
+
+    def counted(texts, d):
+        calls.append(len(texts))
+        return embed_texts(texts, d)
+
+    d = embedding_dir("minilm")
+    a, b = ["What is a cat?\nA small feline.", "Hello\nHi"], ["Who wrote Hamlet?\nShakespeare."]
+    first = EmbeddingCache(tmp_path / "emb", counted)
+    Xa = first(a, d)
+    assert calls == [2] and not (tmp_path / "emb").exists()  # nothing written before save()
+    first.save(write_npy)
+    second = EmbeddingCache(tmp_path / "emb", counted)
+    np.testing.assert_array_equal(second(a, d), Xa)
+    assert calls == [2] and second.hits == 1
+    second(b, d)
+    assert calls == [2, 1]
+    second.save(write_npy)
+    assert len(list((tmp_path / "emb").glob("*.npy"))) == 2
+    third = EmbeddingCache(tmp_path / "emb", counted)
+    third(list(reversed(a)), d)  # another order is another job
+    assert calls == [2, 1, 2]
+    third.save(write_npy)  # only this run's embeddings stay
+    assert len(list((tmp_path / "emb").glob("*.npy"))) == 1
+    # a damaged or mismatched file is embedded again, with a warning
+    [kept] = (tmp_path / "emb").glob("*.npy")
+    kept.write_bytes(b"not an array")
+    with caplog.at_level("WARNING", logger="convalue"):
+        EmbeddingCache(tmp_path / "emb", counted)(list(reversed(a)), d)
+    assert calls == [2, 1, 2, 2] and "unreadable cached embeddings" in caplog.text
+    np.save(kept, np.zeros((5, 384), np.float32))
+    with caplog.at_level("WARNING", logger="convalue"):
+        EmbeddingCache(tmp_path / "emb", counted)(list(reversed(a)), d)
+    assert calls == [2, 1, 2, 2, 2] and "do not fit 2 texts" in caplog.text

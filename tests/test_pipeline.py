@@ -504,6 +504,12 @@ def test_a_flat_pool_is_clustered_valued_and_mapped_back(first_run):
     sizes = Counter(r["group"] for r in clusters)
     assert dict(zip(scores["group"].to_pylist(), scores["n_examples"].to_pylist())) == sizes
     assert (stats["smallest"], stats["largest"]) == (min(sizes.values()), max(sizes.values()))
+    assert stats["pools_reusing_embeddings"] == 0 and len(list((run_dir / "embeddings").glob("*.npy"))) == 1
+    # another k on the same pool: the embeddings come from the run folder, the clusters are new
+    cfg["data"]["candidates"][0]["clusters"] = 3
+    again = run(config_from_dict(cfg))
+    assert again["data"]["clusters"]["pools_reusing_embeddings"] == 1 and again["data"]["clusters"]["groups"] == 3
+    assert sorted(pq.read_table(run_dir / "scores.parquet")["group"].to_pylist()) == ["flat/c0", "flat/c1", "flat/c2"]
     # a later run in the folder without a flat pool leaves no stale clusters.parquet behind
     run(config_from_dict(data | {"name": "flat", "finetune": {"enabled": False}}))
     assert not (run_dir / "clusters.parquet").exists()

@@ -53,8 +53,10 @@ def main(argv: list[str] | None = None) -> int:
                    RewardError, ClusterError)
     try:
         if args.command == "run":
+            import pyarrow.parquet as pq
+
             from engine.pipeline import run
-            from engine.report import format_finetune
+            from engine.report import format_cluster_samples, format_finetune
 
             cfg = load_config(args.config)
             if args.out or args.name:
@@ -64,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
             run_dir = Path(cfg.out).expanduser() / cfg.name
             print("\n".join(summary["ranking"]))
             print(f"\nselected (top-{cfg.select.k} with positive score): {', '.join(summary['selected']) or 'none'}")
+            if (run_dir / "clusters.parquet").is_file() and summary["selected"]:
+                print(format_cluster_samples(pq.read_table(run_dir / "clusters.parquet"), summary["selected"]))
             print(format_finetune(summary["finetune"]))
             sol = summary["solver"]
             print(f"\nsolver: {sol['method']} {sol['form']} "

@@ -112,6 +112,18 @@ def format_ranking(table: pa.Table, limit: int | None = None) -> str:
     return "\n".join(lines)
 
 
+def format_cluster_samples(table: pa.Table, groups: list[str], n: int = 2, width: int = 60) -> str:
+    """For each named cluster of clusters.parquet: its size and its first n distinct prompts, cut to width."""
+    rows = table.select(["group", "prompt"]).to_pylist()
+    lines = ["what the selected clusters hold (first prompts; all in clusters.parquet):"]
+    for g in groups:
+        prompts = [r["prompt"] for r in rows if r["group"] == g]
+        distinct = list(dict.fromkeys(prompts))[:n]
+        shown = " | ".join(repr(p if len(p) <= width else p[: width - 1] + "…") for p in distinct)
+        lines.append(f"  {g} ({len(prompts)} examples): {shown}")
+    return "\n".join(lines)
+
+
 def format_finetune(results: list[dict]) -> str:
     """Fine-tune comparison lines (validation loss on the target, lower is better)."""
     if not results:

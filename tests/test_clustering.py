@@ -173,3 +173,22 @@ def test_embedding_cache_reuses_by_content_and_keeps_only_the_run_s_own(tmp_path
     with caplog.at_level("WARNING", logger="convalue"):
         EmbeddingCache(tmp_path / "emb", counted)(list(reversed(a)), d)
     assert calls == [2, 1, 2, 2, 2] and "do not fit 2 texts" in caplog.text
+
+
+def test_cluster_samples_name_size_and_first_prompts(tmp_path):
+    from engine.report import format_cluster_samples
+
+    rows = chatterbot_pairs("english", 30)
+    pool = write_jsonl(tmp_path / "pool.jsonl", rows)
+    groups = load_source(SourceConfig(kind="jsonl", path=str(pool), clusters=4))
+    table = clusters_table(list(groups.values()), valued=set(groups))
+    text = format_cluster_samples(table, ["pool/c1", "pool/c0"], n=2, width=20)
+    lines = text.splitlines()
+    assert len(lines) == 3 and lines[1].startswith(f"  pool/c1 ({len(groups['pool/c1'].examples)} examples): ")
+    first = groups["pool/c0"].examples[0].messages[0][1]
+    assert repr(first if len(first) <= 20 else first[:19] + "…") in lines[2]
+    assert all(len(part) <= 22 for part in lines[2].split(": ", 1)[1].split(" | "))  # each prompt cut, quoted
+    import pyarrow as pa
+
+    dup = pa.table({"group": ["g"] * 3, "prompt": ["same", "same", "other"]})
+    assert format_cluster_samples(dup, ["g"]).splitlines()[1] == "  g (3 examples): 'same' | 'other'"

@@ -147,23 +147,22 @@ def kmeans_labels(X: np.ndarray, k: int, seed: int) -> np.ndarray:
 
 
 def cluster_pool(groups: dict[str, Group], k: int, embedding: str, seed: int, prefix: str,
-                 embed: Embed = embed_texts) -> dict[str, Group]:
+                 embed: Embed | None = None) -> dict[str, Group]:
     """The source's examples pooled (in group order) and split into k groups named `<prefix>/c<j>`.
 
     Each new group's `members` holds (source group, index of the example in it) for every example.
-    embed(texts, model_dir) gives the texts' unit-norm embeddings.
+    embed(texts, model_dir) gives the texts' unit-norm embeddings (default: embed_texts, in this process).
     """
     members = [(g.name, i) for g in groups.values() for i in range(len(g.examples))]
     examples = [ex for g in groups.values() for ex in g.examples]
-    if k > len(examples):
-        raise DataError(f"source {prefix!r}: clusters={k} but the pool has only {len(examples)} examples")
     texts = [example_text(ex) for ex in examples]
     distinct = len(set(texts))  # texts, not embeddings: a text's embedding can differ in the last bits by batch
     if k > distinct:
-        raise DataError(f"source {prefix!r}: clusters={k} but the pool has only {distinct} distinct examples "
-                        f"(of {len(examples)}); lower clusters")
+        has = (f"{len(examples)} examples" if distinct == len(examples)
+               else f"{distinct} distinct examples (of {len(examples)})")
+        raise DataError(f"source {prefix!r}: clusters={k} but the pool has only {has}; lower clusters")
     t0 = time.perf_counter()
-    X = embed(texts, embedding_dir(embedding))
+    X = (embed or embed_texts)(texts, embedding_dir(embedding))
     t1 = time.perf_counter()
     labels = kmeans_labels(X, k, seed)
     n = int(labels.max()) + 1

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.data import DataError
+from engine.data import DataError, read_parquet
 
 
 def _unique(path: Path, pairs: Iterable[tuple]) -> dict:
@@ -39,12 +39,7 @@ def _read_json(path: Path) -> dict:
 
 
 def _read_parquet(path: Path) -> dict:
-    import pyarrow.parquet as pq
-
-    try:
-        t = pq.read_table(path)
-    except Exception as exc:  # pyarrow raises several types for unreadable files
-        raise DataError(f"{path}: not a readable Parquet file ({exc})") from None
+    t = read_parquet(path)
     missing = [c for c in ("group", "cost") if c not in t.column_names]
     if missing:
         raise DataError(f"{path}: missing column(s) {missing}; expected `group` and `cost`")

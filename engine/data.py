@@ -11,10 +11,14 @@ import sys
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine.config import DataConfig, SourceConfig
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 ROLES = ("system", "user", "assistant")
 
@@ -79,6 +83,16 @@ def _row_example(row: dict, src: SourceConfig, where: str) -> Example:
     return _pair(row[src.prompt_field], row[src.response_field], where)
 
 
+def read_parquet(path: Path, error: type[Exception] = DataError) -> pa.Table:
+    """The pyarrow Table of a Parquet file; error(message naming the file) where it cannot be read."""
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(path)
+    except Exception as exc:  # pyarrow raises several types for unreadable files
+        raise error(f"{path}: not a readable Parquet file ({exc})") from None
+
+
 def _read_rows(path: Path) -> list[tuple[str, dict]]:
     """(where, row) for every row of a .jsonl or .parquet file."""
     if path.suffix == ".jsonl":
@@ -102,13 +116,7 @@ def _read_rows(path: Path) -> list[tuple[str, dict]]:
                 rows.append((f"{path}:{i}", row))
         return rows
     if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        try:
-            table = pq.read_table(path)
-        except Exception as exc:  # pyarrow raises several types for unreadable files
-            raise DataError(f"{path}: not a readable Parquet file ({exc})") from None
-        return [(f"{path} row {i}", row) for i, row in enumerate(table.to_pylist())]
+        return [(f"{path} row {i}", row) for i, row in enumerate(read_parquet(path).to_pylist())]
     raise DataError(f"{path}: unsupported file type {path.suffix!r} (use .jsonl or .parquet)")
 
 
@@ -213,11 +221,10 @@ def load_source(src: SourceConfig, *, embed=None) -> dict[str, Group]:
         if not g.examples:
             raise DataError(f"source {label!r}: group {g.name!r} ({g.origin}) is empty")
     if src.clusters is not None:
-        # torch and scikit-learn, only for a flat pool
-        from engine.clustering import cluster_pool, embed_texts
+        from engine.clustering import cluster_pool  # torch and scikit-learn, only for a flat pool
 
         prefix = Path(src.path).stem if src.path else src.kind
-        groups = cluster_pool(groups, src.clusters, src.embedding, src.seed, prefix, embed or embed_texts)
+        groups = cluster_pool(groups, src.clusters, src.embedding, src.seed, prefix, embed)
     return groups
 
 

@@ -10,13 +10,11 @@ import os
 import socket
 import time
 import typing
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import ray
 
 from actors.dispatch import windowed
@@ -27,6 +25,7 @@ from actors.solver import SolverActor
 from engine.clustering import EmbeddingCache
 from engine.config import ConfigError, FeaturesConfig, RunConfig
 from engine.costs import load_costs
+from engine.data import read_parquet
 from engine.featurize import block_tokens, plan_blocks
 from engine.gram import GramReducer, cosine, metric_vectors
 from engine.locks import exclusive
@@ -317,13 +316,12 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> dict:
                                   "target_val": len(data.target_val), "target_preview": len(data.target_item.examples),
                                   "candidates": len(data.items), "warnings": data.warnings}}
         if clusters is not None:
-            sizes = sorted(Counter(clusters["group"].to_pylist()).values())
-            summary["data"]["clusters"] = {"groups": len(sizes), "examples": clusters.num_rows,
-                                           "smallest": sizes[0], "largest": sizes[-1],
-                                           "pools_reusing_embeddings": embed.hits if embed is not None else 0}
+            sizes = [len(g.examples) for g in data.resolved if g.members is not None]
+            summary["data"]["clusters"] = {"groups": len(sizes), "examples": sum(sizes), "smallest": min(sizes),
+                                           "largest": max(sizes), "pools_reusing_embeddings": embed.hits}
         stage = "ray_init"
         try:
-            if embed is None:
+            if not session.connected:  # a flat pool connected before the data stage
                 with timer.stage("ray_init"):
                     session.up()
             spec = _worker_spec(cfg, model_dir, tokenizer.pad_token_id)
@@ -465,10 +463,7 @@ def _saved_scores(run_dir: Path, order: list[str]) -> dict[str, dict]:
     path = run_dir / "scores.parquet"
     if not path.is_file():
         raise StoreError(f"{path}: missing (the run folder is incomplete)")
-    try:
-        table = pq.read_table(path)
-    except Exception as exc:  # pyarrow raises several types for unreadable files
-        raise StoreError(f"{path}: not a readable Parquet file ({exc})") from None
+    table = read_parquet(path, StoreError)
     needed = ["group", "n_examples", "n_preview", "cosine"]
     if missing := [c for c in needed if c not in table.column_names]:
         raise StoreError(f"{path}: missing column(s) {missing}")

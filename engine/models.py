@@ -74,6 +74,21 @@ def checked_folder(source: str, what: str) -> Path:
     return path
 
 
+def _weight_owners(path: Path) -> set[str]:
+    """Last name of every module that owns a weight in the folder's safetensors files (empty for .bin weights)."""
+    from safetensors import safe_open
+
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        keys = list(json.loads(index.read_text(encoding="utf-8"))["weight_map"])  # checked by checked_folder
+    elif (path / "model.safetensors").is_file():
+        with safe_open(str(path / "model.safetensors"), framework="np") as f:
+            keys = list(f.keys())
+    else:
+        keys = []
+    return {k.rsplit(".", 2)[-2] for k in keys if k.count(".") >= 1}
+
+
 def _check_safetensors(path: Path) -> None:
     """Refuse a truncated or damaged .safetensors file here, not later in every worker (reads the headers only)."""
     from safetensors import safe_open
@@ -141,24 +156,46 @@ def load_model(model_dir: Path, dtype: str = "float32", device: str = "cpu"):
     return model.to(device).eval()
 
 
+def check_lora_targets(model, lora: LoraConfig) -> None:
+    """ModelError unless every lora.target_modules name is a module of the model."""
+    names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
+    missing = [m for m in lora.target_modules if m not in names]
+    if missing:
+        raise ModelError(f"lora.target_modules {missing} not found in the model; it has e.g. "
+                         f"{sorted(n for n in names if n.endswith('proj'))[:12]}")
+
+
+def check_lora_targets_in(model_dir: Path, lora: LoraConfig) -> None:
+    """check_lora_targets for a model folder before any worker loads it: the names of the modules that own the
+    weights in the safetensors headers, else (a tied lm_head, .bin weights) the architecture built on the meta
+    device (no weights read; importing the modelling code costs a few seconds)."""
+    if set(lora.target_modules) <= _weight_owners(model_dir):
+        return
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    check_lora_targets(model, lora)
+
+
 def attach_lora(model, lora: LoraConfig, *, dropout: float | None = None):
     """Wrap model with a LoRA adapter whose A init is fixed by lora.init_seed (B = 0, so theta = theta_0)."""
     import torch
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
 
-    names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
-    missing = [m for m in lora.target_modules if m not in names]
-    if missing:
-        raise ModelError(f"lora.target_modules {missing} not found in the model; it has e.g. "
-                         f"{sorted(n for n in names if n.endswith('proj'))[:12]}")
+    check_lora_targets(model, lora)
     pcfg = PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, target_modules=list(lora.target_modules),
                           lora_dropout=lora.dropout if dropout is None else dropout, bias="none",
                           task_type="CAUSAL_LM")
     devices = [model.device] if model.device.type != "cpu" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(lora.init_seed)
-        return get_peft_model(model, pcfg)
+        try:
+            return get_peft_model(model, pcfg)
+        except ValueError as exc:  # peft's word for a module type it cannot adapt (a norm, an activation)
+            raise ModelError(f"lora.target_modules {list(lora.target_modules)}: {exc}") from None
 
 
 def lora_b_parameters(peft_model, *, with_a: bool = False) -> list[tuple[str, object]]:

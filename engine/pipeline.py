@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import ray
 
-from actors.dispatch import windowed
+from actors.dispatch import WorkItemError, windowed
 from actors.embedder import embed_on_workers
 from actors.finetune_job import finetune_task
 from actors.gradient_worker import GradientWorker
@@ -29,7 +29,7 @@ from engine.data import read_parquet
 from engine.featurize import block_tokens, plan_blocks
 from engine.gram import GramReducer, cosine, metric_vectors
 from engine.locks import exclusive
-from engine.models import load_tokenizer, resolve_model_dir
+from engine.models import check_lora_targets_in, load_tokenizer, resolve_model_dir
 from engine.prepare import TARGET_KEY, PreparedData, prepare, preview_key
 from engine.report import (
     clusters_table,
@@ -170,7 +170,10 @@ def featurize(cfg: RunConfig, spec: dict, data: PreparedData, store: VectorStore
         opts = {"num_cpus": cfg.ray.cpus_per_worker, "num_gpus": cfg.ray.gpus_per_worker}
         workers = [GradientWorker.options(name=f"convalue-grad-{i}-{os.getpid()}", **opts).remote(spec)
                    for i in range(n_workers)]
-        info = ray.get(workers[0].info.remote())
+        try:
+            info = ray.get(workers[0].info.remote())
+        except ray.exceptions.RayTaskError as exc:  # the replica could not be built from these inputs
+            raise WorkItemError("gradient worker start-up", exc) from exc
         stats |= {"workers": n_workers, "dim_in": info["dim_in"], "dim_out": info["dim_out"]}
         log.info("%d gradient workers; %d featurised parameters (%s) -> projected to %d",
                  n_workers, info["dim_in"], cfg.features.representation, info["dim_out"])
@@ -287,6 +290,8 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> dict:
     with timer.stage("model"):
         model_dir = resolve_model_dir(cfg.model)
         tokenizer = load_tokenizer(model_dir)
+        if cfg.features.parameters == "lora":
+            check_lora_targets_in(model_dir, cfg.lora)
     run_dir = Path(cfg.out).expanduser() / cfg.name
     embed = None
     if any(src.clusters is not None for src in cfg.data.candidates):

@@ -14,6 +14,7 @@ from conftest import tiny_run_config
 
 from engine.config import ConfigError, config_from_dict
 from engine.data import DataError
+from engine.models import ModelError
 from engine.pipeline import resolve, run
 from engine.store import StoreError
 from solvers import KMMInputError, solve_kmm
@@ -124,17 +125,33 @@ def test_bf16_on_cpu_workers_is_warned_at_the_start(tiny_model_dir, tmp_path, ca
 
 
 def test_failure_mid_run_leaves_no_complete_looking_result(ray_session, tiny_model_dir, tmp_path):
+    """A replica the workers cannot build (LoRA on a norm layer, which peft refuses) fails the featurize stage
+    once, with the worker's own error, and leaves a failed summary and no scores."""
     from conftest import chatterbot_pairs, write_jsonl
+
+    from actors.dispatch import WorkItemError
 
     target = write_jsonl(tmp_path / "t.jsonl", chatterbot_pairs("marathi", 8))
     pool = write_jsonl(tmp_path / "p.jsonl", [r | {"group": "en"} for r in chatterbot_pairs("english", 4)])
-    cfg = tiny_run_config(tmp_path, tiny_model_dir, target, pool, lora={"target_modules": ["no_such_proj"]})
-    with pytest.raises(Exception, match="no_such_proj"):
+    cfg = tiny_run_config(tmp_path, tiny_model_dir, target, pool, lora={"target_modules": ["input_layernorm"]})
+    with pytest.raises(WorkItemError, match="gradient worker start-up") as err:
         run(config_from_dict(cfg))
+    assert isinstance(err.value.cause, ModelError) and "is not supported" in str(err.value.cause)
     run_dir = tmp_path / "runs" / "t"
     assert not (run_dir / "scores.parquet").exists() and not (run_dir / "gram.npy").exists()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["failed_stage"] == "featurize"
+
+
+def test_unknown_lora_module_is_refused_before_ray_or_the_run_folder(tiny_model_dir, tmp_path):
+    from conftest import chatterbot_pairs, write_jsonl
+
+    target = write_jsonl(tmp_path / "t.jsonl", chatterbot_pairs("marathi", 8))
+    pool = write_jsonl(tmp_path / "p.jsonl", [r | {"group": "en"} for r in chatterbot_pairs("english", 4)])
+    cfg = tiny_run_config(tmp_path, tiny_model_dir, target, pool, lora={"target_modules": ["q_proj", "no_such_proj"]})
+    with pytest.raises(ModelError, match=r"lora.target_modules \['no_such_proj'\] not found"):
+        run(config_from_dict(cfg))
+    assert not (tmp_path / "runs").exists()
 
 
 def test_resolve_with_a_budget_rewrites_scores(first_run):

@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
             import pyarrow.parquet as pq
 
             from engine.pipeline import run
-            from engine.report import format_cluster_samples, format_finetune
+            from engine.report import format_cluster_samples, format_evaluation
 
             cfg = load_config(args.config)
             if args.out or args.name:
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nselected (top-{cfg.select.k} with positive score): {', '.join(summary['selected']) or 'none'}")
             if (run_dir / "clusters.parquet").is_file() and summary["selected"]:
                 print(format_cluster_samples(pq.read_table(run_dir / "clusters.parquet"), summary["selected"]))
-            print(format_finetune(summary["finetune"]))
+            print(format_evaluation(summary["finetune"], summary.get("evaluation")))
             sol = summary["solver"]
             print(f"\nsolver: {sol['method']} {sol['form']} "
                   f"({'gamma=' + str(sol['gamma']) if sol['gamma'] is not None else 'budget=' + str(sol['budget'])}, "

@@ -316,9 +316,15 @@ class FinetuneConfig:
     max_grad_norm: float = opt(1.0, "Gradient clipping norm.")
     eval_batch_size: int = opt(8, "Batch size of the validation-loss evaluation.")
     seed: int = opt(0, "Seed of batch sampling and the Bernoulli(rho) draws.")
-    baselines: list[Literal["target_only", "alignment"]] = opt(
-        help="Comparison runs with the same step budget: `target_only` (rho = 1) and `alignment` "
-        "(target + top-k by beta alone, the one-step baseline).", factory=lambda: ["target_only"])
+    baselines: list[Literal["target_only", "alignment", "cosine", "random"]] = opt(
+        help="Comparison runs with the same step budget: `target_only` (rho = 1, the same at every k); and "
+        "methods ranked like KMM at every k in `ks`: `alignment` (top-k by beta), `cosine` (top-k by the "
+        "cosine of g_i and g_tar: the paper's one-step baseline, free of gradient norms), `random` (a seeded "
+        "random order, from `seed`).", factory=lambda: ["target_only"])
+    ks: list[int] | None = opt(
+        None, "The budgets K of the evaluation protocol (paper Alg. 1): KMM and every ranked baseline are "
+        "fine-tuned on their top-k positive groups at each k, and the run reports each method's best k and its "
+        "Borda count over K. null: [select.k].")
 
     def validate(self) -> None:
         if self.steps <= 0:
@@ -331,6 +337,12 @@ class FinetuneConfig:
             raise ConfigError("must be > 0", field="eval_batch_size", value=self.eval_batch_size)
         if not self.lr > 0:
             raise ConfigError("must be > 0", field="lr", value=self.lr)
+        if len(set(self.baselines)) != len(self.baselines):
+            raise ConfigError("lists a baseline twice", field="baselines", value=self.baselines)
+        if self.ks is not None:
+            if not self.ks or any(k <= 0 for k in self.ks) or len(set(self.ks)) != len(self.ks):
+                raise ConfigError("must list distinct budgets k > 0 (or be null: select.k alone)", field="ks",
+                                  value=self.ks)
 
 
 @dataclass(kw_only=True)

@@ -26,13 +26,16 @@ from engine.clustering import EmbeddingCache
 from engine.config import ConfigError, FeaturesConfig, RunConfig
 from engine.costs import load_costs
 from engine.data import read_parquet
+from engine.evaluate import BASELINE_METHODS, distinct_jobs, method_scores, plan_runs, summarise
 from engine.featurize import block_tokens, plan_blocks
 from engine.gram import GramReducer, cosine, metric_vectors
 from engine.locks import exclusive
 from engine.models import check_lora_targets_in, load_tokenizer, resolve_model_dir
+from engine.plots import plot_evaluation, plot_scores
 from engine.prepare import TARGET_KEY, PreparedData, prepare, preview_key
 from engine.report import (
     clusters_table,
+    evaluation_table,
     format_ranking,
     package_versions,
     scores_table,
@@ -46,7 +49,8 @@ from engine.tokenize import tokenize_examples
 from solvers import KMMInputError, solve_kmm, solve_kmm_gradients
 
 log = logging.getLogger("convalue")
-RESULT_FILES = ("scores.parquet", "gram.npy", "beta.npy", "costs.npy", "clusters.parquet", "summary.json")
+RESULT_FILES = ("scores.parquet", "gram.npy", "beta.npy", "costs.npy", "clusters.parquet", "evaluation.parquet",
+                "scores.png", "evaluation.png", "summary.json")
 WORKER_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -227,8 +231,9 @@ def check_nonzero(cfg: RunConfig, names: list[str], G: np.ndarray, g_tar: np.nda
     raise ValueError(f"group vector is exactly zero for {zero[:10]} ({len(zero)} in all): {why}")
 
 
-def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, selected: list[str],
-               by_alignment: list[str]) -> list[dict]:
+def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names: list[str],
+               scores: dict[str, np.ndarray], beta: np.ndarray) -> tuple[list[dict], dict]:
+    """Fine-tune every cell of the evaluation protocol (each distinct selection once) on Ray; (rows, evaluation)."""
     groups = {g.name: g for g in data.candidates}
     tokens: dict[str, list] = {}  # each group tokenised once, however many runs use it
 
@@ -238,18 +243,34 @@ def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, select
             tokens[name] = [t for t in toks if t.n_response > 0]
         return tokens[name]
 
-    jobs = []
+    ks = evaluation_ks(cfg)
+    plan = plan_runs(names, scores, beta, ks, "target_only" in cfg.finetune.baselines)
+    jobs, served_by = distinct_jobs(plan)
     opts = {"num_cpus": cfg.ray.cpus_per_worker, "num_gpus": cfg.ray.gpus_per_worker}
-    train, val = data.target_train, data.target_val
-    runs = [(f"target + KMM top-{cfg.select.k}", selected)]
-    if "target_only" in cfg.finetune.baselines:
-        runs.append(("target only", []))
-    if "alignment" in cfg.finetune.baselines:
-        runs.append((f"target + alignment top-{cfg.select.k}", by_alignment))
-    for i, (label, names) in enumerate(runs):
-        aux_data = {n: usable(n) for n in names}
-        jobs.append(finetune_task.options(**opts).remote(spec, label, train, aux_data, val, i == 0))
-    return [r.to_dict() for r in ray.get(jobs)]
+    train, val = ray.put(data.target_train), ray.put(data.target_val)
+    refs = {finetune_task.options(**opts).remote(spec, job.label, train, {n: usable(n) for n in job.groups}, val,
+                                                 i == 0): i for i, job in enumerate(jobs)}
+    log.info("%d fine-tunes for %d protocol runs (%d methods x k in %s)", len(jobs), len(plan), len(scores), ks)
+    results: list[dict | None] = [None] * len(jobs)
+    pending = list(refs)
+    try:
+        while pending:
+            [done], pending = ray.wait(pending, num_returns=1)
+            i = refs[done]
+            results[i] = ray.get(done).to_dict()
+            log.info("fine-tune %d/%d done: %s, validation loss %.4f", len(jobs) - len(pending), len(jobs),
+                     jobs[i].label, results[i]["val_loss"])
+    except BaseException:  # one failed (or Ctrl-C): the protocol is incomplete, so stop the others
+        for ref in pending:
+            ray.cancel(ref)
+        raise
+    rows = [results[j] | {"label": run.label, "method": run.method, "k": run.k} for run, j in zip(plan, served_by)]
+    return rows, summarise(rows, ks)
+
+
+def evaluation_ks(cfg: RunConfig) -> list[int]:
+    """The protocol's budgets: finetune.ks ascending, or select.k alone."""
+    return sorted(cfg.finetune.ks or [cfg.select.k])
 
 
 def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) -> dict:
@@ -368,24 +389,28 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> dict:
             summary["solver"] = sol.summary() | {"normalize": cfg.solver.normalize, "rank_bound": settings["rank_bound"]}
             w = sol.w
             selected = select_top_k(w, beta, cfg.select.k)
-            by_alignment = [int(i) for i in np.argsort(-beta, kind="stable")[: cfg.select.k]]
             n_examples = [len(g.examples) for g in data.candidates]
-            table = scores_table(names, n_examples, [len(it.examples) for it in data.items], w, beta,
-                                 cosine(G, g_tar), selected)
+            cos = cosine(G, g_tar)
+            table = scores_table(names, n_examples, [len(it.examples) for it in data.items], w, beta, cos,
+                                 selected)
             if K is not None:
                 write_npy(K, run_dir / "gram.npy")
             write_npy(beta, run_dir / "beta.npy")
             if costs is not None:
                 write_npy(costs, run_dir / "costs.npy")
             write_parquet(table, run_dir / "scores.parquet")
+            plot_scores(table, run_dir / "scores.png")
             summary["selected"] = [names[i] for i in selected]
             summary["ranking"] = format_ranking(table).splitlines()
             stage = "finetune"
             results: list[dict] = []
             if cfg.finetune.enabled:
                 with timer.stage("finetune"):
-                    results = _finetunes(cfg, spec, tokenizer, data, [names[i] for i in selected],
-                                         [names[i] for i in by_alignment])
+                    methods = ["kmm"] + [b for b in cfg.finetune.baselines if b in BASELINE_METHODS]
+                    scores = method_scores(methods, w, beta, cos, cfg.finetune.seed)
+                    results, summary["evaluation"] = _finetunes(cfg, spec, tokenizer, data, names, scores, beta)
+                write_parquet(evaluation_table(results), run_dir / "evaluation.parquet")
+                plot_evaluation(results, summary["evaluation"], run_dir / "evaluation.png")
             summary["finetune"] = results
             summary["status"] = "complete"
         except BaseException as exc:
@@ -445,13 +470,23 @@ def _saved_summary(run_dir: Path) -> dict:
         raise StoreError(f"{path}: field `config.select.k` must be an integer >= 1 (got {json.dumps(k)})")
     solver, tunes = summary.get("solver") or {}, summary.get("finetune") or []
     ok = {"solver": isinstance(solver, dict),
-          "finetune": isinstance(tunes, list) and all(isinstance(t, dict) and isinstance(t.get("groups"), list)
-                                                      for t in tunes),
+          "finetune": isinstance(tunes, list) and all(
+              isinstance(t, dict) and isinstance(t.get("groups"), list)
+              and (t.get("method") != "kmm" or (type(t.get("k")) is int and t["k"] >= 1)) for t in tunes),
           "space": summary.get("space", "gram") in ("gram", "gradients"),
           "config.features.metric": summary.get("space") != "gradients" or _metric(summary) in METRICS}
     if bad := [name for name, good in ok.items() if not good]:
         raise StoreError(f"{path}: field `{bad[0]}` is malformed")
     return summary
+
+
+def _kmm_runs(summary: dict) -> list[dict]:
+    """The saved fine-tune rows of KMM's selections, each with its k (a summary written before the evaluation
+    protocol lists KMM's top-select.k run first, without `method` and `k`)."""
+    rows = summary.get("finetune") or []
+    if rows and "method" not in rows[0]:
+        return [rows[0] | {"k": summary["config"]["select"]["k"]}]
+    return [r for r in rows if r.get("method") == "kmm"]
 
 
 METRICS = typing.get_args(typing.get_type_hints(FeaturesConfig)["metric"])  # features.metric's allowed values
@@ -529,13 +564,18 @@ def _resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method
     table = scores_table(names, [prev[n]["n_examples"] for n in names], [prev[n]["n_preview"] for n in names],
                          sol.w, beta, cos, selected)
     write_parquet(table, run_dir / "scores.parquet")
+    plot_scores(table, run_dir / "scores.png")
     summary["solver"] = sol.summary() | {"normalize": normalize} | (
         {"rank_bound": old["rank_bound"]} if old.get("rank_bound") else {})
     summary["selected"] = [names[i] for i in selected]
     summary["ranking"] = format_ranking(table).splitlines()
-    # the first fine-tune is the KMM selection's; a later re-solve back to that selection makes it current again
-    if summary.get("finetune") and summary["finetune"][0]["groups"] != sorted(summary["selected"]):
-        summary["finetune_stale"] = "the re-solve changed the selection; fine-tune results are for the old one"
+    # a re-solve that changes what KMM buys at any evaluated k leaves those fine-tunes (and best-k, Borda) stale;
+    # one back to the tuned selections makes them current again
+    changed = [r["k"] for r in _kmm_runs(summary)
+               if r["groups"] != sorted(names[i] for i in select_top_k(sol.w, beta, r["k"]))]
+    if changed:
+        summary["finetune_stale"] = (f"the re-solve changed what KMM buys at k = {changed}; fine-tune results "
+                                     "(and best k, Borda) are for the old selection")
     else:
         summary.pop("finetune_stale", None)
     summary["resolved"] = True

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine.data import Group
+from engine.evaluate import LABELS
 from engine.select import ranks
 
 PACKAGES = ("convalue", "torch", "transformers", "peft", "ray", "cvxpy", "osqp", "numpy", "pyarrow", "scikit-learn")
@@ -124,16 +125,41 @@ def format_cluster_samples(table: pa.Table, groups: list[str], n: int = 2, width
     return "\n".join(lines)
 
 
-def format_finetune(results: list[dict]) -> str:
-    """Fine-tune comparison lines (validation loss on the target, lower is better)."""
-    if not results:
+def evaluation_table(rows: list[dict]) -> pa.Table:
+    """One row per cell of the evaluation protocol (method, k), as summary.json's `finetune` lists them."""
+    return pa.table({
+        "method": pa.array([r["method"] for r in rows], pa.string()),
+        "k": pa.array([r["k"] for r in rows], pa.int64()),
+        "label": pa.array([r["label"] for r in rows], pa.string()),
+        "groups": pa.array([r["groups"] for r in rows], pa.list_(pa.string())),
+        "val_loss": pa.array([r["val_loss"] for r in rows], pa.float64()),
+        "points": pa.array([r["points"] for r in rows], pa.float64()),
+        "best": pa.array([r["best"] for r in rows], pa.bool_()),
+        "target_steps": pa.array([r["target_steps"] for r in rows], pa.int64()),
+        "aux_steps": pa.array([r["aux_steps"] for r in rows], pa.int64()),
+    })
+
+
+def format_evaluation(rows: list[dict], evaluation: dict | None) -> str:
+    """The protocol's table (validation loss per method and k, best k starred, Borda count) and what each run
+    bought."""
+    if not rows or evaluation is None:
         return "fine-tune: disabled"
-    lines = ["target validation loss (lower is better), same step budget:"]
-    base = next((r["base_val_loss"] for r in results if r.get("base_val_loss") is not None), None)
-    if base is not None:
-        lines.append(f"  {'base model (theta_0)':<34} {base:.4f}")
-    for r in results:
-        groups = ", ".join(r["groups"]) if r["groups"] else "-"
-        lines.append(f"  {r['label']:<34} {r['val_loss']:.4f}   steps {r['steps']} "
-                     f"(target {r['target_steps']}, aux {r['aux_steps']})  aux: {groups}")
+    ks, methods = evaluation["ks"], evaluation["methods"]
+    steps = rows[0]["steps"]
+    cell = {(r["method"], r["k"]): r for r in rows}
+    width = max([len("base model (theta_0)")] + [len(LABELS[m]) for m in methods])
+    lines = [f"target validation loss after {steps} steps (lower is better; * the method's best k), Borda "
+             "count over k (higher is better):",
+             f"  {'method':<{width}} " + " ".join(f"{'k=' + str(k):>9}" for k in ks) + f" {'Borda':>7}"]
+    for m in methods:
+        losses = " ".join(f"{cell[m, k]['val_loss']:>8.4f}{'*' if cell[m, k]['best'] else ' '}" for k in ks)
+        lines.append(f"  {LABELS[m]:<{width}} {losses} {evaluation['borda'][m]:>7.1f}")
+    if evaluation.get("target_only_val_loss") is not None:
+        lines.append(f"  {'target only':<{width}} {evaluation['target_only_val_loss']:>8.4f}  (every k)")
+    if evaluation.get("base_val_loss") is not None:
+        lines.append(f"  {'base model (theta_0)':<{width}} {evaluation['base_val_loss']:>8.4f}")
+    lines.append("what each run bought (target steps / auxiliary steps):")
+    for r in rows:
+        lines.append(f"  {r['label']}: {', '.join(r['groups']) or '-'} ({r['target_steps']}/{r['aux_steps']})")
     return "\n".join(lines)

@@ -33,8 +33,8 @@ def first_run(ray_session, tiny_model_dir, tmp_path_factory):
     pool = write_jsonl(tmp / "pool.jsonl", rows)
     target = write_jsonl(tmp / "marathi.jsonl", chatterbot_pairs("marathi", 12))
     data = tiny_run_config(tmp, tiny_model_dir, target, pool,
-                           finetune={"enabled": True, "steps": 3, "batch_size": 2,
-                                     "baselines": ["target_only", "alignment"]})
+                           finetune={"enabled": True, "steps": 3, "batch_size": 2, "ks": [2, 1],
+                                     "baselines": ["target_only", "alignment", "random"]})
     summary = run(config_from_dict(data))
     return tmp, data, summary
 
@@ -56,13 +56,43 @@ def test_outputs_are_complete_and_consistent(first_run):
     manifest = json.loads((run_dir / "vectors" / "manifest.json").read_text())
     assert manifest["complete"] and manifest["fingerprint"]["projection"] == data["projection"]
     assert on_disk["solver"]["rank_bound"] == manifest["dim"] == data["projection"]["dim"]  # rank(K) <= p, told the solver
-    labels = [r["label"] for r in on_disk["finetune"]]
-    assert labels == ["target + KMM top-2", "target only", "target + alignment top-2"]
-    assert on_disk["finetune"][0]["base_val_loss"] > 0
-    assert on_disk["finetune"][1]["aux_steps"] == 0
-    selected = table.filter(table.column("selected")).column("group").to_pylist()
-    assert sorted(selected) == on_disk["finetune"][0]["groups"]
     assert all(s > 0 for s in table.filter(table.column("selected")).column("score").to_pylist())
+
+
+def test_evaluation_protocol_fine_tunes_every_method_at_every_k(first_run):
+    """Alg. 1 over K = {1, 2}: KMM, alignment and random at each k, target only once; best k, Borda, the files."""
+    tmp, _, _ = first_run
+    run_dir = tmp / "runs" / "t"
+    on_disk = json.loads((run_dir / "summary.json").read_text())
+    rows = on_disk["finetune"]
+    assert [(r["method"], r["k"]) for r in rows] == [("kmm", 1), ("kmm", 2), ("alignment", 1), ("alignment", 2),
+                                                     ("random", 1), ("random", 2), ("target_only", None)]
+    assert [r["label"] for r in rows][:2] == ["target + KMM top-1", "target + KMM top-2"]
+    assert rows[0]["base_val_loss"] > 0 and rows[-1]["aux_steps"] == 0 and rows[-1]["groups"] == []
+    by = {(r["method"], r["k"]): r for r in rows}
+    ranked = pq.read_table(run_dir / "scores.parquet").to_pylist()  # by rank: KMM's buying order
+    by_beta = sorted(ranked, key=lambda r: -r["beta"])
+    for k in (1, 2):
+        assert by["kmm", k]["groups"] == sorted([r["group"] for r in ranked if r["score"] > 0][:k])
+        assert by["alignment", k]["groups"] == sorted([r["group"] for r in by_beta if r["beta"] > 0][:k])
+        assert len(by["random", k]["groups"]) == k
+    assert by["kmm", 2]["groups"] == sorted(on_disk["selected"])  # select.k = 2 is one of the budgets
+    for a in rows:  # the same groups train the same model once: equal losses
+        for b in rows:
+            if a["groups"] == b["groups"]:
+                assert a["val_loss"] == b["val_loss"]
+    ev = on_disk["evaluation"]
+    assert ev["ks"] == [1, 2] and ev["methods"] == ["kmm", "alignment", "random"]
+    assert sum(ev["borda"].values()) == pytest.approx(2 * 3)  # three methods, two budgets: 3 points per k
+    for m in ev["methods"]:
+        assert ev["best_k"][m]["val_loss"] == min(by[m, k]["val_loss"] for k in (1, 2))
+        assert sum(by[m, k]["best"] for k in (1, 2)) == 1
+    assert ev["target_only_val_loss"] == rows[-1]["val_loss"] and ev["base_val_loss"] == rows[0]["base_val_loss"]
+    table = pq.read_table(run_dir / "evaluation.parquet").to_pylist()
+    assert [(r["method"], r["k"], r["val_loss"], r["groups"]) for r in table] == [
+        (r["method"], r["k"], r["val_loss"], r["groups"]) for r in rows]
+    for name in ("scores.png", "evaluation.png"):
+        assert (run_dir / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_resolving_saved_gram_gives_saved_scores(first_run):
@@ -98,6 +128,9 @@ def test_rerun_resumes_from_stored_vectors(first_run):
     again = run(config_from_dict(data | {"finetune": {"enabled": False}}))
     assert again["featurize"]["groups_computed"] == 0 and again["featurize"]["groups_reused"] == 6
     assert again["status"] == "complete"
+    run_dir = tmp / "runs" / "t"  # the first run's fine-tune results are not left beside the new scores
+    assert not (run_dir / "evaluation.parquet").exists() and not (run_dir / "evaluation.png").exists()
+    assert (run_dir / "scores.png").is_file() and "evaluation" not in again
 
 
 def test_bad_data_fails_before_writing_anything(ray_session, tiny_model_dir, tmp_path):
@@ -173,7 +206,7 @@ def test_resolve_marks_fine_tunes_stale_only_while_the_selection_differs(first_r
     # test_rerun_resumes_from_stored_vectors rewrites the shared folder's summary without fine-tunes: restore them
     summary = json.loads((run_dir / "summary.json").read_text())
     (run_dir / "summary.json").write_text(json.dumps(summary | {"finetune": first["finetune"]}))
-    tuned = first["finetune"][0]["groups"]
+    tuned = next(r["groups"] for r in first["finetune"] if r["method"] == "kmm" and r["k"] == 2)  # select.k
     beta = np.load(run_dir / "beta.npy")
     out = resolve(run_dir, gamma=2 * float(np.abs(beta).max()), budget=None, method=None, normalize=None)
     assert out["selected"] == [] and "finetune_stale" in out  # gamma above max|beta|: w = 0, nothing selected
@@ -181,6 +214,24 @@ def test_resolve_marks_fine_tunes_stale_only_while_the_selection_differs(first_r
     assert sorted(out["selected"]) == tuned
     on_disk = json.loads((run_dir / "summary.json").read_text())
     assert "finetune_stale" not in out and "finetune_stale" not in on_disk
+
+
+def test_resolve_reads_fine_tunes_saved_before_the_evaluation_protocol(first_run, tmp_path):
+    """An older summary lists KMM's top-select.k fine-tune first, without `method` and `k`."""
+    import shutil
+
+    tmp, data, first = first_run
+    run_dir = tmp_path / "old"
+    shutil.copytree(tmp / "runs" / "t", run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    old_rows = [{k: v for k, v in r.items() if k not in ("method", "k", "points", "best")}
+                for r in first["finetune"] if r["method"] in ("kmm", "target_only") and r["k"] in (2, None)]
+    (run_dir / "summary.json").write_text(json.dumps(summary | {"finetune": old_rows}))
+    beta = np.load(run_dir / "beta.npy")
+    assert "finetune_stale" in resolve(run_dir, gamma=2 * float(np.abs(beta).max()), budget=None, method=None,
+                                       normalize=None)
+    assert "finetune_stale" not in resolve(run_dir, gamma=data["solver"]["gamma"], budget=None, method=None,
+                                           normalize=None)
 
 
 def test_resolve_names_the_saved_file_that_is_bad_and_keeps_the_scores(first_run, tmp_path):

@@ -1,0 +1,80 @@
+"""The run's figures: scores.png (signed KMM scores by rank) and evaluation.png (validation loss against k)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+
+from engine.evaluate import LABELS
+
+SCORES_SHOWN = 40  # most bars in scores.png; the whole ranking is in scores.parquet
+COLOURS = {"positive": "#2a9d8f", "negative": "#e76f51"}
+
+
+def _figure(width: float, height: float):
+    """A pyplot-free figure (no global state, no display backend)."""
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def _save(fig, path: Path) -> None:
+    """Write a PNG atomically."""
+    tmp = path.with_name(path.name + ".tmp")
+    fig.savefig(tmp, format="png", dpi=110)
+    os.replace(tmp, path)
+
+
+def plot_scores(table: pa.Table, path: Path, limit: int = SCORES_SHOWN) -> None:
+    """Horizontal bars of the non-zero scores w by rank (past `limit`: the highest and the most negative ones),
+    the selected candidates outlined and starred."""
+    rows = table.to_pylist()  # sorted by rank
+    nonzero = [r for r in rows if r["score"] != 0]
+    negative = [r for r in nonzero if r["score"] < 0]
+    if len(nonzero) <= limit:
+        shown, cut = nonzero, None
+    else:
+        tail = min(len(negative), limit // 4)
+        shown, cut = nonzero[: limit - tail] + (nonzero[-tail:] if tail else []), limit - tail
+    fig = _figure(7.5, 1.4 + 0.24 * max(len(shown), 1))
+    ax = fig.add_subplot()
+    y = list(range(len(shown)))[::-1]  # rank 1 on top
+    ax.barh(y, [r["score"] for r in shown], color=[COLOURS["positive" if r["score"] > 0 else "negative"]
+                                                      for r in shown],
+            edgecolor=["black" if r["selected"] else "none" for r in shown], linewidth=1.2)
+    ax.set_yticks(y, [f"{r['rank']}. {r['group']}{' *' if r['selected'] else ''}" for r in shown], fontsize=8)
+    ax.axvline(0.0, color="black", linewidth=0.6)
+    if cut is not None and cut < len(shown):
+        ax.axhline(len(shown) - cut - 0.5, color="grey", linestyle="--", linewidth=0.8)  # ranks left out
+    n_pos = len(nonzero) - len(negative)
+    ax.set_title(f"KMM scores w of {len(rows)} candidates: {n_pos} positive, {len(negative)} negative, "
+                 f"{len(rows) - len(nonzero)} zero (not drawn)" + ("" if cut is None else
+                 f"; {len(shown)} drawn") + "; * selected", fontsize=9)
+    ax.set_xlabel("score w (positive: helps the target, negative: hurts, 0: redundant or irrelevant)", fontsize=8)
+    _save(fig, path)
+
+
+def plot_evaluation(rows: list[dict], evaluation: dict, path: Path) -> None:
+    """Validation loss against k for each method (its best k starred), with target-only and base-model lines."""
+    ks = evaluation["ks"]
+    fig = _figure(6.5, 4.0)
+    ax = fig.add_subplot()
+    cell = {(r["method"], r["k"]): r for r in rows}
+    for m in evaluation["methods"]:
+        losses = [cell[m, k]["val_loss"] for k in ks]
+        line, = ax.plot(ks, losses, marker="o", label=f"{LABELS[m]} (Borda {evaluation['borda'][m]:g})")
+        best = evaluation["best_k"][m]
+        ax.plot([best["k"]], [best["val_loss"]], marker="*", markersize=14, color=line.get_color())
+    if evaluation.get("target_only_val_loss") is not None:
+        ax.axhline(evaluation["target_only_val_loss"], color="black", linestyle="--", linewidth=1,
+                   label="target only")
+    if evaluation.get("base_val_loss") is not None:
+        ax.axhline(evaluation["base_val_loss"], color="grey", linestyle=":", linewidth=1, label="base model")
+    ax.set_xticks(ks)
+    ax.set_xlabel("k: groups bought (top-k with a positive score)")
+    ax.set_ylabel("target validation loss (lower is better)")
+    ax.set_title(f"Fixed compute: {rows[0]['steps']} steps per run (star: the method's best k)", fontsize=10)
+    ax.legend(fontsize=8)
+    _save(fig, path)

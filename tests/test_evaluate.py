@@ -1,0 +1,140 @@
+"""The evaluation protocol (paper Alg. 1, best-k and Borda) and the run's figures."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.evaluate import borda_points, distinct_jobs, method_scores, plan_runs, summarise
+from engine.plots import plot_evaluation, plot_scores
+from engine.report import evaluation_table, format_evaluation, scores_table
+
+NAMES = ["a", "b", "c", "d", "e"]
+
+
+def test_each_method_buys_its_top_k_positive_groups():
+    w = np.array([0.0, 0.3, -0.2, 0.3, 0.1])
+    beta = np.array([0.5, 0.1, 0.4, 0.2, -0.3])
+    scores = method_scores(["kmm", "alignment"], w, beta, cos=beta, seed=0)
+    runs = plan_runs(NAMES, scores, beta, [1, 2, 4], target_only=True)
+    got = {(r.method, r.k): r.groups for r in runs}
+    assert got["kmm", 1] == ("d",)  # b and d tie on w; beta breaks the tie
+    assert got["kmm", 2] == ("b", "d")
+    assert got["kmm", 4] == ("b", "d", "e")  # only three positive scores: Alg. 1 buys fewer than k
+    assert got["alignment", 4] == ("a", "b", "c", "d")
+    assert runs[-1].method == "target_only" and runs[-1].groups == () and runs[-1].label == "target only"
+    assert [r.method for r in runs[:3]] == ["kmm"] * 3
+    assert runs[0].label == "target + KMM top-1"
+
+
+def test_identical_selections_share_one_fine_tune():
+    w = np.array([0.2, 0.1, 0.0, 0.0, 0.0])
+    beta = np.array([0.3, 0.2, 0.1, -0.1, -0.2])
+    scores = method_scores(["kmm", "alignment"], w, beta, cos=beta, seed=0)
+    runs = plan_runs(NAMES, scores, beta, [1, 2, 3], target_only=True)
+    jobs, served_by = distinct_jobs(runs)
+    # kmm@2 == kmm@3 == alignment@2 == {a, b}; kmm@1 == alignment@1 == {a}
+    assert [j.groups for j in jobs] == [("a",), ("a", "b"), ("a", "b", "c"), ()]
+    assert [jobs[i].groups for i in served_by] == [r.groups for r in runs]
+
+
+def test_no_positive_score_buys_nothing_and_shares_the_target_only_run():
+    w = np.zeros(5)
+    runs = plan_runs(NAMES, {"kmm": w}, np.ones(5), [2], target_only=True)
+    jobs, served_by = distinct_jobs(runs)
+    assert runs[0].groups == () and len(jobs) == 1 and served_by == [0, 0]
+
+
+def test_random_order_is_seeded_and_buys_k_groups():
+    a = method_scores(["random"], np.zeros(5), np.zeros(5), np.zeros(5), seed=3)["random"]
+    b = method_scores(["random"], np.zeros(5), np.zeros(5), np.zeros(5), seed=3)["random"]
+    c = method_scores(["random"], np.zeros(5), np.zeros(5), np.zeros(5), seed=4)["random"]
+    assert np.array_equal(a, b) and sorted(a) == [1, 2, 3, 4, 5] and not np.array_equal(a, c)
+    runs = plan_runs(NAMES, {"random": a}, np.zeros(5), [1, 3, 5], target_only=False)
+    assert [len(r.groups) for r in runs] == [1, 3, 5]
+    assert set(runs[0].groups) < set(runs[1].groups)  # one order, nested budgets
+
+
+def test_unknown_method_is_refused():
+    with pytest.raises(ValueError, match="unknown valuation method 'datamodel'"):
+        method_scores(["datamodel"], np.zeros(2), np.zeros(2), np.zeros(2), seed=0)
+
+
+def test_borda_reproduces_the_papers_thai_table():
+    """Paper Table (GRPO, Thai): accuracies per k; Borda 6, 14, 11, 12, 7 (a loss is minus the accuracy)."""
+    acc = {"one_step": [35.6, 32.8, 39.2, 34.8, 31.2], "one_step_kmm": [37.6, 37.6, 35.6, 41.6, 37.2],
+           "tv": [36.8, 39.6, 37.6, 34.4, 34.8], "tv_kmm": [40.4, 38.0, 37.2, 37.2, 34.4],
+           "random": [30.8, 34.8, 32.0, 38.4, 36.8]}
+    ks = [1, 2, 3, 4, 5]
+    rows = [{"method": m, "k": k, "val_loss": -a, "groups": []} for m, accs in acc.items() for k, a in zip(ks, accs)]
+    ev = summarise(rows, ks)
+    assert ev["borda"] == {"one_step": 6, "one_step_kmm": 14, "tv": 11, "tv_kmm": 12, "random": 7}
+    assert {m: b["k"] for m, b in ev["best_k"].items()} == {"one_step": 3, "one_step_kmm": 4, "tv": 2,
+                                                            "tv_kmm": 1, "random": 4}
+    assert sum(r["best"] for r in rows) == 5
+
+
+def test_ties_split_their_points():
+    assert borda_points({"x": 1.0, "y": 1.0, "z": 2.0}) == {"x": 1.5, "y": 1.5, "z": 0.0}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 5), st.data())
+def test_borda_hands_out_every_point_once(n_methods, n_ks, data):
+    ks = list(range(1, n_ks + 1))
+    losses = st.sampled_from([1.0, 1.5, 2.0, 2.5])  # few values: many ties
+    rows = [{"method": f"m{i}", "k": k, "val_loss": data.draw(losses), "groups": []}
+            for i in range(n_methods) for k in ks]
+    ev = summarise(rows, ks)
+    assert sum(ev["borda"].values()) == pytest.approx(n_ks * n_methods * (n_methods - 1) / 2)
+    for m, best in ev["best_k"].items():
+        mine = [r for r in rows if r["method"] == m]
+        assert best["val_loss"] == min(r["val_loss"] for r in mine)
+        assert best["k"] == min(r["k"] for r in mine if r["val_loss"] == best["val_loss"])
+
+
+def _rows() -> tuple[list[dict], dict]:
+    w, beta = np.array([0.4, 0.2, 0.0, -0.1, 0.05]), np.array([0.3, 0.5, 0.1, -0.2, 0.2])
+    scores = method_scores(["kmm", "alignment", "random"], w, beta, beta, seed=0)
+    runs = plan_runs(NAMES, scores, beta, [1, 2], target_only=True)
+    jobs, served_by = distinct_jobs(runs)
+    trained = [{"label": j.label, "groups": list(j.groups), "steps": 6, "target_steps": 3 if j.groups else 6,
+                "aux_steps": 3 if j.groups else 0, "val_loss": 2.0 + 0.1 * i, "base_val_loss": 3.0 if i == 0 else None,
+                "first_train_loss": 3.0, "last_train_loss": 2.0, "seconds": 1.0} for i, j in enumerate(jobs)]
+    rows = [trained[j] | {"label": r.label, "method": r.method, "k": r.k} for r, j in zip(runs, served_by)]
+    return rows, summarise(rows, [1, 2])
+
+
+def test_evaluation_table_and_text():
+    rows, ev = _rows()
+    table = evaluation_table(rows)
+    assert table.column_names == ["method", "k", "label", "groups", "val_loss", "points", "best", "target_steps",
+                                  "aux_steps"]
+    assert table.num_rows == 7 and table.column("k").null_count == 1  # 3 methods x 2 budgets + target only
+    assert table.column("groups").to_pylist()[0] == ["a"]
+    text = format_evaluation(rows, ev)
+    assert "KMM" in text and "random" in text and "Borda" in text and "target only" in text
+    assert "base model (theta_0)" in text and "3.0000" in text
+    assert format_evaluation([], None) == "fine-tune: disabled"
+
+
+def test_figures_are_written_as_pngs(tmp_path):
+    import matplotlib.image
+
+    rows, ev = _rows()
+    beta = np.linspace(1, -1, 60)
+    w = np.where(np.arange(60) % 3 == 0, beta, 0.0)
+    table = scores_table([f"g{i}" for i in range(60)], [8] * 60, [4] * 60, w, beta, beta, [0, 3])
+    assert isinstance(table, pa.Table)
+    plot_scores(table, tmp_path / "scores.png")
+    plot_evaluation(rows, ev, tmp_path / "evaluation.png")
+    for name in ("scores.png", "evaluation.png"):
+        image = matplotlib.image.imread(tmp_path / name)
+        assert image.shape[0] > 100 and image.shape[1] > 100 and image.std() > 0  # a drawn figure, not blank
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["evaluation.png", "scores.png"]  # no temporary left
+    nothing = scores_table(["a", "b"], [8, 8], [4, 4], np.zeros(2), np.ones(2), np.ones(2), [])
+    plot_scores(nothing, tmp_path / "zero.png")  # gamma above max|beta|: every score 0, an empty chart
+    assert matplotlib.image.imread(tmp_path / "zero.png").shape[0] > 50

@@ -563,8 +563,8 @@ def _resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method
     cos = np.array([prev[n]["cosine"] for n in names])  # a property of the gradients, not of the solve
     table = scores_table(names, [prev[n]["n_examples"] for n in names], [prev[n]["n_preview"] for n in names],
                          sol.w, beta, cos, selected)
+    plot_scores(table, run_dir / "scores.png")  # first: a figure that fails leaves scores and summary as they were
     write_parquet(table, run_dir / "scores.parquet")
-    plot_scores(table, run_dir / "scores.png")
     summary["solver"] = sol.summary() | {"normalize": normalize} | (
         {"rank_bound": old["rank_bound"]} if old.get("rank_bound") else {})
     summary["selected"] = [names[i] for i in selected]

@@ -393,13 +393,13 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> dict:
             cos = cosine(G, g_tar)
             table = scores_table(names, n_examples, [len(it.examples) for it in data.items], w, beta, cos,
                                  selected)
+            plot_scores(table, run_dir / "scores.png")  # first: a figure that fails leaves no scores behind
             if K is not None:
                 write_npy(K, run_dir / "gram.npy")
             write_npy(beta, run_dir / "beta.npy")
             if costs is not None:
                 write_npy(costs, run_dir / "costs.npy")
             write_parquet(table, run_dir / "scores.parquet")
-            plot_scores(table, run_dir / "scores.png")
             summary["selected"] = [names[i] for i in selected]
             summary["ranking"] = format_ranking(table).splitlines()
             stage = "finetune"
@@ -563,7 +563,7 @@ def _resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method
     cos = np.array([prev[n]["cosine"] for n in names])  # a property of the gradients, not of the solve
     table = scores_table(names, [prev[n]["n_examples"] for n in names], [prev[n]["n_preview"] for n in names],
                          sol.w, beta, cos, selected)
-    plot_scores(table, run_dir / "scores.png")  # first: a figure that fails leaves scores and summary as they were
+    plot_scores(table, run_dir / "scores.png")  # first, as in a run: a failed figure leaves the scores as they were
     write_parquet(table, run_dir / "scores.parquet")
     summary["solver"] = sol.summary() | {"normalize": normalize} | (
         {"rank_bound": old["rank_bound"]} if old.get("rank_bound") else {})

@@ -409,8 +409,8 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> dict:
                     methods = ["kmm"] + [b for b in cfg.finetune.baselines if b in BASELINE_METHODS]
                     scores = method_scores(methods, w, beta, cos, cfg.finetune.seed)
                     results, summary["evaluation"] = _finetunes(cfg, spec, tokenizer, data, names, scores, beta)
-                write_parquet(evaluation_table(results), run_dir / "evaluation.parquet")
                 plot_evaluation(results, summary["evaluation"], run_dir / "evaluation.png")
+                write_parquet(evaluation_table(results), run_dir / "evaluation.parquet")
             summary["finetune"] = results
             summary["status"] = "complete"
         except BaseException as exc:

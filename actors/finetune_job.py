@@ -28,4 +28,18 @@ def run_finetune_job(spec: dict, label: str, target: list[TokenizedExample],
                     aux=aux, val=val, base_val_loss=base, device=device, autocast_dtype=amp_dtype)
 
 
+def run_base_eval(spec: dict, val: list[TokenizedExample]) -> float:
+    """The base model's validation loss alone (when every fine-tune was already stored)."""
+    import torch
+
+    from engine.models import autocast_dtype, load_model
+
+    torch.set_num_threads(int(spec["threads"]))
+    device = spec.get("device", "cpu")
+    model = load_model(spec["model_dir"], spec["dtype"], device)
+    return evaluate_loss(model, val, spec["finetune"]["eval_batch_size"], spec["pad_id"], device,
+                         autocast_dtype(device, spec["dtype"]))
+
+
 finetune_task = ray.remote(max_retries=1)(run_finetune_job)
+base_eval_task = ray.remote(max_retries=1)(run_base_eval)

@@ -19,7 +19,7 @@ import ray
 
 from actors.dispatch import WorkItemError, windowed
 from actors.embedder import embed_on_workers
-from actors.finetune_job import finetune_task
+from actors.finetune_job import base_eval_task, finetune_task
 from actors.gradient_worker import GradientWorker
 from actors.solver import SolverActor
 from engine.clustering import EmbeddingCache
@@ -28,6 +28,7 @@ from engine.costs import load_costs
 from engine.data import read_parquet
 from engine.evaluate import BASELINE_METHODS, distinct_jobs, method_scores, plan_runs, summarise
 from engine.featurize import block_tokens, plan_blocks
+from engine.finetune_store import FinetuneStore, job_settings
 from engine.gram import GramReducer, cosine, metric_vectors
 from engine.locks import exclusive
 from engine.models import check_lora_targets_in, load_tokenizer, resolve_model_dir
@@ -232,8 +233,9 @@ def check_nonzero(cfg: RunConfig, names: list[str], G: np.ndarray, g_tar: np.nda
 
 
 def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names: list[str],
-               scores: dict[str, np.ndarray], beta: np.ndarray) -> tuple[list[dict], dict]:
-    """Fine-tune every cell of the evaluation protocol (each distinct selection once) on Ray; (rows, evaluation)."""
+               scores: dict[str, np.ndarray], beta: np.ndarray, run_dir: Path) -> tuple[list[dict], dict]:
+    """Fine-tune every cell of the evaluation protocol on Ray, each distinct selection once and only when the run
+    folder does not hold it already; (rows, evaluation)."""
     groups = {g.name: g for g in data.candidates}
     tokens: dict[str, list] = {}  # each group tokenised once, however many runs use it
 
@@ -246,26 +248,43 @@ def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names:
     ks = evaluation_ks(cfg)
     plan = plan_runs(names, scores, beta, ks, "target_only" in cfg.finetune.baselines)
     jobs, served_by = distinct_jobs(plan)
+    store = FinetuneStore(run_dir / "finetunes", job_settings(spec, cfg.model.source), data.target_train,
+                          data.target_val)
+    keys = [store.job_key({n: usable(n) for n in job.groups}) for job in jobs]
+    results: list[dict | None] = [store.get(k) for k in keys]
+    base = store.get_base()
+    todo = [i for i, r in enumerate(results) if r is None]
+    log.info("%d fine-tunes for %d protocol runs (%d methods x k in %s); %d stored in %s", len(jobs), len(plan),
+             len(scores), ks, len(jobs) - len(todo), store.root)
     opts = {"num_cpus": cfg.ray.cpus_per_worker, "num_gpus": cfg.ray.gpus_per_worker}
     train, val = ray.put(data.target_train), ray.put(data.target_val)
-    refs = {finetune_task.options(**opts).remote(spec, job.label, train, {n: usable(n) for n in job.groups}, val,
-                                                 i == 0): i for i, job in enumerate(jobs)}
-    log.info("%d fine-tunes for %d protocol runs (%d methods x k in %s)", len(jobs), len(plan), len(scores), ks)
-    results: list[dict | None] = [None] * len(jobs)
+    refs = {finetune_task.options(**opts).remote(spec, jobs[i].label, train, {n: usable(n) for n in jobs[i].groups},
+                                                 val, base is None and n == 0): i for n, i in enumerate(todo)}
+    if base is None and not todo:
+        refs[base_eval_task.options(**opts).remote(spec, val)] = -1
     pending = list(refs)
     try:
         while pending:
             [done], pending = ray.wait(pending, num_returns=1)
             i = refs[done]
+            if i < 0:
+                base = ray.get(done)
+                store.put_base(base)
+                continue
             results[i] = ray.get(done).to_dict()
-            log.info("fine-tune %d/%d done: %s, validation loss %.4f", len(jobs) - len(pending), len(jobs),
+            store.put(keys[i], results[i])
+            if results[i]["base_val_loss"] is not None:
+                base = results[i]["base_val_loss"]
+                store.put_base(base)
+            log.info("fine-tune %d/%d done: %s, validation loss %.4f", len(todo) - len(pending), len(todo),
                      jobs[i].label, results[i]["val_loss"])
     except BaseException:  # one failed (or Ctrl-C): the protocol is incomplete, so stop the others
         for ref in pending:
             ray.cancel(ref)
         raise
-    rows = [results[j] | {"label": run.label, "method": run.method, "k": run.k} for run, j in zip(plan, served_by)]
-    return rows, summarise(rows, ks)
+    rows = [results[j] | {"label": run.label, "method": run.method, "k": run.k, "base_val_loss": base,
+                          "reused": j not in todo} for run, j in zip(plan, served_by)]
+    return rows, summarise(rows, ks) | {"fine_tunes": {"trained": len(todo), "reused": len(jobs) - len(todo)}}
 
 
 def evaluation_ks(cfg: RunConfig) -> list[int]:
@@ -408,7 +427,8 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> dict:
                 with timer.stage("finetune"):
                     methods = ["kmm"] + [b for b in cfg.finetune.baselines if b in BASELINE_METHODS]
                     scores = method_scores(methods, w, beta, cos, cfg.finetune.seed)
-                    results, summary["evaluation"] = _finetunes(cfg, spec, tokenizer, data, names, scores, beta)
+                    results, summary["evaluation"] = _finetunes(cfg, spec, tokenizer, data, names, scores, beta,
+                                                                run_dir)
                 plot_evaluation(results, summary["evaluation"], run_dir / "evaluation.png")
                 write_parquet(evaluation_table(results), run_dir / "evaluation.parquet")
             summary["finetune"] = results

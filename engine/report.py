@@ -137,6 +137,7 @@ def evaluation_table(rows: list[dict]) -> pa.Table:
         "best": pa.array([r["best"] for r in rows], pa.bool_()),
         "target_steps": pa.array([r["target_steps"] for r in rows], pa.int64()),
         "aux_steps": pa.array([r["aux_steps"] for r in rows], pa.int64()),
+        "reused": pa.array([r["reused"] for r in rows], pa.bool_()),
     })
 
 
@@ -159,7 +160,8 @@ def format_evaluation(rows: list[dict], evaluation: dict | None) -> str:
         lines.append(f"  {'target only':<{width}} {evaluation['target_only_val_loss']:>8.4f}  (every k)")
     if evaluation.get("base_val_loss") is not None:
         lines.append(f"  {'base model (theta_0)':<{width}} {evaluation['base_val_loss']:>8.4f}")
-    lines.append("what each run bought (target steps / auxiliary steps):")
+    lines.append("what each run bought (target steps / auxiliary steps; stored: trained by an earlier run here):")
     for r in rows:
-        lines.append(f"  {r['label']}: {', '.join(r['groups']) or '-'} ({r['target_steps']}/{r['aux_steps']})")
+        lines.append(f"  {r['label']}: {', '.join(r['groups']) or '-'} ({r['target_steps']}/{r['aux_steps']})"
+                     + ("  stored" if r.get("reused") else ""))
     return "\n".join(lines)

@@ -104,7 +104,8 @@ def _rows() -> tuple[list[dict], dict]:
     trained = [{"label": j.label, "groups": list(j.groups), "steps": 6, "target_steps": 3 if j.groups else 6,
                 "aux_steps": 3 if j.groups else 0, "val_loss": 2.0 + 0.1 * i, "base_val_loss": 3.0 if i == 0 else None,
                 "first_train_loss": 3.0, "last_train_loss": 2.0, "seconds": 1.0} for i, j in enumerate(jobs)]
-    rows = [trained[j] | {"label": r.label, "method": r.method, "k": r.k} for r, j in zip(runs, served_by)]
+    rows = [trained[j] | {"label": r.label, "method": r.method, "k": r.k, "reused": j == 0}
+            for r, j in zip(runs, served_by)]
     return rows, summarise(rows, [1, 2])
 
 
@@ -112,12 +113,13 @@ def test_evaluation_table_and_text():
     rows, ev = _rows()
     table = evaluation_table(rows)
     assert table.column_names == ["method", "k", "label", "groups", "val_loss", "points", "best", "target_steps",
-                                  "aux_steps"]
+                                  "aux_steps", "reused"]
     assert table.num_rows == 7 and table.column("k").null_count == 1  # 3 methods x 2 budgets + target only
     assert table.column("groups").to_pylist()[0] == ["a"]
     text = format_evaluation(rows, ev)
     assert "KMM" in text and "random" in text and "Borda" in text and "target only" in text
     assert "base model (theta_0)" in text and "3.0000" in text
+    assert "target + KMM top-1: a (3/3)  stored" in text  # a fine-tune an earlier run trained
     assert format_evaluation([], None) == "fine-tune: disabled"
 
 

@@ -95,6 +95,27 @@ def test_evaluation_protocol_fine_tunes_every_method_at_every_k(first_run):
         assert (run_dir / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_wider_evaluation_trains_only_the_new_selections(first_run, tmp_path):
+    """Rerunning with one more budget reads the stored vectors and fine-tunes back; only new selections train."""
+    import shutil
+
+    tmp, data, first = first_run
+    shutil.copytree(tmp / "runs" / "t", tmp_path / "runs" / "t")
+    wider = data | {"out": str(tmp_path / "runs"), "finetune": data["finetune"] | {"ks": [1, 2, 3]}}
+    out = run(config_from_dict(wider))
+    assert out["featurize"]["groups_computed"] == 0
+    old = {(r["method"], r["k"]): r for r in first["finetune"]}
+    new = {(r["method"], r["k"]): r for r in out["finetune"]}
+    assert set(new) == set(old) | {("kmm", 3), ("alignment", 3), ("random", 3)}
+    for cell, r in old.items():  # the same selection, read back: the same loss, not trained again
+        assert new[cell]["reused"] and new[cell]["groups"] == r["groups"] and new[cell]["val_loss"] == r["val_loss"]
+    trained_before = {tuple(r["groups"]) for r in old.values()}
+    fresh = {tuple(r["groups"]) for r in new.values()} - trained_before
+    assert fresh and out["evaluation"]["fine_tunes"] == {"trained": len(fresh), "reused": len(trained_before)}
+    assert all(r["reused"] == (tuple(r["groups"]) in trained_before) for r in new.values())
+    assert {r["base_val_loss"] for r in out["finetune"]} == {first["finetune"][0]["base_val_loss"]}
+
+
 def test_resolving_saved_gram_gives_saved_scores(first_run):
     tmp, data, summary = first_run
     run_dir = tmp / "runs" / "t"

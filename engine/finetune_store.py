@@ -1,0 +1,103 @@
+"""Finished fine-tunes kept in the run folder (`finetunes/<key>.json`), keyed by a hash of everything that decides
+their result, so a rerun (a wider finetune.ks, another baseline, a run resumed after a failure) trains only the
+selections it has not trained before."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import logging
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+
+from engine.tokenize import TokenizedExample
+
+log = logging.getLogger("convalue")
+
+#: fine-tune settings that only choose which runs happen, not what a run gives
+NOT_IN_KEY = ("enabled", "baselines", "ks")
+RESULT_FIELDS = {"label": str, "groups": list, "steps": int, "target_steps": int, "aux_steps": int,
+                 "val_loss": float, "first_train_loss": float, "last_train_loss": float, "seconds": float}
+
+
+def token_digest(examples: list[TokenizedExample]) -> str:
+    """Content hash of tokenised examples (ids and labels, in order)."""
+    h = hashlib.sha256()
+    for ex in examples:
+        ids = np.asarray(ex.input_ids, dtype=np.int64)
+        h.update(np.int64(len(ids)).tobytes() + ids.tobytes() + np.asarray(ex.labels, dtype=np.int64).tobytes())
+    return h.hexdigest()
+
+
+def job_settings(spec: dict, model_source: str) -> dict:
+    """What a fine-tune's result depends on besides its data: model, LoRA, training settings, device, threads,
+    and the versions of the packages that compute it."""
+    versions = {}
+    for p in ("torch", "transformers", "peft"):
+        try:
+            versions[p] = importlib.metadata.version(p)
+        except importlib.metadata.PackageNotFoundError:
+            versions[p] = None
+    return {"model": model_source, "model_dir": Path(spec["model_dir"]).name, "dtype": spec["dtype"],
+            "pad_id": spec["pad_id"], "lora": spec["lora"], "device": spec.get("device", "cpu"),
+            "threads": spec["threads"], "packages": versions,
+            "finetune": {k: v for k, v in spec["finetune"].items() if k not in NOT_IN_KEY}}
+
+
+class FinetuneStore:
+    """The fine-tunes of one run folder: get/put by key; a damaged entry is trained again, with a warning."""
+
+    def __init__(self, root: Path, settings: dict, train: list[TokenizedExample], val: list[TokenizedExample]):
+        self.root = root
+        self._base = {"settings": settings, "train": token_digest(train), "val": token_digest(val)}
+
+    def job_key(self, aux: dict[str, list[TokenizedExample]]) -> str:
+        """Key of a fine-tune on the target plus these auxiliary groups (names matter: they order the draws)."""
+        return self._hash(self._base | {"aux": {n: token_digest(aux[n]) for n in sorted(aux)}})
+
+    def base_key(self) -> str:
+        """Key of the base model's validation loss."""
+        s = self._base["settings"]
+        return self._hash({"base": {k: s[k] for k in ("model", "model_dir", "dtype", "pad_id", "device", "packages")},
+                           "eval_batch_size": s["finetune"]["eval_batch_size"], "val": self._base["val"]})
+
+    @staticmethod
+    def _hash(obj: dict) -> str:
+        return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:32]
+
+    def get(self, key: str, fields: dict[str, type] = RESULT_FIELDS) -> dict | None:
+        """The stored record, or None when absent or not a well-formed record of these fields."""
+        path = self.root / f"{key}.json"
+        if not path.is_file():
+            return None
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+            ok = isinstance(record, dict) and record.get("key") == key and all(
+                isinstance(record.get(f), t) and not isinstance(record.get(f), bool)
+                and (t is not float or math.isfinite(record[f])) for f, t in fields.items())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            ok = False
+        if not ok:
+            log.warning("%s: not a readable fine-tune record; that fine-tune is trained again", path)
+            return None
+        return {k: v for k, v in record.items() if k != "key"}
+
+    def get_base(self) -> float | None:
+        """The stored base-model validation loss, or None."""
+        record = self.get(self.base_key(), {"base_val_loss": float})
+        return None if record is None else record["base_val_loss"]
+
+    def put(self, key: str, record: dict) -> None:
+        """Store a record atomically (the run holds the folder's lock)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f"{key}.json.tmp"
+        tmp.write_text(json.dumps(record | {"key": key}, indent=1), encoding="utf-8")
+        os.replace(tmp, self.root / f"{key}.json")
+
+    def put_base(self, loss: float) -> None:
+        """Store the base-model validation loss."""
+        self.put(self.base_key(), {"base_val_loss": loss})

@@ -1,0 +1,85 @@
+"""Stored fine-tunes: keyed by everything that decides the result; damaged records are trained again."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from engine.finetune_store import FinetuneStore, job_settings, token_digest
+from engine.tokenize import IGNORE, TokenizedExample
+
+
+def _ex(*ids: int) -> TokenizedExample:
+    return TokenizedExample(tuple(ids), (IGNORE,) + tuple(ids[1:]))
+
+
+SPEC = {"model_dir": "/cache/smollm2-x", "dtype": "float32", "pad_id": 2, "lora": {"r": 8, "alpha": 16},
+        "device": "cpu", "threads": 1,
+        "finetune": {"enabled": True, "steps": 24, "rho": 0.5, "batch_size": 4, "lr": 2e-4, "max_grad_norm": 1.0,
+                     "eval_batch_size": 8, "seed": 0, "baselines": ["target_only"], "ks": None}}
+TRAIN, VAL = [_ex(1, 2, 3), _ex(4, 5)], [_ex(6, 7, 8)]
+AUX = {"hindi": [_ex(9, 10)], "urdu": [_ex(11, 12, 13)]}
+RESULT = {"label": "target + KMM top-2", "groups": ["hindi", "urdu"], "steps": 24, "target_steps": 12,
+          "aux_steps": 12, "val_loss": 2.91, "base_val_loss": None, "first_train_loss": 3.1,
+          "last_train_loss": 2.8, "seconds": 64.5}
+
+
+def _store(tmp_path, spec=SPEC, train=TRAIN, val=VAL) -> FinetuneStore:
+    return FinetuneStore(tmp_path / "finetunes", job_settings(spec, "smollm2-135m-instruct"), train, val)
+
+
+def test_a_stored_fine_tune_is_read_back(tmp_path):
+    store = _store(tmp_path)
+    key = store.job_key(AUX)
+    assert store.get(key) is None and store.get_base() is None
+    store.put(key, RESULT)
+    store.put_base(3.1556)
+    again = _store(tmp_path)  # another run of the same folder
+    assert again.get(again.job_key(AUX)) == RESULT and again.get_base() == 3.1556
+    assert sorted(p.name for p in (tmp_path / "finetunes").iterdir()) == sorted(
+        [f"{key}.json", f"{store.base_key()}.json"])  # no temporary left
+
+
+@pytest.mark.parametrize("change", [
+    lambda s: s | {"finetune": s["finetune"] | {"steps": 25}},
+    lambda s: s | {"finetune": s["finetune"] | {"rho": 0.4}},
+    lambda s: s | {"finetune": s["finetune"] | {"seed": 1}},
+    lambda s: s | {"lora": {"r": 4, "alpha": 16}},
+    lambda s: s | {"dtype": "bfloat16"},
+    lambda s: s | {"device": "cuda"},
+    lambda s: s | {"threads": 2},
+    lambda s: s | {"model_dir": "/elsewhere/other-model"},
+])
+def test_every_setting_that_decides_the_result_is_in_the_key(tmp_path, change):
+    assert _store(tmp_path, change(SPEC)).job_key(AUX) != _store(tmp_path).job_key(AUX)
+
+
+def test_which_runs_happen_is_not_in_the_key(tmp_path):
+    wider = SPEC | {"finetune": SPEC["finetune"] | {"ks": [1, 2, 3], "baselines": ["random"]}}
+    assert _store(tmp_path, wider).job_key(AUX) == _store(tmp_path).job_key(AUX)
+
+
+def test_data_is_in_the_key(tmp_path):
+    base = _store(tmp_path).job_key(AUX)
+    assert _store(tmp_path, train=TRAIN[:1]).job_key(AUX) != base
+    assert _store(tmp_path, val=[_ex(6, 7, 9)]).job_key(AUX) != base
+    assert _store(tmp_path).job_key({"hindi": AUX["hindi"]}) != base
+    assert _store(tmp_path).job_key({"hindi": AUX["urdu"], "urdu": AUX["hindi"]}) != base  # names order the draws
+    assert token_digest([_ex(1, 2), _ex(3)]) != token_digest([_ex(1), _ex(2, 3)])  # boundaries count
+
+
+def test_a_damaged_record_is_trained_again(tmp_path, caplog):
+    store = _store(tmp_path)
+    key = store.job_key(AUX)
+    store.put(key, RESULT)
+    path = tmp_path / "finetunes" / f"{key}.json"
+    for damage in ("{not json", json.dumps(RESULT | {"key": key, "val_loss": float("nan")}),
+                   json.dumps(RESULT | {"key": "another"}), json.dumps({k: v for k, v in RESULT.items()
+                                                                      if k != "groups"} | {"key": key})):
+        path.write_text(damage)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="convalue"):
+            assert store.get(key) is None
+        assert "trained again" in caplog.text

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import ray
 
+from engine.bootstrap import kmm_scores, resample
 from solvers import KMMSolution, solve_kmm, solve_kmm_gradients
 
 
@@ -17,6 +18,15 @@ class SolverActor:
         return solve_kmm(K, beta, gamma=settings.get("gamma"), budget=settings.get("budget"),
                          costs=settings.get("costs"), method=settings.get("method", "auto"),
                          normalize=settings.get("normalize", "none"), rank_bound=settings.get("rank_bound"))
+
+    def bootstrap(self, examples: list[np.ndarray], target: np.ndarray, run: dict, samples: int,
+                  seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """(W, S) of engine.bootstrap.resample, each resample solved as the run was: run = {metric, space,
+        settings, k}."""
+        def solve(G: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            return kmm_scores(G, g, run["metric"], run["space"], run["settings"])
+
+        return resample(examples, target, samples, seed, run["k"], solve)
 
     def solve_gradients(self, G: np.ndarray, g_tar: np.ndarray, settings: dict) -> KMMSolution:
         """Solve from the vectors (K never formed) with settings {gamma | budget, costs, normalize}."""

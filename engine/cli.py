@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
             import pyarrow.parquet as pq
 
             from engine.pipeline import run
-            from engine.report import format_cluster_samples, format_evaluation
+            from engine.report import format_bootstrap, format_cluster_samples, format_evaluation
 
             cfg = load_config(args.config)
             if args.out or args.name:
@@ -66,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
             run_dir = Path(cfg.out).expanduser() / cfg.name
             print("\n".join(summary["ranking"]))
             print(f"\nselected (top-{cfg.select.k} with positive score): {', '.join(summary['selected']) or 'none'}")
+            if summary.get("bootstrap"):
+                print(format_bootstrap(summary["bootstrap"]))
             if (run_dir / "clusters.parquet").is_file() and summary["selected"]:
                 print(format_cluster_samples(pq.read_table(run_dir / "clusters.parquet"), summary["selected"]))
             print(format_evaluation(summary["finetune"], summary.get("evaluation")))

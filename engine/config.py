@@ -346,6 +346,21 @@ class FinetuneConfig:
 
 
 @dataclass(kw_only=True)
+class BootstrapConfig:
+    """Uncertainty of the scores: KMM re-solved on previews resampled with replacement."""
+
+    samples: int = opt(0, "B: bootstrap resamples. Each draws every group's preview examples (and the target's) with "
+                          "replacement, re-forms the group vectors, K and beta in the run's metric, and solves KMM "
+                          "with the run's solver settings; the run reports each group's score spread and how often "
+                          "it is selected (bootstrap.parquet). 0: off. Needs features.keep_per_example.")
+    seed: int = opt(0, "Seed of the resampling.")
+
+    def validate(self) -> None:
+        if self.samples < 0:
+            raise ConfigError("must be >= 0", field="samples", value=self.samples)
+
+
+@dataclass(kw_only=True)
 class RayConfig:
     """Where and how wide the run goes."""
 
@@ -381,6 +396,8 @@ class RunConfig:
     solver: SolverConfig = opt(help="KMM solver.", factory=lambda: SolverConfig(gamma=0.05))
     select: SelectConfig = opt(help="Selection.", factory=SelectConfig)
     finetune: FinetuneConfig = opt(help="Evaluation fine-tunes.", factory=FinetuneConfig)
+    bootstrap: BootstrapConfig = opt(help="Score uncertainty by bootstrap over the previews.",
+                                     factory=BootstrapConfig)
     ray: RayConfig = opt(help="Ray cluster and workers.", factory=RayConfig)
 
     def validate(self) -> None:
@@ -397,6 +414,9 @@ class RunConfig:
             raise ConfigError("needs representation `one_step`, parameters `lora` and a model.token_budget "
                               "(per-example gradients come from the packed path's hooks)",
                               field="features.keep_per_example", value=True)
+        if self.bootstrap.samples > 0 and not self.features.keep_per_example:
+            raise ConfigError("resamples the previews' per-example vectors: set features.keep_per_example: true",
+                              field="bootstrap.samples", value=self.bootstrap.samples)
         if self.features.parameters == "full" and self.projection.kind == "identity":
             raise ConfigError("full-parameter gradients need a compressing projection (`countsketch`, `rademacher` "
                               "or `gaussian`): one identity vector per group would be the size of the model",

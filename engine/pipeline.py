@@ -22,6 +22,7 @@ from actors.embedder import embed_on_workers
 from actors.finetune_job import base_eval_task, finetune_task
 from actors.gradient_worker import GradientWorker
 from actors.solver import SolverActor
+from engine.bootstrap import bootstrap_table, stability
 from engine.clustering import EmbeddingCache
 from engine.config import ConfigError, FeaturesConfig, RunConfig
 from engine.costs import load_costs
@@ -44,14 +45,14 @@ from engine.report import (
     write_npy,
     write_parquet,
 )
-from engine.select import select_top_k
+from engine.select import rank_order, select_top_k
 from engine.store import StoreError, VectorStore, read_manifest
 from engine.tokenize import tokenize_examples
 from solvers import KMMInputError, solve_kmm, solve_kmm_gradients
 
 log = logging.getLogger("convalue")
-RESULT_FILES = ("scores.parquet", "gram.npy", "beta.npy", "costs.npy", "clusters.parquet", "evaluation.parquet",
-                "scores.png", "evaluation.png", "summary.json")
+RESULT_FILES = ("scores.parquet", "gram.npy", "beta.npy", "costs.npy", "clusters.parquet", "bootstrap.parquet",
+                "evaluation.parquet", "scores.png", "evaluation.png", "summary.json")
 WORKER_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -287,6 +288,22 @@ def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names:
     return rows, summarise(rows, ks) | {"fine_tunes": {"trained": len(todo), "reused": len(jobs) - len(todo)}}
 
 
+def _bootstrap(cfg: RunConfig, store: VectorStore, names: list[str], w: np.ndarray, beta: np.ndarray,
+               selected: list[int], run: dict) -> tuple[object, dict]:
+    """Resample the previews bootstrap.samples times on a solver actor; (bootstrap.parquet's table, summary)."""
+    examples = store.load_examples(names + [TARGET_KEY])
+    solver = SolverActor.remote()
+    try:
+        W, S = ray.get(solver.bootstrap.remote(ray.put([examples[n] for n in names]), ray.put(examples[TARGET_KEY]),
+                                               run, cfg.bootstrap.samples, cfg.bootstrap.seed))
+    finally:
+        ray.kill(solver)
+    stats = stability(names, selected, S) | {"seed": cfg.bootstrap.seed}
+    log.info("bootstrap: %d resamples of the previews; the selection came out again in %.0f %% of them",
+             len(W), 100 * stats["same_selection"])
+    return bootstrap_table(names, w, rank_order(w, beta), W, S), stats
+
+
 def evaluation_ks(cfg: RunConfig) -> list[int]:
     """The protocol's budgets: finetune.ks ascending, or select.k alone."""
     return sorted(cfg.finetune.ks or [cfg.select.k])
@@ -408,6 +425,12 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> dict:
             summary["solver"] = sol.summary() | {"normalize": cfg.solver.normalize, "rank_bound": settings["rank_bound"]}
             w = sol.w
             selected = select_top_k(w, beta, cfg.select.k)
+            if cfg.bootstrap.samples:
+                stage = "bootstrap"
+                with timer.stage("bootstrap"):
+                    boot, summary["bootstrap"] = _bootstrap(cfg, store, names, w, beta, selected,
+                                                            {"metric": cfg.features.metric, "space": space,
+                                                             "settings": settings, "k": cfg.select.k})
             n_examples = [len(g.examples) for g in data.candidates]
             cos = cosine(G, g_tar)
             table = scores_table(names, n_examples, [len(it.examples) for it in data.items], w, beta, cos,
@@ -419,6 +442,8 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> dict:
             if costs is not None:
                 write_npy(costs, run_dir / "costs.npy")
             write_parquet(table, run_dir / "scores.parquet")
+            if cfg.bootstrap.samples:
+                write_parquet(boot, run_dir / "bootstrap.parquet")
             summary["selected"] = [names[i] for i in selected]
             summary["ranking"] = format_ranking(table).splitlines()
             stage = "finetune"

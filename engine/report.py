@@ -141,6 +141,14 @@ def evaluation_table(rows: list[dict]) -> pa.Table:
     })
 
 
+def format_bootstrap(stats: dict) -> str:
+    """One line on the selection's stability over the bootstrap resamples of the previews."""
+    freq = ", ".join(f"{g} {p:.0%}" for g, p in stats["p_selected"].items()) or "-"
+    return (f"bootstrap over the previews ({stats['samples']} resamples): the same selection in "
+            f"{stats['same_selection']:.0%} of them; how often each selected group was chosen: {freq} "
+            "(bootstrap.parquet: every group's spread)")
+
+
 def format_evaluation(rows: list[dict], evaluation: dict | None) -> str:
     """The protocol's table (validation loss per method and k, best k starred, Borda count) and what each run
     bought."""

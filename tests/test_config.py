@@ -61,6 +61,8 @@ def test_flat_pool_example_is_valid():
         (merged(solver={"gamma": 0.1, "budget": 2}), "solver.gamma", "budget"),
         (merged(finetune={"rho": 1.5}), "finetune.rho", "1.5"),
         (merged(finetune={"ks": [1, 3, 1]}), "finetune.ks", "[1, 3, 1]"),
+        (merged(bootstrap={"samples": -1}), "bootstrap.samples", "-1"),
+        (merged(bootstrap={"samples": 20}), "bootstrap.samples", "20"),  # without features.keep_per_example
         (merged(finetune={"ks": [0, 2]}), "finetune.ks", "[0, 2]"),
         (merged(finetune={"ks": []}), "finetune.ks", "[]"),
         (merged(finetune={"ks": ["two"]}), "finetune.ks[0]", "two"),

@@ -421,9 +421,19 @@ def test_per_example_vectors_are_kept_and_average_to_the_group_vector(first_run)
 
     tmp, data, _ = first_run
     cfg = data | {"name": "pe", "finetune": {"enabled": False}, "model": data["model"] | {"token_budget": 512},
-                  "features": {"keep_per_example": True}}
+                  "features": {"keep_per_example": True}, "bootstrap": {"samples": 12, "seed": 1}}
     summary = run(config_from_dict(cfg))
     assert summary["status"] == "complete"
+    # the bootstrap over the previews: one row per group in rank order, the run's scores beside the spread
+    boot = pq.read_table(tmp / "runs" / "pe" / "bootstrap.parquet").to_pylist()
+    scores = pq.read_table(tmp / "runs" / "pe" / "scores.parquet").to_pylist()
+    assert [r["group"] for r in boot] == [r["group"] for r in scores]
+    assert [r["score"] for r in boot] == [r["score"] for r in scores]
+    assert all(0 <= r["p_selected"] <= 1 and r["score_q025"] <= r["score_q975"] for r in boot)
+    stats = summary["bootstrap"]
+    assert stats["samples"] == 12 and stats["seed"] == 1 and 0 <= stats["same_selection"] <= 1
+    assert set(stats["p_selected"]) == set(summary["selected"])
+    assert sum(r["p_selected"] for r in boot) <= data["select"]["k"] + 1e-9  # at most k per resample
     root = tmp / "runs" / "pe" / "vectors"
     store = VectorStore(root, json.loads((root / "manifest.json").read_text())["fingerprint"])
     names = summary["order"]

@@ -22,7 +22,7 @@ from actors.embedder import embed_on_workers
 from actors.finetune_job import base_eval_task, finetune_task
 from actors.gradient_worker import GradientWorker
 from actors.solver import SolverActor
-from engine.bootstrap import bootstrap_table, stability
+from engine.bootstrap import bootstrap_table, kmm_scores, resample, stability
 from engine.clustering import EmbeddingCache
 from engine.config import ConfigError, FeaturesConfig, RunConfig
 from engine.costs import load_costs
@@ -525,6 +525,24 @@ def _saved_summary(run_dir: Path) -> dict:
     return summary
 
 
+def _resolve_bootstrap(run_dir: Path, summary: dict, w: np.ndarray, beta: np.ndarray, selected: list[int],
+                       settings: dict) -> tuple[object, dict]:
+    """The run's bootstrap (same samples and seed) for a re-solve's settings, in this process; (table, summary)."""
+    path = run_dir / "summary.json"
+    boot = summary["config"].get("bootstrap")
+    samples, seed = (boot.get("samples"), boot.get("seed")) if isinstance(boot, dict) else (None, None)
+    if type(samples) is not int or samples < 1 or type(seed) is not int:
+        raise StoreError(f"{path}: field `config.bootstrap` must hold samples >= 1 and an integer seed "
+                         f"(got {json.dumps(boot)[:80]})")
+    names = summary["order"]
+    root = run_dir / "vectors"
+    examples = VectorStore(root, read_manifest(root)["fingerprint"]).load_examples(names + [TARGET_KEY])
+    metric, space, k = _metric(summary), summary.get("space", "gram"), summary["config"]["select"]["k"]
+    W, S = resample([examples[n] for n in names], examples[TARGET_KEY], samples, seed, k,
+                    lambda G, g: kmm_scores(G, g, metric, space, settings))
+    return bootstrap_table(names, w, rank_order(w, beta), W, S), stability(names, selected, S) | {"seed": seed}
+
+
 def _kmm_runs(summary: dict) -> list[dict]:
     """The saved fine-tune rows of KMM's selections, each with its k (a summary written before the evaluation
     protocol lists KMM's top-select.k run first, without `method` and `k`)."""
@@ -608,8 +626,15 @@ def _resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method
     cos = np.array([prev[n]["cosine"] for n in names])  # a property of the gradients, not of the solve
     table = scores_table(names, [prev[n]["n_examples"] for n in names], [prev[n]["n_preview"] for n in names],
                          sol.w, beta, cos, selected)
+    boot = None
+    if summary.get("bootstrap"):  # the run's bootstrap, redone for the new solve (else it would describe the old)
+        settings = {"gamma": gamma, "budget": budget, "costs": costs, "method": method or "auto",
+                    "normalize": normalize, "rank_bound": old.get("rank_bound")}
+        boot, summary["bootstrap"] = _resolve_bootstrap(run_dir, summary, sol.w, beta, selected, settings)
     plot_scores(table, run_dir / "scores.png")  # first, as in a run: a failed figure leaves the scores as they were
     write_parquet(table, run_dir / "scores.parquet")
+    if boot is not None:
+        write_parquet(boot, run_dir / "bootstrap.parquet")
     summary["solver"] = sol.summary() | {"normalize": normalize} | (
         {"rank_bound": old["rank_bound"]} if old.get("rank_bound") else {})
     summary["selected"] = [names[i] for i in selected]

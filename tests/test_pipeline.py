@@ -434,6 +434,13 @@ def test_per_example_vectors_are_kept_and_average_to_the_group_vector(first_run)
     assert stats["samples"] == 12 and stats["seed"] == 1 and 0 <= stats["same_selection"] <= 1
     assert set(stats["p_selected"]) == set(summary["selected"])
     assert sum(r["p_selected"] for r in boot) <= data["select"]["k"] + 1e-9  # at most k per resample
+    # a re-solve redoes the bootstrap for its own settings: the table describes the new scores, not the old
+    out = resolve(tmp / "runs" / "pe", gamma=data["solver"]["gamma"] / 4, budget=None, method=None, normalize=None)
+    again = pq.read_table(tmp / "runs" / "pe" / "bootstrap.parquet").to_pylist()
+    rescored = pq.read_table(tmp / "runs" / "pe" / "scores.parquet").to_pylist()
+    assert [(r["group"], r["score"]) for r in again] == [(r["group"], r["score"]) for r in rescored]
+    assert [r["score"] for r in again] != [r["score"] for r in boot]
+    assert out["bootstrap"]["samples"] == 12 and set(out["bootstrap"]["p_selected"]) == set(out["selected"])
     root = tmp / "runs" / "pe" / "vectors"
     store = VectorStore(root, json.loads((root / "manifest.json").read_text())["fingerprint"])
     names = summary["order"]

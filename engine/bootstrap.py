@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 
 from engine.gram import metric_vectors
-from engine.select import select_top_k
+from engine.select import rank_order, select_top_k
 from solvers import solve_kmm, solve_kmm_gradients
 
 
@@ -71,3 +71,9 @@ def stability(names: list[str], selected: list[int], S: np.ndarray) -> dict:
     run[selected] = True
     return {"samples": int(len(S)), "same_selection": float((S == run).all(axis=1).mean()),
             "p_selected": {names[i]: float(S[:, i].mean()) for i in selected}}
+
+
+def outputs(names: list[str], w: np.ndarray, beta: np.ndarray, selected: list[int], W: np.ndarray, S: np.ndarray,
+            seed: int) -> tuple[pa.Table, dict]:
+    """(bootstrap.parquet's table in the run's rank order, summary.json's `bootstrap`) from the resamples."""
+    return bootstrap_table(names, w, rank_order(w, beta), W, S), stability(names, selected, S) | {"seed": seed}

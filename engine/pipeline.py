@@ -22,7 +22,8 @@ from actors.embedder import embed_on_workers
 from actors.finetune_job import base_eval_task, finetune_task
 from actors.gradient_worker import GradientWorker
 from actors.solver import SolverActor
-from engine.bootstrap import bootstrap_table, kmm_scores, resample, stability
+from engine.bootstrap import kmm_scores, resample
+from engine.bootstrap import outputs as bootstrap_outputs
 from engine.clustering import EmbeddingCache
 from engine.config import ConfigError, FeaturesConfig, RunConfig
 from engine.costs import load_costs
@@ -45,7 +46,7 @@ from engine.report import (
     write_npy,
     write_parquet,
 )
-from engine.select import rank_order, select_top_k
+from engine.select import select_top_k
 from engine.store import StoreError, VectorStore, read_manifest
 from engine.tokenize import tokenize_examples
 from solvers import KMMInputError, solve_kmm, solve_kmm_gradients
@@ -298,10 +299,10 @@ def _bootstrap(cfg: RunConfig, store: VectorStore, names: list[str], w: np.ndarr
                                                run, cfg.bootstrap.samples, cfg.bootstrap.seed))
     finally:
         ray.kill(solver)
-    stats = stability(names, selected, S) | {"seed": cfg.bootstrap.seed}
+    table, stats = bootstrap_outputs(names, w, beta, selected, W, S, cfg.bootstrap.seed)
     log.info("bootstrap: %d resamples of the previews; the selection came out again in %.0f %% of them",
              len(W), 100 * stats["same_selection"])
-    return bootstrap_table(names, w, rank_order(w, beta), W, S), stats
+    return table, stats
 
 
 def evaluation_ks(cfg: RunConfig) -> list[int]:
@@ -540,7 +541,7 @@ def _resolve_bootstrap(run_dir: Path, summary: dict, w: np.ndarray, beta: np.nda
     metric, space, k = _metric(summary), summary.get("space", "gram"), summary["config"]["select"]["k"]
     W, S = resample([examples[n] for n in names], examples[TARGET_KEY], samples, seed, k,
                     lambda G, g: kmm_scores(G, g, metric, space, settings))
-    return bootstrap_table(names, w, rank_order(w, beta), W, S), stability(names, selected, S) | {"seed": seed}
+    return bootstrap_outputs(names, w, beta, selected, W, S, seed)
 
 
 def _kmm_runs(summary: dict) -> list[dict]:

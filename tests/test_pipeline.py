@@ -116,6 +116,22 @@ def test_a_wider_evaluation_trains_only_the_new_selections(first_run, tmp_path):
     assert {r["base_val_loss"] for r in out["finetune"]} == {first["finetune"][0]["base_val_loss"]}
 
 
+def test_a_rerun_with_every_fine_tune_stored_evaluates_only_a_missing_base(first_run, tmp_path):
+    """All fine-tunes read back; the base model's loss, its record removed, comes from a base-evaluation task."""
+    import shutil
+
+    tmp, data, first = first_run
+    shutil.copytree(tmp / "runs" / "t", tmp_path / "runs" / "t")
+    records = list((tmp_path / "runs" / "t" / "finetunes").glob("*.json"))
+    base_records = [p for p in records if set(json.loads(p.read_text())) == {"base_val_loss", "key"}]
+    assert len(base_records) == 1
+    base_records[0].unlink()
+    out = run(config_from_dict(data | {"out": str(tmp_path / "runs")}))
+    assert out["evaluation"]["fine_tunes"]["trained"] == 0
+    assert out["evaluation"]["base_val_loss"] == first["finetune"][0]["base_val_loss"]  # the same evaluation
+    assert base_records[0].is_file()  # stored again
+
+
 def test_resolving_saved_gram_gives_saved_scores(first_run):
     tmp, data, summary = first_run
     run_dir = tmp / "runs" / "t"

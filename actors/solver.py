@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import ray
 
-from engine.bootstrap import kmm_scores, resample
-from solvers import KMMSolution, solve_kmm, solve_kmm_gradients
+from engine.bootstrap import resample_run
+from engine.kmm_solve import solve_gram, solve_vectors
+from solvers import KMMSolution
 
 
 @ray.remote(num_cpus=1, max_restarts=1)
@@ -15,20 +16,13 @@ class SolverActor:
 
     def solve(self, K: np.ndarray, beta: np.ndarray, settings: dict) -> KMMSolution:
         """Solve with settings {gamma | budget, costs, method, normalize, rank_bound}; raises on a failed solve."""
-        return solve_kmm(K, beta, gamma=settings.get("gamma"), budget=settings.get("budget"),
-                         costs=settings.get("costs"), method=settings.get("method", "auto"),
-                         normalize=settings.get("normalize", "none"), rank_bound=settings.get("rank_bound"))
+        return solve_gram(K, beta, settings)
 
-    def bootstrap(self, examples: list[np.ndarray], target: np.ndarray, run: dict, samples: int,
+    def bootstrap(self, examples: dict[str, np.ndarray], names: list[str], run: dict, samples: int,
                   seed: int) -> tuple[np.ndarray, np.ndarray]:
-        """(W, S) of engine.bootstrap.resample, each resample solved as the run was: run = {metric, space,
-        settings, k}."""
-        def solve(G: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            return kmm_scores(G, g, run["metric"], run["space"], run["settings"])
-
-        return resample(examples, target, samples, seed, run["k"], solve)
+        """(W, S) of engine.bootstrap.resample_run: the previews resampled, each solved as the run was."""
+        return resample_run(examples, names, run, samples, seed)
 
     def solve_gradients(self, G: np.ndarray, g_tar: np.ndarray, settings: dict) -> KMMSolution:
         """Solve from the vectors (K never formed) with settings {gamma | budget, costs, normalize}."""
-        return solve_kmm_gradients(G, g_tar, gamma=settings.get("gamma"), budget=settings.get("budget"),
-                                   costs=settings.get("costs"), normalize=settings.get("normalize", "none"))
+        return solve_vectors(G, g_tar, settings)

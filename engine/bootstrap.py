@@ -9,23 +9,18 @@ import numpy as np
 import pyarrow as pa
 
 from engine.gram import metric_vectors
+from engine.kmm_solve import solve_gram, solve_vectors
+from engine.prepare import TARGET_KEY
 from engine.select import rank_order, select_top_k
-from solvers import solve_kmm, solve_kmm_gradients
 
 
 def kmm_scores(G: np.ndarray, g_tar: np.ndarray, metric: str, space: str, settings: dict) -> tuple[np.ndarray,
                                                                                                     np.ndarray]:
     """(w, beta) for group vectors G and g_tar as the run solves them: its metric, its space (K = G G^T formed,
-    or solved from the vectors), its solver settings {gamma | budget, costs, method, normalize, rank_bound}."""
+    or solved from the vectors), its solver settings."""
     Gm, gm, _ = metric_vectors(metric, np.asarray(G, np.float64), np.asarray(g_tar, np.float64))
     beta = Gm @ gm
-    common = {"gamma": settings.get("gamma"), "budget": settings.get("budget"), "costs": settings.get("costs"),
-              "normalize": settings.get("normalize", "none")}
-    if space == "gradients":
-        sol = solve_kmm_gradients(Gm, gm, **common)
-    else:
-        sol = solve_kmm(Gm @ Gm.T, beta, method=settings.get("method", "auto"), rank_bound=settings.get("rank_bound"),
-                        **common)
+    sol = solve_vectors(Gm, gm, settings) if space == "gradients" else solve_gram(Gm @ Gm.T, beta, settings)
     return sol.w, beta
 
 
@@ -47,6 +42,14 @@ def resample(examples: list[np.ndarray], target: np.ndarray, samples: int, seed:
         W[b], beta = solve(G, g)
         S[b, select_top_k(W[b], beta, k)] = True
     return W, S
+
+
+def resample_run(examples: dict[str, np.ndarray], names: list[str], run: dict, samples: int,
+                 seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """resample() of the groups `names` and the target (TARGET_KEY) from their per-example vectors, each resample
+    solved as the run was: run = {metric, space, settings, k}."""
+    return resample([examples[n] for n in names], examples[TARGET_KEY], samples, seed, run["k"],
+                    lambda G, g: kmm_scores(G, g, run["metric"], run["space"], run["settings"]))
 
 
 def bootstrap_table(names: list[str], w: np.ndarray, order: np.ndarray, W: np.ndarray, S: np.ndarray) -> pa.Table:

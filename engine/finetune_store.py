@@ -5,15 +5,13 @@ selections it has not trained before."""
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import logging
 import math
-import os
 from pathlib import Path
 
-import numpy as np
-
+from engine.prepare import examples_digest
+from engine.report import package_versions, write_json
 from engine.tokenize import TokenizedExample
 
 log = logging.getLogger("convalue")
@@ -24,24 +22,10 @@ RESULT_FIELDS = {"label": str, "groups": list, "steps": int, "target_steps": int
                  "val_loss": float, "first_train_loss": float, "last_train_loss": float, "seconds": float}
 
 
-def token_digest(examples: list[TokenizedExample]) -> str:
-    """Content hash of tokenised examples (ids and labels, in order)."""
-    h = hashlib.sha256()
-    for ex in examples:
-        ids = np.asarray(ex.input_ids, dtype=np.int64)
-        h.update(np.int64(len(ids)).tobytes() + ids.tobytes() + np.asarray(ex.labels, dtype=np.int64).tobytes())
-    return h.hexdigest()
-
-
 def job_settings(spec: dict, model_source: str) -> dict:
     """What a fine-tune's result depends on besides its data: model, LoRA, training settings, device, threads,
     and the versions of the packages that compute it."""
-    versions = {}
-    for p in ("torch", "transformers", "peft"):
-        try:
-            versions[p] = importlib.metadata.version(p)
-        except importlib.metadata.PackageNotFoundError:
-            versions[p] = None
+    versions = package_versions(("torch", "transformers", "peft"))
     return {"model": model_source, "model_dir": Path(spec["model_dir"]).name, "dtype": spec["dtype"],
             "pad_id": spec["pad_id"], "lora": spec["lora"], "device": spec.get("device", "cpu"),
             "threads": spec["threads"], "packages": versions,
@@ -53,11 +37,11 @@ class FinetuneStore:
 
     def __init__(self, root: Path, settings: dict, train: list[TokenizedExample], val: list[TokenizedExample]):
         self.root = root
-        self._base = {"settings": settings, "train": token_digest(train), "val": token_digest(val)}
+        self._base = {"settings": settings, "train": examples_digest(train), "val": examples_digest(val)}
 
     def job_key(self, aux: dict[str, list[TokenizedExample]]) -> str:
         """Key of a fine-tune on the target plus these auxiliary groups (names matter: they order the draws)."""
-        return self._hash(self._base | {"aux": {n: token_digest(aux[n]) for n in sorted(aux)}})
+        return self._hash(self._base | {"aux": {n: examples_digest(aux[n]) for n in sorted(aux)}})
 
     def base_key(self) -> str:
         """Key of the base model's validation loss."""
@@ -94,9 +78,7 @@ class FinetuneStore:
     def put(self, key: str, record: dict) -> None:
         """Store a record atomically (the run holds the folder's lock)."""
         self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.root / f"{key}.json.tmp"
-        tmp.write_text(json.dumps(record | {"key": key}, indent=1), encoding="utf-8")
-        os.replace(tmp, self.root / f"{key}.json")
+        write_json(record | {"key": key}, self.root / f"{key}.json")
 
     def put_base(self, loss: float) -> None:
         """Store the base-model validation loss."""

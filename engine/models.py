@@ -70,27 +70,17 @@ def checked_folder(source: str, what: str) -> Path:
     if not any((path / f).is_file() for f in WEIGHT_FILES):
         raise ModelError(f"{what} {source!r}: no weights in the folder (expected one of {list(WEIGHT_FILES)}); "
                          "save the model with save_pretrained")
-    _check_safetensors(path)
+    _safetensors_keys(path)  # a truncated or damaged file is refused here, not later in every worker
     return path
 
 
 def _weight_owners(path: Path) -> set[str]:
     """Last name of every module that owns a weight in the folder's safetensors files (empty for .bin weights)."""
-    from safetensors import safe_open
-
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        keys = list(json.loads(index.read_text(encoding="utf-8"))["weight_map"])  # checked by checked_folder
-    elif (path / "model.safetensors").is_file():
-        with safe_open(str(path / "model.safetensors"), framework="np") as f:
-            keys = list(f.keys())
-    else:
-        keys = []
-    return {k.rsplit(".", 2)[-2] for k in keys if k.count(".") >= 1}
+    return {k.rsplit(".", 2)[-2] for k in _safetensors_keys(path) if k.count(".") >= 1}
 
 
-def _check_safetensors(path: Path) -> None:
-    """Refuse a truncated or damaged .safetensors file here, not later in every worker (reads the headers only)."""
+def _safetensors_keys(path: Path) -> list[str]:
+    """The weight names in the folder's .safetensors files (headers only); ModelError for a damaged file or index."""
     from safetensors import safe_open
 
     index = path / "model.safetensors.index.json"
@@ -101,12 +91,14 @@ def _check_safetensors(path: Path) -> None:
             raise ModelError(f"{index}: not a readable weight index ({exc})") from None
     else:
         shards = ["model.safetensors"] if (path / "model.safetensors").is_file() else []
+    keys: list[str] = []
     for name in shards:
         try:
-            with safe_open(str(path / name), framework="np"):  # header only; numpy avoids importing torch
-                pass
+            with safe_open(str(path / name), framework="np") as f:  # header only; numpy avoids importing torch
+                keys += f.keys()
         except Exception as exc:  # safetensors raises SafetensorError or OSError
             raise ModelError(f"{path / name}: unreadable weights ({exc}); the file is truncated or damaged") from None
+    return keys
 
 
 def load_tokenizer(model_dir: Path):

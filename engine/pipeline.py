@@ -22,8 +22,8 @@ from actors.embedder import embed_on_workers
 from actors.finetune_job import base_eval_task, finetune_task
 from actors.gradient_worker import GradientWorker
 from actors.solver import SolverActor
-from engine.bootstrap import kmm_scores, resample
 from engine.bootstrap import outputs as bootstrap_outputs
+from engine.bootstrap import resample_run
 from engine.clustering import EmbeddingCache
 from engine.config import ConfigError, FeaturesConfig, RunConfig
 from engine.costs import load_costs
@@ -32,6 +32,7 @@ from engine.evaluate import BASELINE_METHODS, distinct_jobs, method_scores, plan
 from engine.featurize import block_tokens, plan_blocks
 from engine.finetune_store import FinetuneStore, job_settings
 from engine.gram import GramReducer, cosine, metric_vectors
+from engine.kmm_solve import solve_gram, solve_vectors
 from engine.locks import exclusive
 from engine.models import check_lora_targets_in, load_tokenizer, resolve_model_dir
 from engine.plots import plot_evaluation, plot_scores
@@ -49,7 +50,7 @@ from engine.report import (
 from engine.select import select_top_k
 from engine.store import StoreError, VectorStore, read_manifest
 from engine.tokenize import tokenize_examples
-from solvers import KMMInputError, solve_kmm, solve_kmm_gradients
+from solvers import KMMInputError
 
 log = logging.getLogger("convalue")
 RESULT_FILES = ("scores.parquet", "gram.npy", "beta.npy", "costs.npy", "clusters.parquet", "bootstrap.parquet",
@@ -252,7 +253,8 @@ def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names:
     jobs, served_by = distinct_jobs(plan)
     store = FinetuneStore(run_dir / "finetunes", job_settings(spec, cfg.model.source), data.target_train,
                           data.target_val)
-    keys = [store.job_key({n: usable(n) for n in job.groups}) for job in jobs]
+    auxes = [{n: usable(n) for n in job.groups} for job in jobs]
+    keys = [store.job_key(aux) for aux in auxes]
     results: list[dict | None] = [store.get(k) for k in keys]
     base = store.get_base()
     todo = [i for i, r in enumerate(results) if r is None]
@@ -260,8 +262,8 @@ def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names:
              len(scores), ks, len(jobs) - len(todo), store.root)
     opts = {"num_cpus": cfg.ray.cpus_per_worker, "num_gpus": cfg.ray.gpus_per_worker}
     train, val = ray.put(data.target_train), ray.put(data.target_val)
-    refs = {finetune_task.options(**opts).remote(spec, jobs[i].label, train, {n: usable(n) for n in jobs[i].groups},
-                                                 val, base is None and n == 0): i for n, i in enumerate(todo)}
+    refs = {finetune_task.options(**opts).remote(spec, jobs[i].label, train, auxes[i], val, base is None and n == 0): i
+            for n, i in enumerate(todo)}
     if base is None and not todo:
         refs[base_eval_task.options(**opts).remote(spec, val)] = -1
     pending = list(refs)
@@ -295,8 +297,8 @@ def _bootstrap(cfg: RunConfig, store: VectorStore, names: list[str], w: np.ndarr
     examples = store.load_examples(names + [TARGET_KEY])
     solver = SolverActor.remote()
     try:
-        W, S = ray.get(solver.bootstrap.remote(ray.put([examples[n] for n in names]), ray.put(examples[TARGET_KEY]),
-                                               run, cfg.bootstrap.samples, cfg.bootstrap.seed))
+        W, S = ray.get(solver.bootstrap.remote(ray.put(examples), names, run, cfg.bootstrap.samples,
+                                               cfg.bootstrap.seed))
     finally:
         ray.kill(solver)
     table, stats = bootstrap_outputs(names, w, beta, selected, W, S, cfg.bootstrap.seed)
@@ -538,9 +540,9 @@ def _resolve_bootstrap(run_dir: Path, summary: dict, w: np.ndarray, beta: np.nda
     names = summary["order"]
     root = run_dir / "vectors"
     examples = VectorStore(root, read_manifest(root)["fingerprint"]).load_examples(names + [TARGET_KEY])
-    metric, space, k = _metric(summary), summary.get("space", "gram"), summary["config"]["select"]["k"]
-    W, S = resample([examples[n] for n in names], examples[TARGET_KEY], samples, seed, k,
-                    lambda G, g: kmm_scores(G, g, metric, space, settings))
+    run = {"metric": _metric(summary), "space": summary.get("space", "gram"), "settings": settings,
+           "k": summary["config"]["select"]["k"]}
+    W, S = resample_run(examples, names, run, samples, seed)
     return bootstrap_outputs(names, w, beta, selected, W, S, seed)
 
 
@@ -612,13 +614,13 @@ def _resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method
         raise StoreError(f"{run_dir / 'beta.npy'}: shape {beta.shape}, but summary.json's order lists "
                          f"{len(names)} groups")
     prev = _saved_scores(run_dir, names)
+    settings = {"gamma": gamma, "budget": budget, "costs": costs, "method": method or "auto", "normalize": normalize,
+                "rank_bound": old.get("rank_bound")}
     try:
         if space == "gram":
-            sol = solve_kmm(arrays["gram.npy"], beta, gamma=gamma, budget=budget, costs=costs,
-                            method=method or "auto", normalize=normalize, rank_bound=old.get("rank_bound"))
+            sol = solve_gram(arrays["gram.npy"], beta, settings)
         else:
-            Gm, gm = _stored_vectors(run_dir, summary)
-            sol = solve_kmm_gradients(Gm, gm, gamma=gamma, budget=budget, costs=costs, normalize=normalize)
+            sol = solve_vectors(*_stored_vectors(run_dir, summary), settings)
     except KMMInputError as exc:  # name the saved files the bad values came from
         sources = files + ([] if space == "gram" else ["vectors/"])
         raise KMMInputError(f"{run_dir} ({', '.join(sources)}): {exc}") from None
@@ -629,8 +631,6 @@ def _resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method
                          sol.w, beta, cos, selected)
     boot = None
     if summary.get("bootstrap"):  # the run's bootstrap, redone for the new solve (else it would describe the old)
-        settings = {"gamma": gamma, "budget": budget, "costs": costs, "method": method or "auto",
-                    "normalize": normalize, "rank_bound": old.get("rank_bound")}
         boot, summary["bootstrap"] = _resolve_bootstrap(run_dir, summary, sol.w, beta, selected, settings)
     plot_scores(table, run_dir / "scores.png")  # first, as in a run: a failed figure leaves the scores as they were
     write_parquet(table, run_dir / "scores.parquet")

@@ -41,12 +41,17 @@ class PreparedData:
         return [it.name for it in self.items]
 
 
-def preview_key(item: WorkItem) -> str:
-    """Content hash of a group's tokenised preview (a stored vector is reused only when it matches)."""
+def examples_digest(examples: list) -> str:
+    """Content hash of tokenised examples (TokenizedExample or PromptExample), in order."""
     h = hashlib.sha256()
-    for ex in item.examples:
+    for ex in examples:
         h.update(repr(astuple(ex)).encode())
     return h.hexdigest()[:32]
+
+
+def preview_key(item: WorkItem) -> str:
+    """Content hash of a group's tokenised preview (a stored vector is reused only when it matches)."""
+    return examples_digest(item.examples)
 
 
 def _usable(tokens: list[TokenizedExample]) -> list[TokenizedExample]:

@@ -91,10 +91,10 @@ def _jsonable(x):
     raise TypeError(f"not JSON serialisable: {type(x).__name__}")
 
 
-def package_versions() -> dict[str, str | None]:
+def package_versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:
     """Installed versions of the packages that decide the numbers."""
     out = {}
-    for p in PACKAGES:
+    for p in packages:
         try:
             out[p] = importlib.metadata.version(p)
         except importlib.metadata.PackageNotFoundError:

@@ -7,7 +7,8 @@ import logging
 
 import pytest
 
-from engine.finetune_store import FinetuneStore, job_settings, token_digest
+from engine.finetune_store import FinetuneStore, job_settings
+from engine.prepare import examples_digest
 from engine.tokenize import IGNORE, TokenizedExample
 
 
@@ -67,7 +68,7 @@ def test_data_is_in_the_key(tmp_path):
     assert _store(tmp_path, val=[_ex(6, 7, 9)]).job_key(AUX) != base
     assert _store(tmp_path).job_key({"hindi": AUX["hindi"]}) != base
     assert _store(tmp_path).job_key({"hindi": AUX["urdu"], "urdu": AUX["hindi"]}) != base  # names order the draws
-    assert token_digest([_ex(1, 2), _ex(3)]) != token_digest([_ex(1), _ex(2, 3)])  # boundaries count
+    assert examples_digest([_ex(1, 2), _ex(3)]) != examples_digest([_ex(1), _ex(2, 3)])  # boundaries count
 
 
 def test_a_damaged_record_is_trained_again(tmp_path, caplog):

@@ -9,9 +9,10 @@ import numpy as np
 import ray
 
 from actors.dispatch import windowed
+from actors.startup import DeferredStartup
 
 
-class EmbedderImpl:
+class EmbedderImpl(DeferredStartup):
     """Loads the encoder once, with `threads` torch threads; embeds lists of texts."""
 
     def __init__(self, model_dir: str, threads: int):
@@ -21,18 +22,13 @@ class EmbedderImpl:
         from engine.data import DataError
 
         torch.set_num_threads(threads)
-        self.error: DataError | None = None
-        try:
-            self.encoder = load_encoder(Path(model_dir))
-        except DataError as exc:  # an input error: raised by each call, where the driver reports it as one
-            self.error = exc
+        self.encoder = self._start(lambda: load_encoder(Path(model_dir)), (DataError,))
 
     def embed(self, texts: list[str]) -> np.ndarray:
         """Unit-norm embeddings of texts, one float32 row each."""
         from engine.clustering import encode
 
-        if self.error is not None:
-            raise self.error
+        self._ready()
         return encode(self.encoder, texts)
 
 

@@ -8,6 +8,7 @@ import time
 import numpy as np
 import ray
 
+from actors.startup import DeferredStartup
 from engine.config import ConfigError
 from engine.featurize import WorkItem
 from engine.grpo import GrpoError
@@ -18,7 +19,7 @@ from engine.rewards import RewardError
 USER_ERRORS = (ConfigError, ModelError, ProjectionError, GrpoError, RewardError)  # what a replica's inputs can raise
 
 
-class GradientWorkerImpl:
+class GradientWorkerImpl(DeferredStartup):
     """Loads theta_0 (with a seeded LoRA adapter, unless full-parameter) once; returns projected group vectors."""
 
     def __init__(self, spec: dict):
@@ -28,24 +29,18 @@ class GradientWorkerImpl:
 
         torch.set_num_threads(int(spec["threads"]))
         t0 = time.perf_counter()
-        self.error: Exception | None = None
-        try:
-            self.grads = build_featurizer(spec)
-        except USER_ERRORS as exc:  # an input error: raised by each call, where the driver reports it as one
-            self.error = exc    # line (raised here, Ray would restart the actor and print each traceback)
+        self.grads = self._start(lambda: build_featurizer(spec), USER_ERRORS)
         self.load_seconds = time.perf_counter() - t0
 
     def info(self) -> dict:
         """Dimensions and identity of this replica."""
-        if self.error is not None:
-            raise self.error
+        self._ready()
         return {"pid": os.getpid(), "dim_in": self.grads.dim, "dim_out": self.grads.projector.dim_out,
                 "load_seconds": self.load_seconds}
 
     def featurize(self, items: list[WorkItem]) -> tuple[list[str], np.ndarray, dict, list[np.ndarray] | None]:
         """(names, [len(items), p] block, stats, per-example [m_i, p] blocks or None) for one block of groups."""
-        if self.error is not None:
-            raise self.error
+        self._ready()
         tokens0, sec0 = self.grads.tokens, self.grads.seconds
         block = self.grads.featurize(items)
         stats = {"tokens": self.grads.tokens - tokens0, "seconds": self.grads.seconds - sec0, "pid": os.getpid()}

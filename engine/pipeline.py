@@ -384,6 +384,7 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> dict:
             sizes = [len(g.examples) for g in data.resolved if g.members is not None]
             summary["data"]["clusters"] = {"groups": len(sizes), "examples": sum(sizes), "smallest": min(sizes),
                                            "largest": max(sizes), "pools_reusing_embeddings": embed.hits}
+        write_json(summary, run_dir / "summary.json")  # "running" until the end: a killed run does not look finished
         stage = "ray_init"
         try:
             if not session.connected:  # a flat pool connected before the data stage
@@ -505,6 +506,12 @@ def _saved_summary(run_dir: Path) -> dict:
         raise StoreError(f"{path}: not readable JSON ({exc})") from None
     if not isinstance(summary, dict):
         raise StoreError(f"{path}: expected a JSON object, got {type(summary).__name__}")
+    if summary.get("status") == "running":  # a live run holds the folder's lock, so this one was killed
+        raise StoreError(f"{path}: field `status` is \"running\": the run was stopped before it finished "
+                         "(run it again with `convalue run`)")
+    marker = summary.get("resolving")
+    if summary.get("status") == "resolving" and not (isinstance(marker, dict) and isinstance(marker.get("status"), str)):
+        raise StoreError(f"{path}: field `resolving.status` must name the status before the interrupted re-solve")
     order = summary.get("order")
     if (not isinstance(order, list) or not order or not all(isinstance(n, str) for n in order)
             or len(set(order)) != len(order)):
@@ -629,13 +636,20 @@ def _resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method
     cos = np.array([prev[n]["cosine"] for n in names])  # a property of the gradients, not of the solve
     table = scores_table(names, [prev[n]["n_examples"] for n in names], [prev[n]["n_preview"] for n in names],
                          sol.w, beta, cos, selected)
-    boot = None
+    boot = boot_stats = None
     if summary.get("bootstrap"):  # the run's bootstrap, redone for the new solve (else it would describe the old)
-        boot, summary["bootstrap"] = _resolve_bootstrap(run_dir, summary, sol.w, beta, selected, settings)
+        boot, boot_stats = _resolve_bootstrap(run_dir, summary, sol.w, beta, selected, settings)
+    # the files below are rewritten one by one: until the summary is final it says so, and a re-solve that was
+    # stopped midway reads back as "resolving" (a rerun of `convalue solve` finishes it)
+    status = summary["resolving"]["status"] if summary.get("status") == "resolving" else summary.get("status")
+    write_json(summary | {"status": "resolving", "resolving": {
+        "status": status, "gamma": gamma, "budget": budget, "method": method or "auto", "normalize": normalize}},
+        run_dir / "summary.json")
     plot_scores(table, run_dir / "scores.png")  # first, as in a run: a failed figure leaves the scores as they were
     write_parquet(table, run_dir / "scores.parquet")
     if boot is not None:
         write_parquet(boot, run_dir / "bootstrap.parquet")
+        summary["bootstrap"] = boot_stats
     summary["solver"] = sol.summary() | {"normalize": normalize} | (
         {"rank_bound": old["rank_bound"]} if old.get("rank_bound") else {})
     summary["selected"] = [names[i] for i in selected]
@@ -650,5 +664,7 @@ def _resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method
     else:
         summary.pop("finetune_stale", None)
     summary["resolved"] = True
+    summary["status"] = status
+    summary.pop("resolving", None)
     write_json(summary, run_dir / "summary.json")
     return summary

@@ -316,6 +316,8 @@ DAMAGED_RUN_FOLDERS = [
     (_summary_edit(lambda s: s.update(finetune=[{}])), r"field `finetune` is malformed"),
     (_summary_edit(lambda s: s.update(solver="x")), r"field `solver` is malformed"),
     (_summary_edit(lambda s: s.update(space="other")), r"field `space` is malformed"),
+    (_summary_edit(lambda s: s.update(status="running")), r"summary.json: field `status` is \"running\": the run was stopped"),
+    (_summary_edit(lambda s: s.update(status="resolving")), r"field `resolving.status` must name the status"),
     (lambda d: (d / "scores.parquet").unlink(), r"scores.parquet: missing"),
     (lambda d: (d / "scores.parquet").write_bytes(b"junk"), r"scores.parquet: not a readable Parquet file"),
     (_scores_edit(lambda t: t.drop_columns(["cosine"])), r"scores.parquet: missing column\(s\) \['cosine'\]"),
@@ -336,6 +338,66 @@ def test_resolve_refuses_a_damaged_summary_or_scores_table(first_run, tmp_path, 
     with pytest.raises(StoreError, match=message):
         resolve(run_dir, gamma=0.01, budget=None, method=None, normalize=None)
     assert {f.name: f.read_bytes() for f in run_dir.iterdir() if f.is_file()} == before
+
+
+def test_a_stopped_re_solve_reads_back_as_resolving_and_a_rerun_finishes_it(first_run, tmp_path, monkeypatch):
+    """A re-solve that stops between its files leaves summary.json saying so (status "resolving", with what it was
+    doing), never an old summary beside new scores; `convalue solve` again completes it and restores the status."""
+    import shutil
+
+    import engine.pipeline as pipeline
+
+    tmp, data, _ = first_run
+    run_dir = tmp_path / "copy"
+    shutil.copytree(tmp / "runs" / "t", run_dir)
+    old_gamma = json.loads((run_dir / "summary.json").read_text())["solver"]["gamma"]
+    write_parquet = pipeline.write_parquet
+
+    def stop_after_scores(table, path):
+        write_parquet(table, path)
+        raise KeyboardInterrupt  # stopped right after scores.parquet, before summary.json
+
+    monkeypatch.setattr(pipeline, "write_parquet", stop_after_scores)
+    with pytest.raises(KeyboardInterrupt):
+        resolve(run_dir, gamma=old_gamma / 3, budget=None, method=None, normalize=None)
+    on_disk = json.loads((run_dir / "summary.json").read_text())
+    assert on_disk["status"] == "resolving" and on_disk["solver"]["gamma"] == old_gamma
+    assert on_disk["resolving"] == {"status": "complete", "gamma": old_gamma / 3, "budget": None, "method": "auto",
+                                    "normalize": on_disk["solver"]["normalize"]}
+    monkeypatch.setattr(pipeline, "write_parquet", write_parquet)
+    out = resolve(run_dir, gamma=old_gamma / 3, budget=None, method=None, normalize=None)
+    on_disk = json.loads((run_dir / "summary.json").read_text())
+    assert out["status"] == on_disk["status"] == "complete" and "resolving" not in on_disk
+    assert on_disk["solver"]["gamma"] == old_gamma / 3
+    scores = {r["group"]: r["score"] for r in pq.read_table(run_dir / "scores.parquet").to_pylist()}
+    assert [scores[n] for n in on_disk["order"]] == pytest.approx(
+        solve_kmm(np.load(run_dir / "gram.npy"), np.load(run_dir / "beta.npy"), gamma=old_gamma / 3,
+                  normalize=on_disk["solver"]["normalize"]).w, abs=1e-9)
+
+
+def test_a_run_says_running_until_it_ends(ray_session, tiny_model_dir, tmp_path, monkeypatch):
+    """summary.json says "running" from the moment the folder is cleared, so a run killed midway (no `finally`)
+    never leaves results that look finished; a re-solve of such a folder is refused."""
+    from conftest import chatterbot_pairs, write_jsonl
+
+    import engine.pipeline as pipeline
+
+    target = write_jsonl(tmp_path / "t.jsonl", chatterbot_pairs("marathi", 8))
+    pool = write_jsonl(tmp_path / "p.jsonl", [r | {"group": "en"} for r in chatterbot_pairs("english", 4)])
+    run_dir = tmp_path / "runs" / "t"
+    seen = {}
+
+    def featurize(*args, **kwargs):
+        seen.update(json.loads((run_dir / "summary.json").read_text()))
+        raise RuntimeError("stopped in featurize")
+
+    monkeypatch.setattr(pipeline, "featurize", featurize)
+    with pytest.raises(RuntimeError, match="stopped in featurize"):
+        run(config_from_dict(tiny_run_config(tmp_path, tiny_model_dir, target, pool)))
+    assert seen["status"] == "running" and seen["data"]["candidates"] == 1
+    (run_dir / "summary.json").write_text(json.dumps(seen))  # what a killed run leaves
+    with pytest.raises(StoreError, match=r"field `status` is \"running\""):
+        resolve(run_dir, gamma=0.01, budget=None, method=None, normalize=None)
 
 
 def test_a_run_folder_in_use_is_refused_and_left_untouched(first_run, tmp_path):

@@ -25,31 +25,40 @@ def kmm_scores(G: np.ndarray, g_tar: np.ndarray, metric: str, space: str, settin
 
 
 def resample(examples: list[np.ndarray], target: np.ndarray, samples: int, seed: int, k: int,
-             solve: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray,
-                                                                                                 np.ndarray]:
-    """(W, S): the scores of each resample (samples x N) and whether each group was among its top-k positive.
+             solve: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]],
+             first: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(W, S): the scores of resamples first .. first + samples - 1 (samples x N) and whether each group was among
+    their top-k positive.
 
     examples[i]: group i's per-example vectors (m_i x p); target: the target preview's (m x p). Resample b draws
-    m_i rows of each with replacement (one seeded stream) and solves with solve(G_b, g_b) -> (w_b, beta_b).
+    m_i rows of each with replacement from its own seeded stream (so a resample is the same whichever worker
+    draws it) and solves with solve(G_b, g_b) -> (w_b, beta_b).
     """
-    rng = np.random.default_rng([seed, 0xB0])
     n = len(examples)
     W = np.empty((samples, n))
     S = np.zeros((samples, n), dtype=bool)
-    for b in range(samples):
+    for j in range(samples):
+        rng = np.random.default_rng([seed, 0xB0, first + j])
         G = np.stack([x[rng.integers(len(x), size=len(x))].mean(axis=0) for x in examples])
         g = target[rng.integers(len(target), size=len(target))].mean(axis=0)
-        W[b], beta = solve(G, g)
-        S[b, select_top_k(W[b], beta, k)] = True
+        W[j], beta = solve(G, g)
+        S[j, select_top_k(W[j], beta, k)] = True
     return W, S
 
 
 def resample_run(examples: dict[str, np.ndarray], names: list[str], run: dict, samples: int,
-                 seed: int) -> tuple[np.ndarray, np.ndarray]:
+                 seed: int, first: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """resample() of the groups `names` and the target (TARGET_KEY) from their per-example vectors, each resample
     solved as the run was: run = {metric, space, settings, k}."""
     return resample([examples[n] for n in names], examples[TARGET_KEY], samples, seed, run["k"],
-                    lambda G, g: kmm_scores(G, g, run["metric"], run["space"], run["settings"]))
+                    lambda G, g: kmm_scores(G, g, run["metric"], run["space"], run["settings"]), first)
+
+
+def split_resamples(samples: int, parts: int) -> list[tuple[int, int]]:
+    """(first, count) of at most `parts` contiguous, near-equal runs of resamples covering 0 .. samples - 1."""
+    parts = max(1, min(parts, samples))
+    edges = np.linspace(0, samples, parts + 1).round().astype(int)
+    return [(int(a), int(b - a)) for a, b in zip(edges[:-1], edges[1:]) if b > a]
 
 
 def bootstrap_table(names: list[str], w: np.ndarray, order: np.ndarray, W: np.ndarray, S: np.ndarray) -> pa.Table:

@@ -352,7 +352,9 @@ class BootstrapConfig:
     samples: int = opt(0, "B: bootstrap resamples. Each draws every group's preview examples (and the target's) with "
                           "replacement, re-forms the group vectors, K and beta in the run's metric, and solves KMM "
                           "with the run's solver settings; the run reports each group's score spread and how often "
-                          "it is selected (bootstrap.parquet). 0: off. Needs features.keep_per_example.")
+                          "it is selected (bootstrap.parquet). 0: off. Needs features.keep_per_example. The "
+                          "resamples are spread over ray.workers solver actors (ray.cpus_per_worker CPUs each); "
+                          "each has its own seed, so the result does not depend on the spread.")
     seed: int = opt(0, "Seed of the resampling.")
 
     def validate(self) -> None:

@@ -21,7 +21,7 @@ from actors.dispatch import WorkItemError, windowed
 from actors.embedder import embed_on_workers
 from actors.finetune_job import base_eval_task, finetune_task
 from actors.gradient_worker import GradientWorker
-from actors.solver import SolverActor
+from actors.solver import SolverActor, bootstrap_on_actors
 from engine.bootstrap import outputs as bootstrap_outputs
 from engine.bootstrap import resample_run
 from engine.clustering import EmbeddingCache
@@ -293,14 +293,10 @@ def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names:
 
 def _bootstrap(cfg: RunConfig, store: VectorStore, names: list[str], w: np.ndarray, beta: np.ndarray,
                selected: list[int], run: dict) -> tuple[object, dict]:
-    """Resample the previews bootstrap.samples times on a solver actor; (bootstrap.parquet's table, summary)."""
-    examples = store.load_examples(names + [TARGET_KEY])
-    solver = SolverActor.remote()
-    try:
-        W, S = ray.get(solver.bootstrap.remote(ray.put(examples), names, run, cfg.bootstrap.samples,
-                                               cfg.bootstrap.seed))
-    finally:
-        ray.kill(solver)
+    """Resample the previews bootstrap.samples times, spread over ray.workers solver actors; (bootstrap.parquet's
+    table, summary). Each resample has its own seed, so the result does not depend on the spread."""
+    W, S = bootstrap_on_actors(store.load_examples(names + [TARGET_KEY]), names, run, cfg.bootstrap.samples,
+                               cfg.bootstrap.seed, cfg.ray.workers, cfg.ray.cpus_per_worker)
     table, stats = bootstrap_outputs(names, w, beta, selected, W, S, cfg.bootstrap.seed)
     log.info("bootstrap: %d resamples of the previews; the selection came out again in %.0f %% of them",
              len(W), 100 * stats["same_selection"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.bootstrap import bootstrap_table, kmm_scores, resample, stability
+from engine.bootstrap import bootstrap_table, kmm_scores, resample, split_resamples, stability
 from engine.report import format_bootstrap
 from engine.select import rank_order, select_top_k
 from solvers import solve_kmm
@@ -74,3 +74,22 @@ def test_noisy_previews_spread_the_scores_deterministically():
     # the target leans on g0 and g1: they are bought far more often than the unrelated groups
     p = S.mean(axis=0)
     assert min(p[0], p[1]) > max(p[2:])
+
+
+def test_resamples_do_not_depend_on_how_they_are_split():
+    """Each resample has its own seeded stream: drawn in parts (as the run spreads them over actors) they equal
+    the resamples drawn in one go."""
+    examples, target = _groups(1.0)
+    W, S = resample(examples, target, samples=11, seed=5, k=2, solve=_solve)
+    parts = split_resamples(11, 4)
+    assert parts == [(0, 3), (3, 3), (6, 2), (8, 3)]
+    pieces = [resample(examples, target, samples=c, seed=5, k=2, solve=_solve, first=f) for f, c in parts]
+    assert np.array_equal(np.vstack([p[0] for p in pieces]), W) and np.array_equal(np.vstack([p[1] for p in pieces]), S)
+
+
+@pytest.mark.parametrize("samples, parts", [(1, 8), (7, 1), (12, 8), (100, 3), (5, 5)])
+def test_split_resamples_covers_every_resample_once(samples, parts):
+    split = split_resamples(samples, parts)
+    assert 1 <= len(split) <= min(samples, parts) and all(c >= 1 for _, c in split)
+    assert [i for f, c in split for i in range(f, f + c)] == list(range(samples))
+    assert max(c for _, c in split) - min(c for _, c in split) <= 1

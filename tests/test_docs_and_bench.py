@@ -125,3 +125,9 @@ def test_clustering_bench_embeds_both_ways_and_ends_with_json():
     figures = bench_json("clustering.py", "--examples", "40", "--languages", "english", "--clusters", "4")
     assert figures["bench"] == "clustering" and figures["examples"] == 40 and figures["clusters"] == 4
     assert figures["max_abs_diff"] < 1e-4 and figures["driver_s"] > 0 and figures["ray_s"] > 0
+
+
+def test_bootstrap_bench_spreads_the_same_resamples_and_ends_with_json():
+    figures = bench_json("bootstrap.py", "--case", "40x64", "--m", "4", "--samples", "5", "--repeats", "1")
+    assert figures["bench"] == "bootstrap" and figures["samples"] == 5 and figures["workers"] == 2
+    assert figures["same_resamples"]  # one actor and two give the same resamples, bit for bit up to 1e-9

@@ -512,6 +512,14 @@ def test_per_example_vectors_are_kept_and_average_to_the_group_vector(first_run)
     assert stats["samples"] == 12 and stats["seed"] == 1 and 0 <= stats["same_selection"] <= 1
     assert set(stats["p_selected"]) == set(summary["selected"])
     assert sum(r["p_selected"] for r in boot) <= data["select"]["k"] + 1e-9  # at most k per resample
+    # the run spread its 12 resamples over 2 solver actors in 8 parts; a re-solve at the run's own settings redoes
+    # them one after another in this process: the same resamples, so the same table
+    resolve(tmp / "runs" / "pe", gamma=data["solver"]["gamma"], budget=None, method=None, normalize=None)
+    redone = pq.read_table(tmp / "runs" / "pe" / "bootstrap.parquet").to_pylist()
+    assert [(r["group"], r["p_selected"], r["p_positive"]) for r in redone] == [
+        (r["group"], r["p_selected"], r["p_positive"]) for r in boot]
+    for col in ("score", "score_mean", "score_std", "score_q025", "score_q975"):
+        assert [r[col] for r in redone] == pytest.approx([r[col] for r in boot], rel=1e-9, abs=1e-12)
     # a re-solve redoes the bootstrap for its own settings: the table describes the new scores, not the old
     out = resolve(tmp / "runs" / "pe", gamma=data["solver"]["gamma"] / 4, budget=None, method=None, normalize=None)
     again = pq.read_table(tmp / "runs" / "pe" / "bootstrap.parquet").to_pylist()

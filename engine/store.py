@@ -144,23 +144,33 @@ class VectorStore:
                                         "sha256": _sha256(self.root / name)})
         _atomic_json(self.manifest_path, self.manifest)
 
-    def _tables(self) -> Iterator[tuple[pa.Table, int]]:
-        """Every block's table (checksum verified first) and its vector dimension p."""
+    def _tables(self, names: list[str], columns: list[str]) -> Iterator[pa.Table]:
+        """The blocks that hold any of `names`, each with those of `columns` it has; each file is read once and
+        its checksum verified on the very bytes that are parsed."""
+        wanted = set(names)
         for b in self.manifest["blocks"]:
-            if not self._valid(b):
-                raise StoreError(f"{self.root / b['file']}: checksum mismatch; the block was changed or truncated")
-            t = pq.read_table(self.root / b["file"])
-            yield t, t.schema.field("vector").type.list_size
+            if wanted.isdisjoint(b["groups"]):
+                continue
+            path = self.root / b["file"]
+            try:
+                data = path.read_bytes()
+            except OSError as exc:
+                raise StoreError(f"{path}: unreadable ({exc})") from None
+            if hashlib.sha256(data).hexdigest() != b["sha256"]:
+                raise StoreError(f"{path}: checksum mismatch; the block was changed or truncated")
+            present = set(pq.read_schema(pa.BufferReader(data)).names)
+            yield pq.read_table(pa.BufferReader(data), columns=[c for c in columns if c in present])
 
     def load(self, names: list[str]) -> tuple[np.ndarray, dict[str, int]]:
         """Vectors for `names` in that order ([N, p] float32) and their n_examples; checksums verified."""
         rows: dict[str, np.ndarray] = {}
         counts: dict[str, int] = {}
-        for t, p in self._tables():
+        for t in self._tables(names, ["group", "n_examples", "vector"]):
+            p = t.schema.field("vector").type.list_size
             vec = t.column("vector").combine_chunks().flatten().to_numpy(zero_copy_only=False).reshape(-1, p)
-            for i, g in enumerate(t.column("group").to_pylist()):
+            for i, (g, m) in enumerate(zip(t.column("group").to_pylist(), t.column("n_examples").to_pylist())):
                 rows[g] = vec[i]
-                counts[g] = t.column("n_examples")[i].as_py()
+                counts[g] = m
         missing = [n for n in names if n not in rows]
         if missing:
             why = (f" (blocks {self.dropped[:5]} were refused on opening: missing, changed or truncated)"
@@ -171,10 +181,11 @@ class VectorStore:
     def load_examples(self, names: list[str]) -> dict[str, np.ndarray]:
         """Per-example vectors ([m_i, p] float32) of `names`, for runs with features.keep_per_example."""
         out: dict[str, np.ndarray] = {}
-        for t, p in self._tables():
+        for t in self._tables(names, ["group", "example_vectors"]):
             if "example_vectors" not in t.column_names:
                 continue
             lists = t.column("example_vectors").combine_chunks()
+            p = lists.type.value_type.list_size
             offsets = lists.offsets.to_numpy()
             X = lists.values.flatten().to_numpy(zero_copy_only=False).reshape(-1, p)
             for i, g in enumerate(t.column("group").to_pylist()):

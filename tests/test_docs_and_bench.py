@@ -131,3 +131,9 @@ def test_bootstrap_bench_spreads_the_same_resamples_and_ends_with_json():
     figures = bench_json("bootstrap.py", "--case", "40x64", "--m", "4", "--samples", "5", "--repeats", "1")
     assert figures["bench"] == "bootstrap" and figures["samples"] == 5 and figures["workers"] == 2
     assert figures["same_resamples"]  # one actor and two give the same resamples, bit for bit up to 1e-9
+
+
+def test_store_reads_bench_reads_less_for_the_same_results_and_ends_with_json():
+    figures = bench_json("store_reads.py", "--case", "40x64", "--repeats", "1")
+    assert figures["bench"] == "store_reads" and figures["same_results"]
+    assert figures["now_mb_read"] < figures["former_mb_read"]  # bytes, not time: deterministic

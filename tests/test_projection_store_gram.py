@@ -115,6 +115,27 @@ def test_store_round_trip_resume_and_checksums(tmp_path):
         reopened.load(["c"])
 
 
+def test_store_reads_only_the_blocks_it_is_asked_for_each_checked_on_the_bytes_read(tmp_path):
+    """A load reads the blocks that hold its groups, and nothing else: damage elsewhere does not stop it, damage
+    in a block it reads does (checked on the very bytes parsed). Per-example vectors come back per group."""
+    fp = {"model": "m", "projection": {"kind": "countsketch", "dim": 4, "seed": 0}}
+    s = VectorStore(tmp_path / "v", fp)
+    per = [np.full((2, 4), i, dtype=np.float32) for i in range(3)]
+    s.write_block(["a", "b"], ["ka", "kb"], [2, 2], [20, 20], np.stack([x.mean(0) for x in per[:2]]), per[:2])
+    s.write_block(["c"], ["kc"], [2], [20], per[2][:1], per[2:])
+    opened = VectorStore(tmp_path / "v", fp)
+    blk = tmp_path / "v" / opened.manifest["blocks"][0]["file"]
+    blk.write_bytes(blk.read_bytes()[:-10])  # damaged after the store was opened
+    Y, counts = opened.load(["c"])
+    np.testing.assert_array_equal(Y, [[2, 2, 2, 2]])
+    assert counts == {"c": 2}
+    np.testing.assert_array_equal(opened.load_examples(["c"])["c"], per[2])
+    with pytest.raises(StoreError, match=r"block-000000.parquet: checksum mismatch"):
+        opened.load(["a", "c"])
+    with pytest.raises(StoreError, match=r"block-000000.parquet: checksum mismatch"):
+        opened.load_examples(["b"])
+
+
 def _marked(root) -> bool:
     manifest = json.loads((root / "manifest.json").read_text())
     return manifest.get("complete", False) or "groups" in manifest

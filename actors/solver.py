@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import ray
 
@@ -31,9 +33,11 @@ class SolverActor:
 
 
 def bootstrap_on_actors(examples: dict[str, np.ndarray], names: list[str], run: dict, samples: int, seed: int,
-                        workers: int, cpus: int = 1) -> tuple[np.ndarray, np.ndarray]:
+                        workers: int, cpus: int = 1,
+                        on_part: Callable[[int], None] = lambda count: None) -> tuple[np.ndarray, np.ndarray]:
     """(W, S) of resample_run's `samples` resamples, spread over `workers` solver actors (`cpus` each) in
-    contiguous parts; equal to resample_run in one process, since each resample has its own seed."""
+    contiguous parts (on_part(count) as each part arrives); equal to resample_run in one process, since each
+    resample has its own seed."""
     ref = ray.put(examples)  # once in the object store, read by every actor
     parts = split_resamples(samples, 4 * workers)  # several per actor: progress, and a balanced tail
     actors = [SolverActor.options(num_cpus=cpus).remote() for _ in range(min(workers, len(parts)))]
@@ -43,6 +47,7 @@ def bootstrap_on_actors(examples: dict[str, np.ndarray], names: list[str], run: 
                 actors, parts, lambda a, part: a.bootstrap.remote(ref, names, run, part[1], seed, part[0]),
                 2 * len(actors)):
             W[first:first + count], S[first:first + count] = Wp, Sp
+            on_part(count)
     finally:
         for a in actors:
             ray.kill(a)

@@ -10,7 +10,7 @@ import os
 import socket
 import time
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 
@@ -21,6 +21,7 @@ from actors.dispatch import WorkItemError, windowed
 from actors.embedder import embed_on_workers
 from actors.finetune_job import base_eval_task, finetune_task
 from actors.gradient_worker import GradientWorker
+from actors.progress import Progress
 from actors.solver import SolverActor, bootstrap_on_actors
 from engine.bootstrap import outputs as bootstrap_outputs
 from engine.bootstrap import resample_run
@@ -59,20 +60,25 @@ WORKER_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PA
 
 
 class Timer:
-    """Wall time per named stage."""
+    """Wall time per named stage, logged, and reported to the run's progress actor once Ray is up."""
 
-    def __init__(self) -> None:
+    def __init__(self, progress: Callable[[], Progress | None] = lambda: None) -> None:
         self.seconds: dict[str, float] = {}
+        self.progress = progress
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[None]:
         t0 = time.perf_counter()
         log.info("stage %s ...", name)
+        if (p := self.progress()) is not None:
+            p.begin(name)
         try:
             yield
         finally:
             self.seconds[name] = round(time.perf_counter() - t0, 3)
             log.info("stage %s done in %.1f s", name, self.seconds[name])
+            if (p := self.progress()) is not None:
+                p.end(name, self.seconds[name])
 
 
 class ClusterError(RuntimeError):
@@ -159,13 +165,15 @@ def _worker_spec(cfg: RunConfig, model_dir: Path, pad_id: int) -> dict:
 
 
 def featurize(cfg: RunConfig, spec: dict, data: PreparedData, store: VectorStore,
-              reducer: GramReducer) -> tuple[np.ndarray, dict]:
+              reducer: GramReducer, progress: Progress) -> tuple[np.ndarray, dict]:
     """Compute (or reuse from the store) every group's projected gradient; returns g_tar and stats."""
     items = [data.target_item] + data.items
     keys = {it.name: preview_key(it) for it in items}
     done = store.done()
     todo = [it for it in items if done.get(it.name) != keys[it.name]]
     reused = [it.name for it in items if done.get(it.name) == keys[it.name]]
+    progress.total("featurize", len(items))
+    progress.advance("featurize", len(reused))
     if reused:
         X, _ = store.load(reused)
         reducer.add(reused, X)
@@ -199,6 +207,7 @@ def featurize(cfg: RunConfig, spec: dict, data: PreparedData, store: VectorStore
                 for k in grpo if "grpo" in st else ():
                     grpo[k] += st["grpo"][k]
                 finished += len(names)
+                progress.advance("featurize", len(names), tokens=st["tokens"])
                 log.info("featurised %d/%d groups (%s)", finished, len(todo), ", ".join(names))
         finally:
             for w in workers:
@@ -236,7 +245,8 @@ def check_nonzero(cfg: RunConfig, names: list[str], G: np.ndarray, g_tar: np.nda
 
 
 def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names: list[str],
-               scores: dict[str, np.ndarray], beta: np.ndarray, run_dir: Path) -> tuple[list[dict], dict]:
+               scores: dict[str, np.ndarray], beta: np.ndarray, run_dir: Path,
+               progress: Progress) -> tuple[list[dict], dict]:
     """Fine-tune every cell of the evaluation protocol on Ray, each distinct selection once and only when the run
     folder does not hold it already; (rows, evaluation)."""
     groups = {g.name: g for g in data.candidates}
@@ -258,6 +268,8 @@ def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names:
     results: list[dict | None] = [store.get(k) for k in keys]
     base = store.get_base()
     todo = [i for i, r in enumerate(results) if r is None]
+    progress.total("finetune", len(jobs))
+    progress.advance("finetune", len(jobs) - len(todo))
     log.info("%d fine-tunes for %d protocol runs (%d methods x k in %s); %d stored in %s", len(jobs), len(plan),
              len(scores), ks, len(jobs) - len(todo), store.root)
     opts = {"num_cpus": cfg.ray.cpus_per_worker, "num_gpus": cfg.ray.gpus_per_worker}
@@ -277,6 +289,7 @@ def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names:
                 continue
             results[i] = ray.get(done).to_dict()
             store.put(keys[i], results[i])
+            progress.advance("finetune")
             if results[i]["base_val_loss"] is not None:
                 base = results[i]["base_val_loss"]
                 store.put_base(base)
@@ -292,11 +305,13 @@ def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names:
 
 
 def _bootstrap(cfg: RunConfig, store: VectorStore, names: list[str], w: np.ndarray, beta: np.ndarray,
-               selected: list[int], run: dict) -> tuple[object, dict]:
+               selected: list[int], run: dict, progress: Progress) -> tuple[object, dict]:
     """Resample the previews bootstrap.samples times, spread over ray.workers solver actors; (bootstrap.parquet's
     table, summary). Each resample has its own seed, so the result does not depend on the spread."""
+    progress.total("bootstrap", cfg.bootstrap.samples)
     W, S = bootstrap_on_actors(store.load_examples(names + [TARGET_KEY]), names, run, cfg.bootstrap.samples,
-                               cfg.bootstrap.seed, cfg.ray.workers, cfg.ray.cpus_per_worker)
+                               cfg.bootstrap.seed, cfg.ray.workers, cfg.ray.cpus_per_worker,
+                               on_part=lambda count: progress.advance("bootstrap", count))
     table, stats = bootstrap_outputs(names, w, beta, selected, W, S, cfg.bootstrap.seed)
     log.info("bootstrap: %d resamples of the previews; the selection came out again in %.0f %% of them",
              len(W), 100 * stats["same_selection"])
@@ -325,20 +340,24 @@ class RaySession:
 
     def __init__(self, cfg: RunConfig, addr: str | None):
         self.cfg, self.addr, self.connected, self.started = cfg, addr, False, False
+        self.progress: Progress | None = None
 
     def up(self) -> None:
-        """Connect (or start an embedded Ray) unless already done."""
+        """Connect (or start an embedded Ray) unless already done, and start the run's progress actor."""
         if not self.connected:
             self.started, self.connected = connect(self.cfg, self.addr), True
+            self.progress = Progress(self.cfg.name)
 
     def close(self) -> None:
-        """Shut down a Ray this run started."""
+        """Stop the progress actor; shut down a Ray this run started."""
+        if self.progress is not None:
+            self.progress.close()
         if self.started:
             ray.shutdown()
 
 
 def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> dict:
-    timer = Timer()
+    timer = Timer(lambda: session.progress)
     t_start = time.perf_counter()
     if cfg.model.dtype == "bfloat16" and cfg.ray.gpus_per_worker == 0:
         log.warning("model.dtype bfloat16 on CPU workers (ray.gpus_per_worker 0): bf16 matmuls on a CPU without "
@@ -392,7 +411,7 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> dict:
             reducer = GramReducer(tiles=space == "gram")
             stage = "featurize"
             with timer.stage("featurize"):
-                g_tar, fstats = featurize(cfg, spec, data, store, reducer)
+                g_tar, fstats = featurize(cfg, spec, data, store, reducer, session.progress)
             summary["featurize"] = fstats
             stage = "gram"
             with timer.stage("gram"):
@@ -430,7 +449,8 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> dict:
                 with timer.stage("bootstrap"):
                     boot, summary["bootstrap"] = _bootstrap(cfg, store, names, w, beta, selected,
                                                             {"metric": cfg.features.metric, "space": space,
-                                                             "settings": settings, "k": cfg.select.k})
+                                                             "settings": settings, "k": cfg.select.k},
+                                                            session.progress)
             n_examples = [len(g.examples) for g in data.candidates]
             cos = cosine(G, g_tar)
             table = scores_table(names, n_examples, [len(it.examples) for it in data.items], w, beta, cos,
@@ -453,7 +473,7 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> dict:
                     methods = ["kmm"] + [b for b in cfg.finetune.baselines if b in BASELINE_METHODS]
                     scores = method_scores(methods, w, beta, cos, cfg.finetune.seed)
                     results, summary["evaluation"] = _finetunes(cfg, spec, tokenizer, data, names, scores, beta,
-                                                                run_dir)
+                                                                run_dir, session.progress)
                 plot_evaluation(results, summary["evaluation"], run_dir / "evaluation.png")
                 write_parquet(evaluation_table(results), run_dir / "evaluation.parquet")
             summary["finetune"] = results
@@ -465,6 +485,8 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> dict:
             raise
         finally:
             summary["timings_s"] = timer.seconds | {"total": round(time.perf_counter() - t_start, 3)}
+            if session.progress is not None and (snap := session.progress.snapshot()) is not None:
+                summary["progress"] = snap["stages"]  # how far each stage got: of interest when one failed
             write_json(summary, run_dir / "summary.json")
     return summary
 

@@ -57,6 +57,12 @@ def test_outputs_are_complete_and_consistent(first_run):
     assert manifest["complete"] and manifest["fingerprint"]["projection"] == data["projection"]
     assert on_disk["solver"]["rank_bound"] == manifest["dim"] == data["projection"]["dim"]  # rank(K) <= p, told the solver
     assert all(s > 0 for s in table.filter(table.column("selected")).column("score").to_pylist())
+    # the progress actor saw every stage end and every item: the 5 groups and the target, each fine-tune
+    progress = on_disk["progress"]
+    assert progress["featurize"] == {"done": 6, "total": 6, "seconds": on_disk["timings_s"]["featurize"]}
+    tuned = on_disk["evaluation"]["fine_tunes"]["trained"] + on_disk["evaluation"]["fine_tunes"]["reused"]
+    assert progress["finetune"]["done"] == progress["finetune"]["total"] == tuned > 0
+    assert set(progress) >= {"ray_init", "featurize", "gram", "solve", "finetune"}
 
 
 def test_evaluation_protocol_fine_tunes_every_method_at_every_k(first_run):
@@ -211,6 +217,7 @@ def test_failure_mid_run_leaves_no_complete_looking_result(ray_session, tiny_mod
     assert not (run_dir / "scores.parquet").exists() and not (run_dir / "gram.npy").exists()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["failed_stage"] == "featurize"
+    assert summary["progress"]["featurize"]["done"] == 0 and summary["progress"]["featurize"]["total"] == 2
 
 
 def test_unknown_lora_module_is_refused_before_ray_or_the_run_folder(tiny_model_dir, tmp_path):
@@ -510,6 +517,7 @@ def test_per_example_vectors_are_kept_and_average_to_the_group_vector(first_run)
     assert all(0 <= r["p_selected"] <= 1 and r["score_q025"] <= r["score_q975"] for r in boot)
     stats = summary["bootstrap"]
     assert stats["samples"] == 12 and stats["seed"] == 1 and 0 <= stats["same_selection"] <= 1
+    assert summary["progress"]["bootstrap"]["done"] == summary["progress"]["bootstrap"]["total"] == 12
     assert set(stats["p_selected"]) == set(summary["selected"])
     assert sum(r["p_selected"] for r in boot) <= data["select"]["k"] + 1e-9  # at most k per resample
     # the run spread its 12 resamples over 2 solver actors in 8 parts; a re-solve at the run's own settings redoes

@@ -1,0 +1,106 @@
+"""A run's progress on its cluster: a small actor that keeps it and exports it as Ray metrics (Prometheus)."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import ray
+
+log = logging.getLogger("convalue")
+
+TAGS = ("run", "stage")
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class ProgressActor:
+    """Stage, items done of items to do, and tokens of one run; every change is exported as a Ray metric
+    (`ray_convalue_*` on each node's metrics endpoint, which Prometheus and the dashboard's Grafana read)."""
+
+    def __init__(self, run: str):
+        from ray.util.metrics import Counter, Gauge
+
+        self.run = run
+        self.done_metric = Counter("convalue_items_done", "Work items finished by a stage (groups featurised, "
+                                   "bootstrap resamples, fine-tunes).", tag_keys=TAGS)
+        self.total_metric = Gauge("convalue_items_total", "Work items the stage has to finish.", tag_keys=TAGS)
+        self.running_metric = Gauge("convalue_stage_running", "1 while the stage runs, else 0.", tag_keys=TAGS)
+        self.seconds_metric = Gauge("convalue_stage_seconds", "Wall seconds of the stage, once it ended.",
+                                    tag_keys=TAGS)
+        self.tokens_metric = Counter("convalue_tokens_featurised", "Tokens featurised by the gradient workers.",
+                                     tag_keys=("run",))
+        self.stages: dict[str, dict] = {}
+        self.current: str | None = None
+        self.tokens = 0
+
+    def _tags(self, stage: str) -> dict[str, str]:
+        return {"run": self.run, "stage": stage}
+
+    def begin(self, stage: str) -> None:
+        """The stage starts."""
+        self.current = stage
+        self.stages.setdefault(stage, {"done": 0, "total": None, "seconds": None})
+        self.running_metric.set(1, tags=self._tags(stage))
+
+    def total(self, stage: str, n: int) -> None:
+        """The stage has n items to finish."""
+        self.stages.setdefault(stage, {"done": 0, "total": None, "seconds": None})["total"] = n
+        self.total_metric.set(n, tags=self._tags(stage))
+
+    def advance(self, stage: str, n: int = 1, tokens: int = 0) -> None:
+        """n more items of the stage finished (and `tokens` more tokens featurised)."""
+        self.stages.setdefault(stage, {"done": 0, "total": None, "seconds": None})["done"] += n
+        if n > 0:
+            self.done_metric.inc(n, tags=self._tags(stage))
+        if tokens > 0:
+            self.tokens += tokens
+            self.tokens_metric.inc(tokens, tags={"run": self.run})
+
+    def end(self, stage: str, seconds: float) -> None:
+        """The stage ended (finished or failed) after `seconds`."""
+        self.stages.setdefault(stage, {"done": 0, "total": None, "seconds": None})["seconds"] = seconds
+        self.running_metric.set(0, tags=self._tags(stage))
+        self.seconds_metric.set(seconds, tags=self._tags(stage))
+        if self.current == stage:
+            self.current = None
+
+    def snapshot(self) -> dict:
+        """{"stage": the running one or None, "stages": {name: {done, total, seconds}}, "tokens": n}."""
+        return {"stage": self.current, "stages": self.stages, "tokens": self.tokens}
+
+
+class Progress:
+    """The driver's handle on its ProgressActor: calls are sent and not waited for, so reporting never slows
+    the run; the actor is named convalue-progress-<run>-<pid> on the dashboard."""
+
+    def __init__(self, run: str):
+        self.actor = ProgressActor.options(name=f"convalue-progress-{run}-{os.getpid()}").remote(run)
+
+    def begin(self, stage: str) -> None:
+        """The stage starts."""
+        self.actor.begin.remote(stage)
+
+    def total(self, stage: str, n: int) -> None:
+        """The stage has n items to finish."""
+        self.actor.total.remote(stage, n)
+
+    def advance(self, stage: str, n: int = 1, tokens: int = 0) -> None:
+        """n more items of the stage finished."""
+        self.actor.advance.remote(stage, n, tokens)
+
+    def end(self, stage: str, seconds: float) -> None:
+        """The stage ended after `seconds`."""
+        self.actor.end.remote(stage, seconds)
+
+    def snapshot(self, timeout: float = 10.0) -> dict | None:
+        """The actor's state once every call sent before has been applied; None (with a warning) if it cannot
+        answer within `timeout` seconds (say, the cluster went away with the run's failure)."""
+        try:
+            return ray.get(self.actor.snapshot.remote(), timeout=timeout)
+        except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as exc:
+            log.warning("progress of the run unavailable: %s", exc)
+            return None
+
+    def close(self) -> None:
+        """Stop the actor."""
+        ray.kill(self.actor)

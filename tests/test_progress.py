@@ -1,0 +1,57 @@
+"""The run's progress actor: its state, and the Ray metrics it exports (read from the node's metrics endpoint)."""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+
+from actors.progress import Progress
+
+
+def _scrape(ray, names: list[str], run: str, timeout: float = 45.0) -> dict[str, float]:
+    """{metric name: value} of this run's `names` on the node's Prometheus endpoint, once all are exported
+    (Ray exports every few seconds)."""
+    port = ray.nodes()[0]["MetricsExportPort"]
+    found: dict[str, float] = {}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        for line in text.splitlines():
+            m = re.match(r"^(ray_convalue_\w+)\{(.*)\} (\S+)$", line)
+            if m and f'run="{run}"' in m[2] and m[1] in names:
+                stage = re.search(r'stage="(\w+)"', m[2])
+                found[m[1] + (f":{stage[1]}" if stage else "")] = float(m[3])
+        if all(any(k.split(":")[0] == n for k in found) for n in names):
+            return found
+        time.sleep(1.0)
+    return found
+
+
+def test_progress_keeps_each_stage_and_exports_it_as_ray_metrics(ray_session):
+    progress = Progress("t-progress")
+    try:
+        progress.begin("featurize")
+        progress.total("featurize", 10)
+        progress.advance("featurize", 4, tokens=300)
+        progress.advance("featurize", 3, tokens=200)
+        progress.end("featurize", 1.5)
+        progress.begin("finetune")
+        progress.total("finetune", 2)
+        progress.advance("finetune")
+        snap = progress.snapshot()
+        assert snap == {"stage": "finetune", "tokens": 500,
+                        "stages": {"featurize": {"done": 7, "total": 10, "seconds": 1.5},
+                                   "finetune": {"done": 1, "total": 2, "seconds": None}}}
+        found = _scrape(ray_session, ["ray_convalue_items_done_total", "ray_convalue_items_total",
+                                      "ray_convalue_stage_running", "ray_convalue_stage_seconds",
+                                      "ray_convalue_tokens_featurised_total"], "t-progress")
+        assert found["ray_convalue_items_done_total:featurize"] == 7
+        assert found["ray_convalue_items_total:featurize"] == 10
+        assert found["ray_convalue_items_done_total:finetune"] == 1
+        assert found["ray_convalue_stage_running:featurize"] == 0 and found["ray_convalue_stage_running:finetune"] == 1
+        assert found["ray_convalue_stage_seconds:featurize"] == 1.5
+        assert found["ray_convalue_tokens_featurised_total"] == 500
+    finally:
+        progress.close()
+    assert progress.snapshot(timeout=5) is None  # a stopped actor: a warning, not a hang

@@ -357,7 +357,8 @@ def test_a_stopped_re_solve_reads_back_as_resolving_and_a_rerun_finishes_it(firs
     tmp, data, _ = first_run
     run_dir = tmp_path / "copy"
     shutil.copytree(tmp / "runs" / "t", run_dir)
-    old_gamma = json.loads((run_dir / "summary.json").read_text())["solver"]["gamma"]
+    before = json.loads((run_dir / "summary.json").read_text())  # other tests may have re-solved this folder
+    gamma = data["solver"]["gamma"] / 3
     write_parquet = pipeline.write_parquet
 
     def stop_after_scores(table, path):
@@ -366,19 +367,19 @@ def test_a_stopped_re_solve_reads_back_as_resolving_and_a_rerun_finishes_it(firs
 
     monkeypatch.setattr(pipeline, "write_parquet", stop_after_scores)
     with pytest.raises(KeyboardInterrupt):
-        resolve(run_dir, gamma=old_gamma / 3, budget=None, method=None, normalize=None)
+        resolve(run_dir, gamma=gamma, budget=None, method=None, normalize=None)
     on_disk = json.loads((run_dir / "summary.json").read_text())
-    assert on_disk["status"] == "resolving" and on_disk["solver"]["gamma"] == old_gamma
-    assert on_disk["resolving"] == {"status": "complete", "gamma": old_gamma / 3, "budget": None, "method": "auto",
-                                    "normalize": on_disk["solver"]["normalize"]}
+    assert on_disk["status"] == "resolving" and on_disk["solver"] == before["solver"]
+    assert on_disk["resolving"] == {"status": before["status"], "gamma": gamma, "budget": None, "method": "auto",
+                                    "normalize": before["solver"]["normalize"]}
     monkeypatch.setattr(pipeline, "write_parquet", write_parquet)
-    out = resolve(run_dir, gamma=old_gamma / 3, budget=None, method=None, normalize=None)
+    out = resolve(run_dir, gamma=gamma, budget=None, method=None, normalize=None)
     on_disk = json.loads((run_dir / "summary.json").read_text())
-    assert out["status"] == on_disk["status"] == "complete" and "resolving" not in on_disk
-    assert on_disk["solver"]["gamma"] == old_gamma / 3
+    assert out["status"] == on_disk["status"] == before["status"] and "resolving" not in on_disk
+    assert on_disk["solver"]["gamma"] == gamma
     scores = {r["group"]: r["score"] for r in pq.read_table(run_dir / "scores.parquet").to_pylist()}
     assert [scores[n] for n in on_disk["order"]] == pytest.approx(
-        solve_kmm(np.load(run_dir / "gram.npy"), np.load(run_dir / "beta.npy"), gamma=old_gamma / 3,
+        solve_kmm(np.load(run_dir / "gram.npy"), np.load(run_dir / "beta.npy"), gamma=gamma,
                   normalize=on_disk["solver"]["normalize"]).w, abs=1e-9)
 
 

@@ -30,6 +30,7 @@ def ray_session():
 
     ray.init(num_cpus=4, include_dashboard=False, object_store_memory=256 * 2**20, log_to_driver=False,
              configure_logging=False, _node_ip_address="127.0.0.1",
+             _system_config={"metrics_report_interval_ms": 1000},  # metrics exported each second (tests read them)
              runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}})
     yield ray
     ray.shutdown()

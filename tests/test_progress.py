@@ -52,9 +52,9 @@ def test_progress_keeps_each_stage_and_exports_it_as_ray_metrics(ray_session):
         assert found["ray_convalue_stage_running:featurize"] == 0 and found["ray_convalue_stage_running:finetune"] == 1
         assert found["ray_convalue_stage_seconds:featurize"] == 1.5
         assert found["ray_convalue_tokens_featurised_total"] == 500
-        # nothing reported for longer than Ray keeps a gauge that is not set again (about 20 s): the gauges are
-        # still exported, since the actor sets them again
-        time.sleep(24.0)
+        # nothing reported for longer than Ray keeps a gauge that is not set again (two report intervals: 2 s
+        # here, 20 s by default): the gauges are still exported, since the actor sets them again
+        time.sleep(5.0)
         again = _scrape(ray_session, ["ray_convalue_items_total", "ray_convalue_stage_running",
                                       "ray_convalue_stage_seconds"], "t-progress", timeout=10.0)
         assert again["ray_convalue_items_total:featurize"] == 10 and again["ray_convalue_stage_running:finetune"] == 1

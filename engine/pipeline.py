@@ -245,10 +245,11 @@ def check_nonzero(cfg: RunConfig, names: list[str], G: np.ndarray, g_tar: np.nda
 
 
 def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names: list[str],
-               scores: dict[str, np.ndarray], beta: np.ndarray, run_dir: Path,
-               progress: Progress) -> tuple[list[dict], dict]:
+               scores: dict[str, np.ndarray], beta: np.ndarray, run_dir: Path, progress: Progress,
+               finished: list[dict]) -> tuple[list[dict], dict]:
     """Fine-tune every cell of the evaluation protocol on Ray, each distinct selection once and only when the run
-    folder does not hold it already; (rows, evaluation)."""
+    folder does not hold it already; (rows, evaluation). `finished` gains each fine-tune as it is read back or
+    done (label, groups, val_loss, reused), so a failed protocol can still say what it got."""
     groups = {g.name: g for g in data.candidates}
     tokens: dict[str, list] = {}  # each group tokenised once, however many runs use it
 
@@ -268,6 +269,14 @@ def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names:
     results: list[dict | None] = [store.get(k) for k in keys]
     base = store.get_base()
     todo = [i for i, r in enumerate(results) if r is None]
+
+    def record(i: int) -> None:
+        finished.append({"label": jobs[i].label, "groups": list(jobs[i].groups), "val_loss": results[i]["val_loss"],
+                         "reused": i not in todo})
+
+    for i in range(len(jobs)):
+        if i not in todo:
+            record(i)
     progress.total("finetune", len(jobs))
     progress.advance("finetune", len(jobs) - len(todo))
     log.info("%d fine-tunes for %d protocol runs (%d methods x k in %s); %d stored in %s", len(jobs), len(plan),
@@ -289,6 +298,7 @@ def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names:
                 continue
             results[i] = ray.get(done).to_dict()
             store.put(keys[i], results[i])
+            record(i)
             progress.advance("finetune")
             if results[i]["base_val_loss"] is not None:
                 base = results[i]["base_val_loss"]
@@ -401,6 +411,7 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> dict:
                                            "largest": max(sizes), "pools_reusing_embeddings": embed.hits}
         write_json(summary, run_dir / "summary.json")  # "running" until the end: a killed run does not look finished
         stage = "ray_init"
+        finished: list[dict] = []  # the fine-tunes done so far, listed in a failed summary
         try:
             if not session.connected:  # a flat pool connected before the data stage
                 with timer.stage("ray_init"):
@@ -473,7 +484,7 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> dict:
                     methods = ["kmm"] + [b for b in cfg.finetune.baselines if b in BASELINE_METHODS]
                     scores = method_scores(methods, w, beta, cos, cfg.finetune.seed)
                     results, summary["evaluation"] = _finetunes(cfg, spec, tokenizer, data, names, scores, beta,
-                                                                run_dir, session.progress)
+                                                                run_dir, session.progress, finished)
                 plot_evaluation(results, summary["evaluation"], run_dir / "evaluation.png")
                 write_parquet(evaluation_table(results), run_dir / "evaluation.parquet")
             summary["finetune"] = results
@@ -481,6 +492,8 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> dict:
         except BaseException as exc:
             summary["status"] = "failed"
             summary["failed_stage"] = stage
+            if stage == "finetune" and finished:  # kept in finetunes/ too, so a rerun trains only the rest
+                summary["finetune_finished"] = finished
             summary["error"] = f"{type(exc).__name__}: {exc}"
             raise
         finally:

@@ -122,6 +122,34 @@ def test_a_wider_evaluation_trains_only_the_new_selections(first_run, tmp_path):
     assert {r["base_val_loss"] for r in out["finetune"]} == {first["finetune"][0]["base_val_loss"]}
 
 
+def test_a_failed_protocol_lists_the_fine_tunes_it_has(first_run, tmp_path, monkeypatch):
+    """A fine-tune that fails stops the protocol; the failed summary lists what was done (here the stored ones),
+    and counts it in `progress`."""
+    import shutil
+
+    import ray
+
+    import engine.pipeline as pipeline
+
+    tmp, data, first = first_run
+    shutil.copytree(tmp / "runs" / "t", tmp_path / "runs" / "t")
+
+    @ray.remote(max_retries=0)
+    def failing_finetune(spec, label, target, aux, val, with_base):
+        raise RuntimeError(f"no memory for {label}")
+
+    monkeypatch.setattr(pipeline, "finetune_task", failing_finetune)
+    wider = data | {"out": str(tmp_path / "runs"), "finetune": data["finetune"] | {"ks": [1, 2, 3]}}
+    with pytest.raises(ray.exceptions.RayTaskError, match="no memory for target \\+"):
+        run(config_from_dict(wider))
+    summary = json.loads((tmp_path / "runs" / "t" / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["failed_stage"] == "finetune"
+    stored = {tuple(r["groups"]): r["val_loss"] for r in first["finetune"]}
+    listed = summary["finetune_finished"]
+    assert {tuple(r["groups"]): r["val_loss"] for r in listed} == stored and all(r["reused"] for r in listed)
+    assert summary["progress"]["finetune"]["done"] == len(stored) < summary["progress"]["finetune"]["total"]
+
+
 def test_a_rerun_with_every_fine_tune_stored_evaluates_only_a_missing_base(first_run, tmp_path):
     """All fine-tunes read back; the base model's loss, its record removed, comes from a base-evaluation task."""
     import shutil

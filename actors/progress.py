@@ -6,6 +6,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 
 import ray
 
@@ -96,10 +97,12 @@ class ProgressActor:
 
 class Progress:
     """The driver's handle on its ProgressActor: calls are sent and not waited for, so reporting never slows
-    the run; the actor is named convalue-progress-<run>-<pid> on the dashboard."""
+    the run; the actor is named convalue-progress-<run>-<pid>-<6 hex> on the dashboard (unique even for the same
+    run name again in one process, before Ray has released the last one's name)."""
 
     def __init__(self, run: str):
-        self.actor = ProgressActor.options(name=f"convalue-progress-{run}-{os.getpid()}").remote(run)
+        name = f"convalue-progress-{run}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.actor = ProgressActor.options(name=name).remote(run)
 
     def begin(self, stage: str) -> None:
         """The stage starts."""
@@ -127,5 +130,8 @@ class Progress:
             return None
 
     def close(self) -> None:
-        """Stop the actor."""
-        ray.kill(self.actor)
+        """Stop the actor (best effort: a cluster that is gone takes it with it)."""
+        try:
+            ray.kill(self.actor)
+        except Exception as exc:  # called from a run's cleanup: never hide the run's own error behind this one
+            log.warning("progress actor not stopped: %s", exc)

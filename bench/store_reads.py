@@ -32,37 +32,34 @@ from engine.prepare import TARGET_KEY  # noqa: E402
 from engine.store import StoreError, VectorStore  # noqa: E402
 
 
-class FormerStore(VectorStore):
-    """VectorStore with the block reader of c1786f4: every block, checksum first, then all its columns."""
-
-    bytes_read = 0
-
-    def _valid(self, block: dict) -> bool:
-        FormerStore.bytes_read += (self.root / block["file"]).stat().st_size
-        return super()._valid(block)
-
-    def _tables(self, names: list[str], columns: list[str]):
-        for b in self.manifest["blocks"]:
-            if not self._valid(b):
-                raise StoreError(f"{self.root / b['file']}: checksum mismatch")
-            FormerStore.bytes_read += (self.root / b["file"]).stat().st_size
-            yield pq.read_table(self.root / b["file"])
-
-
 class CountingStore(VectorStore):
     """VectorStore as it is, counting the bytes its checks and reads take from disk."""
 
     bytes_read = 0
 
+    def _size(self, block: dict) -> int:
+        return (self.root / block["file"]).stat().st_size
+
     def _valid(self, block: dict) -> bool:
-        CountingStore.bytes_read += (self.root / block["file"]).stat().st_size
+        CountingStore.bytes_read += self._size(block)
         return super()._valid(block)
 
     def _tables(self, names: list[str], columns: list[str]):
         wanted = set(names)
-        CountingStore.bytes_read += sum((self.root / b["file"]).stat().st_size for b in self.manifest["blocks"]
+        CountingStore.bytes_read += sum(self._size(b) for b in self.manifest["blocks"]
                                         if not wanted.isdisjoint(b["groups"]))
         yield from super()._tables(names, columns)
+
+
+class FormerStore(CountingStore):
+    """The block reader of c1786f4, counted the same way: every block, checksum first, then all its columns."""
+
+    def _tables(self, names: list[str], columns: list[str]):
+        for b in self.manifest["blocks"]:
+            if not self._valid(b):
+                raise StoreError(f"{self.root / b['file']}: checksum mismatch")
+            CountingStore.bytes_read += self._size(b)
+            yield pq.read_table(self.root / b["file"])
 
 
 def build(root: Path, n: int, p: int, m: int) -> tuple[dict, list[str]]:
@@ -80,13 +77,13 @@ def build(root: Path, n: int, p: int, m: int) -> tuple[dict, list[str]]:
 
 def resumed_run(cls, root: Path, fp: dict, names: list[str]) -> tuple[float, int, tuple]:
     """(seconds, bytes read, results) of open + load(all) + load(target) + load_examples(all, target)."""
-    cls.bytes_read = 0
+    CountingStore.bytes_read = 0  # one counter: the readers run one after the other
     t0 = time.perf_counter()
     store = cls(root, fp)
     G, counts = store.load(names)
     g_tar, _ = store.load([TARGET_KEY])
     examples = store.load_examples(names + [TARGET_KEY])
-    return time.perf_counter() - t0, cls.bytes_read, (G, counts, g_tar, examples)
+    return time.perf_counter() - t0, CountingStore.bytes_read, (G, counts, g_tar, examples)
 
 
 def main() -> None:

@@ -248,8 +248,8 @@ def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names:
                scores: dict[str, np.ndarray], beta: np.ndarray, run_dir: Path, progress: Progress,
                finished: list[dict]) -> tuple[list[dict], dict]:
     """Fine-tune every cell of the evaluation protocol on Ray, each distinct selection once and only when the run
-    folder does not hold it already; (rows, evaluation). `finished` gains each fine-tune as it is read back or
-    done (label, groups, val_loss, reused), so a failed protocol can still say what it got."""
+    folder does not hold it already; (rows, evaluation). If the protocol fails, `finished` gains the fine-tunes
+    it had (label, groups, val_loss, reused), so the failed summary can say what it got."""
     groups = {g.name: g for g in data.candidates}
     tokens: dict[str, list] = {}  # each group tokenised once, however many runs use it
 
@@ -269,14 +269,6 @@ def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names:
     results: list[dict | None] = [store.get(k) for k in keys]
     base = store.get_base()
     todo = [i for i, r in enumerate(results) if r is None]
-
-    def record(i: int) -> None:
-        finished.append({"label": jobs[i].label, "groups": list(jobs[i].groups), "val_loss": results[i]["val_loss"],
-                         "reused": i not in todo})
-
-    for i in range(len(jobs)):
-        if i not in todo:
-            record(i)
     progress.total("finetune", len(jobs))
     progress.advance("finetune", len(jobs) - len(todo))
     log.info("%d fine-tunes for %d protocol runs (%d methods x k in %s); %d stored in %s", len(jobs), len(plan),
@@ -298,7 +290,6 @@ def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names:
                 continue
             results[i] = ray.get(done).to_dict()
             store.put(keys[i], results[i])
-            record(i)
             progress.advance("finetune")
             if results[i]["base_val_loss"] is not None:
                 base = results[i]["base_val_loss"]
@@ -308,6 +299,8 @@ def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names:
     except BaseException:  # one failed (or Ctrl-C): the protocol is incomplete, so stop the others
         for ref in pending:
             ray.cancel(ref)
+        finished.extend({"label": jobs[i].label, "groups": list(jobs[i].groups), "val_loss": r["val_loss"],
+                         "reused": i not in todo} for i, r in enumerate(results) if r is not None)
         raise
     rows = [results[j] | {"label": run.label, "method": run.method, "k": run.k, "base_val_loss": base,
                           "reused": j not in todo} for run, j in zip(plan, served_by)]

@@ -158,8 +158,8 @@ class VectorStore:
                 raise StoreError(f"{path}: unreadable ({exc})") from None
             if hashlib.sha256(data).hexdigest() != b["sha256"]:
                 raise StoreError(f"{path}: checksum mismatch; the block was changed or truncated")
-            present = set(pq.read_schema(pa.BufferReader(data)).names)
-            yield pq.read_table(pa.BufferReader(data), columns=[c for c in columns if c in present])
+            block = pq.ParquetFile(pa.BufferReader(data))
+            yield block.read(columns=[c for c in columns if c in block.schema_arrow.names])
 
     def load(self, names: list[str]) -> tuple[np.ndarray, dict[str, int]]:
         """Vectors for `names` in that order ([N, p] float32) and their n_examples; checksums verified."""

@@ -316,6 +316,11 @@ class FinetuneConfig:
     max_grad_norm: float = opt(1.0, "Gradient clipping norm.")
     eval_batch_size: int = opt(8, "Batch size of the validation-loss evaluation.")
     seed: int = opt(0, "Seed of batch sampling and the Bernoulli(rho) draws.")
+    repeats: int = opt(1, "R: fine-tunes per cell of the protocol, seeded seed, seed + 1, ..., seed + R - 1; the "
+                          "run reports each cell's mean validation loss and its sample standard deviation over "
+                          "the R seeds (paper App., multi-seed results), and best k and Borda on the means. The seeds "
+                          "vary the training's draws only: the adapter starts at lora.init_seed, the valuation's "
+                          "linearisation point, and the random baseline keeps one order (from `seed`).")
     baselines: list[Literal["target_only", "alignment", "cosine", "random"]] = opt(
         help="Comparison runs with the same step budget: `target_only` (rho = 1, the same at every k); and "
         "methods ranked like KMM at every k in `ks`: `alignment` (top-k by beta), `cosine` (top-k by the "
@@ -333,6 +338,8 @@ class FinetuneConfig:
             raise ConfigError("must be in [0, 1]", field="rho", value=self.rho)
         if self.batch_size <= 0:
             raise ConfigError("must be > 0", field="batch_size", value=self.batch_size)
+        if self.repeats <= 0:
+            raise ConfigError("must be >= 1", field="repeats", value=self.repeats)
         if self.eval_batch_size <= 0:
             raise ConfigError("must be > 0", field="eval_batch_size", value=self.eval_batch_size)
         if not self.lr > 0:

@@ -1,8 +1,10 @@
 """The evaluation protocol over budgets (paper Sec. 5 and Alg. 1): what each method buys at every k, which
-fine-tunes that takes, and each method's best k and Borda count over the fine-tunes' validation losses."""
+fine-tunes that takes, and each method's best k and Borda count over the fine-tunes' validation losses (means
+over seeds, with their spread, where each cell is trained under several: paper App., multi-seed results)."""
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,27 +79,64 @@ def borda_points(losses: dict[str, float]) -> dict[str, float]:
             for m, v in losses.items()}
 
 
+@dataclass(frozen=True)
+class CellLoss:
+    """A protocol cell's validation loss over its seeds: mean, sample standard deviation (None for one seed)."""
+
+    mean: float
+    sd: float | None
+    n: int
+
+
+def cell_losses(rows: list[dict]) -> dict[tuple[str, int | None], CellLoss]:
+    """Each (method, k) cell's loss over the rows of its seeds (one row per fine-tune)."""
+    losses: dict[tuple[str, int | None], list[float]] = {}
+    for r in rows:
+        losses.setdefault((r["method"], r["k"]), []).append(r["val_loss"])
+    return {c: CellLoss(sum(v) / len(v), statistics.stdev(v) if len(v) > 1 else None, len(v))
+            for c, v in losses.items()}
+
+
+def paired_differences(rows: list[dict], ks: list[int], reference: str = "kmm") -> list[dict]:
+    """For every other method (and target only) at every k: the reference's loss minus the method's, seed by seed
+    (each seed's draws are shared by all methods, so the pairs cancel their noise); the mean, the sample sd (None
+    for one seed) and in how many seeds the reference is lower."""
+    by_cell: dict[tuple[str, int | None], dict] = {}
+    for r in rows:
+        by_cell.setdefault((r["method"], r["k"]), {})[r.get("seed")] = r["val_loss"]
+    others = [m for m in dict.fromkeys(m for m, _ in by_cell) if m != reference]
+    out = []
+    for m in others:
+        for k in ks:
+            mine, theirs = by_cell[reference, k], by_cell[m, None if m == "target_only" else k]
+            d = [mine[s] - theirs[s] for s in mine]
+            out.append({"method": m, "k": k, "mean": sum(d) / len(d), "sd": statistics.stdev(d) if len(d) > 1 else None,
+                        "reference_lower": sum(x < 0 for x in d), "seeds": len(d)})
+    return out
+
+
 def summarise(rows: list[dict], ks: list[int]) -> dict:
-    """Best-k and Borda count per method from the per-(method, k) fine-tune rows (validation loss: lower is
-    better); the rows gain their `points` at their k and `best` (the method's best-k row)."""
+    """Best-k and Borda count per method from the fine-tune rows (validation loss: lower is better), on each
+    cell's mean over its seeds; every row gains its cell's `points` and `best` (the method's best-k cell)."""
     methods = list(dict.fromkeys(r["method"] for r in rows if r["k"] is not None))
-    cell = {(r["method"], r["k"]): r for r in rows if r["k"] is not None}
+    cell = cell_losses(rows)
     borda = dict.fromkeys(methods, 0.0)
+    points = {}
     for k in ks:
-        points = borda_points({m: cell[m, k]["val_loss"] for m in methods})
-        for m, p in points.items():
+        for m, p in borda_points({m: cell[m, k].mean for m in methods}).items():
             borda[m] += p
-            cell[m, k]["points"] = p
+            points[m, k] = p
     best_k = {}
     for m in methods:
-        k = min(ks, key=lambda k: (cell[m, k]["val_loss"], k))  # the smallest k reaching the lowest loss
-        best_k[m] = {"k": k, "val_loss": cell[m, k]["val_loss"], "groups": cell[m, k]["groups"]}
-        for kk in ks:
-            cell[m, kk]["best"] = kk == k
+        k = min(ks, key=lambda k: (cell[m, k].mean, k))  # the smallest k reaching the lowest loss
+        groups = next(r["groups"] for r in rows if (r["method"], r["k"]) == (m, k))
+        best_k[m] = {"k": k, "val_loss": cell[m, k].mean, "val_loss_sd": cell[m, k].sd, "groups": groups}
     for r in rows:
-        r.setdefault("points", None)
-        r.setdefault("best", False)
+        r["points"] = points.get((r["method"], r["k"]))
+        r["best"] = r["k"] is not None and best_k[r["method"]]["k"] == r["k"]
     base = next((r["base_val_loss"] for r in rows if r.get("base_val_loss") is not None), None)
-    target = next((r["val_loss"] for r in rows if r["method"] == "target_only"), None)
-    return {"ks": list(ks), "methods": methods, "best_k": best_k, "borda": borda,
-            "target_only_val_loss": target, "base_val_loss": base}
+    target = cell.get(("target_only", None))
+    paired = paired_differences(rows, ks) if "kmm" in methods else []
+    return {"ks": list(ks), "methods": methods, "seeds": sorted({r.get("seed") for r in rows} - {None}),
+            "kmm_minus": paired, "best_k": best_k, "borda": borda, "target_only_val_loss": None if target is None else target.mean,
+            "target_only_val_loss_sd": None if target is None else target.sd, "base_val_loss": base}

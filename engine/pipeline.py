@@ -247,9 +247,10 @@ def check_nonzero(cfg: RunConfig, names: list[str], G: np.ndarray, g_tar: np.nda
 def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names: list[str],
                scores: dict[str, np.ndarray], beta: np.ndarray, run_dir: Path, progress: Progress,
                finished: list[dict]) -> tuple[list[dict], dict]:
-    """Fine-tune every cell of the evaluation protocol on Ray, each distinct selection once and only when the run
-    folder does not hold it already; (rows, evaluation). If the protocol fails, `finished` gains the fine-tunes
-    it had (label, groups, val_loss, reused), so the failed summary can say what it got."""
+    """Fine-tune every cell of the evaluation protocol under each of its seeds on Ray, each distinct selection once
+    per seed and only when the run folder does not hold it already; (rows: one per cell and seed, evaluation). If
+    the protocol fails, `finished` gains the fine-tunes it had (label, groups, seed, val_loss, reused), so the
+    failed summary can say what it got."""
     groups = {g.name: g for g in data.candidates}
     tokens: dict[str, list] = {}  # each group tokenised once, however many runs use it
 
@@ -259,24 +260,32 @@ def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names:
             tokens[name] = [t for t in toks if t.n_response > 0]
         return tokens[name]
 
-    ks = evaluation_ks(cfg)
+    ks, seeds = evaluation_ks(cfg), finetune_seeds(cfg)
     plan = plan_runs(names, scores, beta, ks, "target_only" in cfg.finetune.baselines)
     jobs, served_by = distinct_jobs(plan)
     store = FinetuneStore(run_dir / "finetunes", job_settings(spec, cfg.model.source), data.target_train,
                           data.target_val)
     auxes = [{n: usable(n) for n in job.groups} for job in jobs]
-    keys = [store.job_key(aux) for aux in auxes]
+    tasks = [(j, seed) for seed in seeds for j in range(len(jobs))]  # seed-major: every cell has a loss early
+    keys = [store.job_key(auxes[j], seed) for j, seed in tasks]
     results: list[dict | None] = [store.get(k) for k in keys]
     base = store.get_base()
     todo = [i for i, r in enumerate(results) if r is None]
-    progress.total("finetune", len(jobs))
-    progress.advance("finetune", len(jobs) - len(todo))
-    log.info("%d fine-tunes for %d protocol runs (%d methods x k in %s); %d stored in %s", len(jobs), len(plan),
-             len(scores), ks, len(jobs) - len(todo), store.root)
+    trained = set(todo)
+    progress.total("finetune", len(tasks))
+    progress.advance("finetune", len(tasks) - len(todo))
+    log.info("%d fine-tunes for %d protocol runs (%d methods x k in %s) x %d seed(s); %d stored in %s", len(tasks),
+             len(plan), len(scores), ks, len(seeds), len(tasks) - len(todo), store.root)
     opts = {"num_cpus": cfg.ray.cpus_per_worker, "num_gpus": cfg.ray.gpus_per_worker}
     train, val = ray.put(data.target_train), ray.put(data.target_val)
-    refs = {finetune_task.options(**opts).remote(spec, jobs[i].label, train, auxes[i], val, base is None and n == 0): i
-            for n, i in enumerate(todo)}
+
+    def submit(n: int, i: int):
+        j, seed = tasks[i]
+        seeded = spec | {"finetune": spec["finetune"] | {"seed": seed}}
+        return finetune_task.options(**opts).remote(seeded, jobs[j].label, train, auxes[j], val,
+                                                    base is None and n == 0)
+
+    refs = {submit(n, i): i for n, i in enumerate(todo)}
     if base is None and not todo:
         refs[base_eval_task.options(**opts).remote(spec, val)] = -1
     pending = list(refs)
@@ -294,17 +303,20 @@ def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names:
             if results[i]["base_val_loss"] is not None:
                 base = results[i]["base_val_loss"]
                 store.put_base(base)
-            log.info("fine-tune %d/%d done: %s, validation loss %.4f", len(todo) - len(pending), len(todo),
-                     jobs[i].label, results[i]["val_loss"])
+            log.info("fine-tune %d/%d done: %s (seed %d), validation loss %.4f", len(todo) - len(pending), len(todo),
+                     jobs[tasks[i][0]].label, tasks[i][1], results[i]["val_loss"])
     except BaseException:  # one failed (or Ctrl-C): the protocol is incomplete, so stop the others
         for ref in pending:
             ray.cancel(ref)
-        finished.extend({"label": jobs[i].label, "groups": list(jobs[i].groups), "val_loss": r["val_loss"],
-                         "reused": i not in todo} for i, r in enumerate(results) if r is not None)
+        finished.extend({"label": jobs[j].label, "groups": list(jobs[j].groups), "seed": seed,
+                         "val_loss": results[i]["val_loss"], "reused": i not in trained}
+                        for i, (j, seed) in enumerate(tasks) if results[i] is not None)
         raise
-    rows = [results[j] | {"label": run.label, "method": run.method, "k": run.k, "base_val_loss": base,
-                          "reused": j not in todo} for run, j in zip(plan, served_by)]
-    return rows, summarise(rows, ks) | {"fine_tunes": {"trained": len(todo), "reused": len(jobs) - len(todo)}}
+    index = {task: i for i, task in enumerate(tasks)}
+    rows = [results[index[j, seed]] | {"label": run.label, "method": run.method, "k": run.k, "seed": seed,
+                                       "base_val_loss": base, "reused": index[j, seed] not in trained}
+            for run, j in zip(plan, served_by) for seed in seeds]
+    return rows, summarise(rows, ks) | {"fine_tunes": {"trained": len(todo), "reused": len(tasks) - len(todo)}}
 
 
 def _bootstrap(cfg: RunConfig, store: VectorStore, names: list[str], w: np.ndarray, beta: np.ndarray,
@@ -324,6 +336,11 @@ def _bootstrap(cfg: RunConfig, store: VectorStore, names: list[str], w: np.ndarr
 def evaluation_ks(cfg: RunConfig) -> list[int]:
     """The protocol's budgets: finetune.ks ascending, or select.k alone."""
     return sorted(cfg.finetune.ks or [cfg.select.k])
+
+
+def finetune_seeds(cfg: RunConfig) -> list[int]:
+    """The seeds every protocol cell is fine-tuned under: finetune.seed and the next repeats - 1."""
+    return [cfg.finetune.seed + r for r in range(cfg.finetune.repeats)]
 
 
 def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) -> dict:
@@ -680,8 +697,8 @@ def _resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method
     summary["ranking"] = format_ranking(table).splitlines()
     # a re-solve that changes what KMM buys at any evaluated k leaves those fine-tunes (and best-k, Borda) stale;
     # one back to the tuned selections makes them current again
-    changed = [r["k"] for r in _kmm_runs(summary)
-               if r["groups"] != sorted(names[i] for i in select_top_k(sol.w, beta, r["k"]))]
+    changed = sorted({r["k"] for r in _kmm_runs(summary)  # a set: one row per seed
+                      if r["groups"] != sorted(names[i] for i in select_top_k(sol.w, beta, r["k"]))})
     if changed:
         summary["finetune_stale"] = (f"the re-solve changed what KMM buys at k = {changed}; fine-tune results "
                                      "(and best k, Borda) are for the old selection")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from engine.evaluate import LABELS
+from engine.evaluate import LABELS, cell_losses
 
 SCORES_SHOWN = 40  # most bars in scores.png; the whole ranking is in scores.parquet
 COLOURS = {"positive": "#2a9d8f", "negative": "#e76f51"}
@@ -57,24 +57,30 @@ def plot_scores(table: pa.Table, path: Path, limit: int = SCORES_SHOWN) -> None:
 
 
 def plot_evaluation(rows: list[dict], evaluation: dict, path: Path) -> None:
-    """Validation loss against k for each method (its best k starred), with target-only and base-model lines."""
+    """Validation loss against k for each method (mean over seeds, ± sd bars where there are several; its best k
+    starred), with target-only and base-model lines."""
     ks = evaluation["ks"]
+    cell = cell_losses(rows)
+    seeds = evaluation.get("seeds") or []
     fig = _figure(6.5, 4.0)
     ax = fig.add_subplot()
-    cell = {(r["method"], r["k"]): r for r in rows}
     for m in evaluation["methods"]:
-        losses = [cell[m, k]["val_loss"] for k in ks]
-        line, = ax.plot(ks, losses, marker="o", label=f"{LABELS[m]} (Borda {evaluation['borda'][m]:g})")
+        means, sds = [cell[m, k].mean for k in ks], [cell[m, k].sd or 0.0 for k in ks]
+        line = ax.errorbar(ks, means, yerr=sds if len(seeds) > 1 else None, marker="o", capsize=3,
+                           label=f"{LABELS[m]} (Borda {evaluation['borda'][m]:g})").lines[0]
         best = evaluation["best_k"][m]
         ax.plot([best["k"]], [best["val_loss"]], marker="*", markersize=14, color=line.get_color())
-    if evaluation.get("target_only_val_loss") is not None:
-        ax.axhline(evaluation["target_only_val_loss"], color="black", linestyle="--", linewidth=1,
-                   label="target only")
+    if ("target_only", None) in cell:
+        target = cell["target_only", None]
+        ax.axhline(target.mean, color="black", linestyle="--", linewidth=1, label="target only")
+        if target.sd is not None:
+            ax.axhspan(target.mean - target.sd, target.mean + target.sd, color="black", alpha=0.08, linewidth=0)
     if evaluation.get("base_val_loss") is not None:
         ax.axhline(evaluation["base_val_loss"], color="grey", linestyle=":", linewidth=1, label="base model")
     ax.set_xticks(ks)
     ax.set_xlabel("k: groups bought (top-k with a positive score)")
     ax.set_ylabel("target validation loss (lower is better)")
-    ax.set_title(f"Fixed compute: {rows[0]['steps']} steps per run (star: the method's best k)", fontsize=10)
+    over = f"; mean ± sd over {len(seeds)} seeds" if len(seeds) > 1 else ""
+    ax.set_title(f"Fixed compute: {rows[0]['steps']} steps per run (star: the method's best k{over})", fontsize=10)
     ax.legend(fontsize=8)
     _save(fig, path)

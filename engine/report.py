@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine.data import Group
-from engine.evaluate import LABELS
+from engine.evaluate import LABELS, CellLoss, cell_losses
 from engine.select import ranks
 
 PACKAGES = ("convalue", "torch", "transformers", "peft", "ray", "cvxpy", "osqp", "numpy", "pyarrow", "scikit-learn")
@@ -126,10 +126,12 @@ def format_cluster_samples(table: pa.Table, groups: list[str], n: int = 2, width
 
 
 def evaluation_table(rows: list[dict]) -> pa.Table:
-    """One row per cell of the evaluation protocol (method, k), as summary.json's `finetune` lists them."""
+    """One row per fine-tune of the evaluation protocol (method, k, seed), as summary.json's `finetune` lists them;
+    `points` and `best` are their cell's (on the mean over seeds)."""
     return pa.table({
         "method": pa.array([r["method"] for r in rows], pa.string()),
         "k": pa.array([r["k"] for r in rows], pa.int64()),
+        "seed": pa.array([r.get("seed") for r in rows], pa.int64()),
         "label": pa.array([r["label"] for r in rows], pa.string()),
         "groups": pa.array([r["groups"] for r in rows], pa.list_(pa.string())),
         "val_loss": pa.array([r["val_loss"] for r in rows], pa.float64()),
@@ -149,27 +151,48 @@ def format_bootstrap(stats: dict) -> str:
             "(bootstrap.parquet: every group's spread)")
 
 
+def _loss(c: CellLoss) -> str:
+    """A cell's loss: the mean, with ± its standard deviation over seeds."""
+    return f"{c.mean:.4f}" + ("" if c.sd is None else f"±{c.sd:.4f}")
+
+
 def format_evaluation(rows: list[dict], evaluation: dict | None) -> str:
-    """The protocol's table (validation loss per method and k, best k starred, Borda count) and what each run
-    bought."""
+    """The protocol's table (validation loss per method and k, mean ± sd over seeds where there are several; best
+    k starred; Borda count) and what each run bought."""
     if not rows or evaluation is None:
         return "fine-tune: disabled"
     ks, methods = evaluation["ks"], evaluation["methods"]
-    steps = rows[0]["steps"]
-    cell = {(r["method"], r["k"]): r for r in rows}
+    cell = cell_losses(rows)
+    seeds = evaluation.get("seeds") or []
+    over = f"; mean ± sd over seeds {seeds}" if len(seeds) > 1 else ""
+    best = {(m, b["k"]) for m, b in evaluation["best_k"].items()}
+    col = max([8] + [len(_loss(c)) for c in cell.values()]) + 1
     width = max([len("base model (theta_0)")] + [len(LABELS[m]) for m in methods])
-    lines = [f"target validation loss after {steps} steps (lower is better; * the method's best k), Borda "
-             "count over k (higher is better):",
-             f"  {'method':<{width}} " + " ".join(f"{'k=' + str(k):>9}" for k in ks) + f" {'Borda':>7}"]
+    lines = [f"target validation loss after {rows[0]['steps']} steps (lower is better; * the method's best "
+             f"k{over}), Borda count over k (higher is better):",
+             f"  {'method':<{width}} " + " ".join(f"{'k=' + str(k):>{col}}" for k in ks) + f" {'Borda':>7}"]
     for m in methods:
-        losses = " ".join(f"{cell[m, k]['val_loss']:>8.4f}{'*' if cell[m, k]['best'] else ' '}" for k in ks)
+        losses = " ".join(f"{_loss(cell[m, k]):>{col - 1}}{'*' if (m, k) in best else ' '}" for k in ks)
         lines.append(f"  {LABELS[m]:<{width}} {losses} {evaluation['borda'][m]:>7.1f}")
-    if evaluation.get("target_only_val_loss") is not None:
-        lines.append(f"  {'target only':<{width}} {evaluation['target_only_val_loss']:>8.4f}  (every k)")
+    if ("target_only", None) in cell:
+        lines.append(f"  {'target only':<{width}} {_loss(cell['target_only', None]):>{col - 1}}  (every k)")
     if evaluation.get("base_val_loss") is not None:
-        lines.append(f"  {'base model (theta_0)':<{width}} {evaluation['base_val_loss']:>8.4f}")
-    lines.append("what each run bought (target steps / auxiliary steps; stored: trained by an earlier run here):")
+        lines.append(f"  {'base model (theta_0)':<{width}} {evaluation['base_val_loss']:>{col - 1}.4f}")
+    if over and evaluation.get("kmm_minus"):
+        lines.append("KMM's loss minus each method's at each k, seed by seed (the seeds' draws are shared, so the "
+                     "pairs cancel their noise; negative: KMM lower):")
+        for m in dict.fromkeys(d["method"] for d in evaluation["kmm_minus"]):
+            cells = [f"k={d['k']} {d['mean']:+.4f}±{d['sd']:.4f} (KMM lower in {d['reference_lower']} of {d['seeds']})"
+                     for d in evaluation["kmm_minus"] if d["method"] == m]
+            lines.append(f"  {LABELS.get(m, 'target only')}: " + ", ".join(cells))
+    lines.append("what each run bought (target steps / auxiliary steps" + (", per seed" if over else "")
+                 + "; stored: trained by an earlier run here):")
+    by_label: dict[str, list[dict]] = {}
     for r in rows:
-        lines.append(f"  {r['label']}: {', '.join(r['groups']) or '-'} ({r['target_steps']}/{r['aux_steps']})"
-                     + ("  stored" if r.get("reused") else ""))
+        by_label.setdefault(r["label"], []).append(r)
+    for label, runs in by_label.items():
+        steps = ", ".join(f"{r['target_steps']}/{r['aux_steps']}" for r in runs)
+        stored = sum(bool(r.get("reused")) for r in runs)
+        note = "" if not stored else "  stored" if stored == len(runs) else f"  stored: {stored} of {len(runs)}"
+        lines.append(f"  {label}: {', '.join(runs[0]['groups']) or '-'} ({steps}){note}")
     return "\n".join(lines)

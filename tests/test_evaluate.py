@@ -96,7 +96,8 @@ def test_borda_hands_out_every_point_once(n_methods, n_ks, data):
         assert best["k"] == min(r["k"] for r in mine if r["val_loss"] == best["val_loss"])
 
 
-def _rows() -> tuple[list[dict], dict]:
+def _rows(seeds: tuple[int, ...] = (0,)) -> tuple[list[dict], dict]:
+    """Protocol rows as the pipeline makes them: one per cell and seed (a seed shifts every loss by 0.01 * seed)."""
     w, beta = np.array([0.4, 0.2, 0.0, -0.1, 0.05]), np.array([0.3, 0.5, 0.1, -0.2, 0.2])
     scores = method_scores(["kmm", "alignment", "random"], w, beta, beta, seed=0)
     runs = plan_runs(NAMES, scores, beta, [1, 2], target_only=True)
@@ -104,16 +105,17 @@ def _rows() -> tuple[list[dict], dict]:
     trained = [{"label": j.label, "groups": list(j.groups), "steps": 6, "target_steps": 3 if j.groups else 6,
                 "aux_steps": 3 if j.groups else 0, "val_loss": 2.0 + 0.1 * i, "base_val_loss": 3.0 if i == 0 else None,
                 "first_train_loss": 3.0, "last_train_loss": 2.0, "seconds": 1.0} for i, j in enumerate(jobs)]
-    rows = [trained[j] | {"label": r.label, "method": r.method, "k": r.k, "reused": j == 0}
-            for r, j in zip(runs, served_by)]
+    rows = [trained[j] | {"label": r.label, "method": r.method, "k": r.k, "seed": s, "reused": j == 0 and s == 0,
+                          "val_loss": trained[j]["val_loss"] + 0.01 * s, "aux_steps": trained[j]["aux_steps"] + s}
+            for r, j in zip(runs, served_by) for s in seeds]
     return rows, summarise(rows, [1, 2])
 
 
 def test_evaluation_table_and_text():
     rows, ev = _rows()
     table = evaluation_table(rows)
-    assert table.column_names == ["method", "k", "label", "groups", "val_loss", "points", "best", "target_steps",
-                                  "aux_steps", "reused"]
+    assert table.column_names == ["method", "k", "seed", "label", "groups", "val_loss", "points", "best",
+                                  "target_steps", "aux_steps", "reused"]
     assert table.num_rows == 7 and table.column("k").null_count == 1  # 3 methods x 2 budgets + target only
     assert table.column("groups").to_pylist()[0] == ["a"]
     text = format_evaluation(rows, ev)
@@ -121,6 +123,56 @@ def test_evaluation_table_and_text():
     assert "base model (theta_0)" in text and "3.0000" in text
     assert "target + KMM top-1: a (3/3)  stored" in text  # a fine-tune an earlier run trained
     assert format_evaluation([], None) == "fine-tune: disabled"
+
+
+def test_several_seeds_are_summarised_by_their_means():
+    """Paper App. (multi-seed results): each cell's mean and sample sd over its seeds; best k and Borda on the
+    means; the text gives mean ± sd and each seed's steps; the table one row per seed."""
+    rows, ev = _rows(seeds=(0, 1, 2))
+    one, ev1 = _rows()
+    assert ev["seeds"] == [0, 1, 2] and ev1["seeds"] == [0]
+    assert ev["borda"] == ev1["borda"]  # every loss shifted alike: the same order at every k
+    for m, best in ev["best_k"].items():
+        assert best["k"] == ev1["best_k"][m]["k"] and best["groups"] == ev1["best_k"][m]["groups"]
+        assert best["val_loss"] == pytest.approx(ev1["best_k"][m]["val_loss"] + 0.01)  # the mean of +0, +0.01, +0.02
+        assert best["val_loss_sd"] == pytest.approx(0.01) and ev1["best_k"][m]["val_loss_sd"] is None
+    assert ev["target_only_val_loss_sd"] == pytest.approx(0.01) and ev1["target_only_val_loss_sd"] is None
+    assert [r["best"] for r in rows] == [r["best"] for r in one for _ in range(3)]  # a cell's flags on each seed
+    assert evaluation_table(rows).num_rows == 3 * 7 and evaluation_table(rows).column("seed").to_pylist()[:3] == [0, 1, 2]
+    text = format_evaluation(rows, ev)
+    assert "mean ± sd over seeds [0, 1, 2]" in text and "±0.0100" in text
+    assert "target + KMM top-1: a (3/3, 3/4, 3/5)  stored: 1 of 3" in text  # per seed; seed 0 trained earlier
+    assert "±" not in format_evaluation(one, ev1)
+    # KMM against each method seed by seed: every seed shifts both alike, so the pairs do not spread at all
+    losses = {(r["method"], r["k"]): r["val_loss"] for r in one}
+    assert [(d["method"], d["k"]) for d in ev["kmm_minus"]] == [
+        (m, k) for m in ("alignment", "random", "target_only") for k in (1, 2)]
+    for d in ev["kmm_minus"]:
+        diff = losses["kmm", d["k"]] - losses[d["method"], None if d["method"] == "target_only" else d["k"]]
+        assert d["mean"] == pytest.approx(diff) and d["sd"] == pytest.approx(0.0, abs=1e-12) and d["seeds"] == 3
+        assert d["reference_lower"] == (3 if diff < -1e-9 else 0)
+    assert "  alignment: k=1 -0.2000±0.0000 (KMM lower in 3 of 3), k=2 +0.0000±0.0000 (KMM lower in 0 of 3)" in text
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 4), st.integers(1, 3), st.integers(2, 4), st.data())
+def test_borda_and_best_k_over_seeds_are_those_of_the_cell_means(n_methods, n_ks, n_seeds, data):
+    ks = list(range(1, n_ks + 1))
+    loss = st.sampled_from([1.0, 1.25, 1.5, 2.0])
+    rows = [{"method": f"m{i}", "k": k, "seed": s, "val_loss": data.draw(loss), "groups": []}
+            for i in range(n_methods) for k in ks for s in range(n_seeds)]
+    cells = {(r["method"], r["k"]): [] for r in rows}
+    for r in rows:
+        cells[r["method"], r["k"]].append(r["val_loss"])
+    means = [{"method": m, "k": k, "val_loss": sum(v) / len(v), "groups": []} for (m, k), v in cells.items()]
+    ev, ev_means = summarise(rows, ks), summarise(means, ks)
+    assert ev["borda"] == pytest.approx(ev_means["borda"])
+    assert {m: b["k"] for m, b in ev["best_k"].items()} == {m: b["k"] for m, b in ev_means["best_k"].items()}
+    rows_kmm = [r | {"method": "kmm" if r["method"] == "m0" else r["method"]} for r in rows]
+    mean = {(m, k): sum(v) / len(v) for (m, k), v in cells.items()}
+    for d in summarise(rows_kmm, ks)["kmm_minus"]:  # a mean of differences is the difference of the means
+        assert d["mean"] == pytest.approx(mean["m0", d["k"]] - mean[d["method"], d["k"]])
+        assert d["seeds"] == n_seeds and 0 <= d["reference_lower"] <= n_seeds
 
 
 def test_figures_are_written_as_pngs(tmp_path):
@@ -133,6 +185,7 @@ def test_figures_are_written_as_pngs(tmp_path):
     assert isinstance(table, pa.Table)
     plot_scores(table, tmp_path / "scores.png")
     plot_evaluation(rows, ev, tmp_path / "evaluation.png")
+    plot_evaluation(*_rows(seeds=(0, 1)), tmp_path / "evaluation.png")  # with sd bars
     for name in ("scores.png", "evaluation.png"):
         image = matplotlib.image.imread(tmp_path / name)
         assert image.shape[0] > 100 and image.shape[1] > 100 and image.std() > 0  # a drawn figure, not blank

@@ -58,8 +58,17 @@ def test_every_setting_that_decides_the_result_is_in_the_key(tmp_path, change):
 
 
 def test_which_runs_happen_is_not_in_the_key(tmp_path):
-    wider = SPEC | {"finetune": SPEC["finetune"] | {"ks": [1, 2, 3], "baselines": ["random"]}}
+    wider = SPEC | {"finetune": SPEC["finetune"] | {"ks": [1, 2, 3], "baselines": ["random"], "repeats": 5}}
     assert _store(tmp_path, wider).job_key(AUX) == _store(tmp_path).job_key(AUX)
+
+
+def test_a_repeat_seed_keys_as_a_run_with_that_seed(tmp_path):
+    """Seed 1 of a run with repeats is the fine-tune of a run whose finetune.seed is 1: one record serves both."""
+    seed = SPEC["finetune"]["seed"]
+    seeded = SPEC | {"finetune": SPEC["finetune"] | {"seed": seed + 1}}
+    store = _store(tmp_path)
+    assert store.job_key(AUX, seed) == store.job_key(AUX)
+    assert store.job_key(AUX, seed + 1) == _store(tmp_path, seeded).job_key(AUX) != store.job_key(AUX)
 
 
 def test_data_is_in_the_key(tmp_path):

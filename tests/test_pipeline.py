@@ -122,6 +122,37 @@ def test_a_wider_evaluation_trains_only_the_new_selections(first_run, tmp_path):
     assert {r["base_val_loss"] for r in out["finetune"]} == {first["finetune"][0]["base_val_loss"]}
 
 
+def test_repeats_add_seeds_and_report_each_cells_mean_and_spread(first_run, tmp_path):
+    """finetune.repeats = 2 on the first run's folder: seed 0 is read back, seed 1 trains every selection again
+    under its own draws; the cells are summarised by mean and sd (paper App., multi-seed results)."""
+    import shutil
+
+    tmp, data, first = first_run
+    shutil.copytree(tmp / "runs" / "t", tmp_path / "runs" / "t")
+    out = run(config_from_dict(data | {"out": str(tmp_path / "runs"),
+                                       "finetune": data["finetune"] | {"repeats": 2}}))
+    rows, ev = out["finetune"], out["evaluation"]
+    assert [(r["method"], r["k"], r["seed"]) for r in rows] == [
+        (r["method"], r["k"], s) for r in first["finetune"] for s in (0, 1)]
+    seed0 = {(r["method"], r["k"]): r for r in rows if r["seed"] == 0}
+    seed1 = {(r["method"], r["k"]): r for r in rows if r["seed"] == 1}
+    for r in first["finetune"]:
+        cell = r["method"], r["k"]
+        assert seed0[cell]["reused"] and seed0[cell]["val_loss"] == r["val_loss"] and not seed1[cell]["reused"]
+        assert seed1[cell]["groups"] == r["groups"]
+    assert any(seed1[c]["val_loss"] != seed0[c]["val_loss"] for c in seed0)  # other draws, another model
+    jobs = len({tuple(r["groups"]) for r in first["finetune"]})
+    assert ev["fine_tunes"] == {"trained": jobs, "reused": jobs} and ev["seeds"] == [0, 1]
+    assert [(d["method"], d["k"], d["seeds"]) for d in ev["kmm_minus"]] == [
+        (m, k, 2) for m in ("alignment", "random", "target_only") for k in (1, 2)]
+    for m, best in ev["best_k"].items():
+        a, b = seed0[m, best["k"]]["val_loss"], seed1[m, best["k"]]["val_loss"]
+        assert best["val_loss"] == pytest.approx((a + b) / 2) and best["val_loss_sd"] == pytest.approx(abs(a - b) / 2 ** 0.5)
+    table = pq.read_table(tmp_path / "runs" / "t" / "evaluation.parquet")
+    assert table.column("seed").to_pylist() == [r["seed"] for r in rows]
+    assert out["progress"]["finetune"] == out["progress"]["finetune"] | {"done": 2 * jobs, "total": 2 * jobs}
+
+
 def test_a_failed_protocol_lists_the_fine_tunes_it_has(first_run, tmp_path, monkeypatch):
     """A fine-tune that fails stops the protocol; the failed summary lists what was done (here the stored ones),
     and counts it in `progress`."""
@@ -146,7 +177,8 @@ def test_a_failed_protocol_lists_the_fine_tunes_it_has(first_run, tmp_path, monk
     assert summary["status"] == "failed" and summary["failed_stage"] == "finetune"
     stored = {tuple(r["groups"]): r["val_loss"] for r in first["finetune"]}
     listed = summary["finetune_finished"]
-    assert {tuple(r["groups"]): r["val_loss"] for r in listed} == stored and all(r["reused"] for r in listed)
+    assert {tuple(r["groups"]): r["val_loss"] for r in listed} == stored
+    assert all(r["reused"] and r["seed"] == 0 for r in listed)
     assert summary["progress"]["finetune"]["done"] == len(stored) < summary["progress"]["finetune"]["total"]
 
 

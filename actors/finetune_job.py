@@ -23,13 +23,14 @@ def _replica(spec: dict):
 
 def run_finetune_job(spec: dict, label: str, target: list[TokenizedExample],
                      aux: dict[str, list[TokenizedExample]], val: list[TokenizedExample],
-                     with_base: bool) -> FinetuneResult:
-    """Load theta_0, optionally evaluate it, then fine-tune and evaluate (one job)."""
+                     with_base: bool, weights: dict[str, float] | None = None) -> FinetuneResult:
+    """Load theta_0, optionally evaluate it, then fine-tune (aux groups drawn by `weights`, else uniformly) and
+    evaluate (one job)."""
     model, device, amp_dtype = _replica(spec)
     cfg = FinetuneConfig(**spec["finetune"])
     base = evaluate_loss(model, val, cfg.eval_batch_size, spec["pad_id"], device, amp_dtype) if with_base else None
     return finetune(model, spec["pad_id"], cfg, LoraConfig(**spec["lora"]), label=label, target=target,
-                    aux=aux, val=val, base_val_loss=base, device=device, autocast_dtype=amp_dtype)
+                    aux=aux, val=val, base_val_loss=base, device=device, autocast_dtype=amp_dtype, weights=weights)
 
 
 def run_base_eval(spec: dict, val: list[TokenizedExample]) -> float:

@@ -321,6 +321,13 @@ class FinetuneConfig:
                           "the R seeds (paper App., multi-seed results), and best k and Borda on the means. The seeds "
                           "vary the training's draws only: the adapter starts at lora.init_seed, the valuation's "
                           "linearisation point, and the random baseline keeps one order (from `seed`).")
+    mixture: Literal["uniform", "proportional", "softmax"] = opt(
+        "uniform", "How an auxiliary step picks one of the bought groups (paper App., auxiliary weighting): "
+        "`uniform` (each alike), `proportional` (to its number of usable examples), `softmax` (softmax of the "
+        "method's scores of the bought groups over `mixture_temperature`: the scores as mixture weights; the random "
+        "baseline's scores are an order, so it stays uniform). The weights are in each fine-tune's row.")
+    mixture_temperature: float = opt(1.0, "T of `mixture: softmax`: weights exp(s_i / T), normalised; the scores' scale "
+                                          "differs by method (KMM's w, beta, the cosine), so a lower T sharpens them.")
     baselines: list[Literal["target_only", "alignment", "cosine", "random"]] = opt(
         help="Comparison runs with the same step budget: `target_only` (rho = 1, the same at every k); and "
         "methods ranked like KMM at every k in `ks`: `alignment` (top-k by beta), `cosine` (top-k by the "
@@ -338,6 +345,8 @@ class FinetuneConfig:
             raise ConfigError("must be in [0, 1]", field="rho", value=self.rho)
         if self.batch_size <= 0:
             raise ConfigError("must be > 0", field="batch_size", value=self.batch_size)
+        if not (self.mixture_temperature > 0 and math.isfinite(self.mixture_temperature)):
+            raise ConfigError("must be a finite number > 0", field="mixture_temperature", value=self.mixture_temperature)
         if self.repeats <= 0:
             raise ConfigError("must be >= 1", field="repeats", value=self.repeats)
         if self.eval_batch_size <= 0:

@@ -4,6 +4,7 @@ over seeds, with their spread, where each cell is trained under several: paper A
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass
 
@@ -22,6 +23,11 @@ class PlannedRun:
     method: str
     k: int | None  # None: target only, the same at every k
     groups: tuple[str, ...]
+    weights: tuple[float, ...] | None = None  # mixture weights of `groups` (None: uniform draws)
+
+    def weight_map(self) -> dict[str, float] | None:
+        """The mixture weights by group name (None: uniform)."""
+        return None if self.weights is None else dict(zip(self.groups, self.weights))
 
     @property
     def label(self) -> str:
@@ -58,17 +64,41 @@ def plan_runs(names: list[str], scores: dict[str, np.ndarray], beta: np.ndarray,
     return runs
 
 
+def mix_runs(runs: list[PlannedRun], mixture: str, scores: dict[str, np.ndarray], names: list[str],
+             sizes: dict[str, int], temperature: float = 1.0) -> list[PlannedRun]:
+    """The runs with their mixture weights (paper App., auxiliary weighting): `uniform` leaves them None;
+    `proportional` weighs a group by its usable examples (`sizes`); `softmax` by exp(score / temperature) over the
+    bought groups, the method's own scores (random's are an order: uniform). Equal weights are uniform (None),
+    so such a run is the uniform run's fine-tune."""
+    if mixture not in ("uniform", "proportional", "softmax"):
+        raise ValueError(f"unknown mixture {mixture!r}; expected uniform, proportional or softmax")
+    index = {n: i for i, n in enumerate(names)}
+    out = []
+    for r in runs:
+        w = None
+        if len(r.groups) > 1 and mixture == "proportional":
+            w = np.array([sizes[g] for g in r.groups], dtype=np.float64)
+        elif len(r.groups) > 1 and mixture == "softmax" and r.method in scores and r.method != "random":
+            s = np.array([scores[r.method][index[g]] for g in r.groups], dtype=np.float64) / temperature
+            w = np.exp(s - s.max())
+        if w is not None and w.min() < w.max():
+            out.append(dataclasses.replace(r, weights=tuple(float(x) for x in w / w.sum())))
+        else:
+            out.append(r)
+    return out
+
+
 def distinct_jobs(runs: list[PlannedRun]) -> tuple[list[PlannedRun], list[int]]:
-    """The fine-tunes to train (one per distinct group set: the same set under the same seed trains the same
-    model) and, for every run, the index of the job that serves it."""
-    first: dict[tuple[str, ...], int] = {}
+    """The fine-tunes to train (one per distinct group set and mixture: the same under the same seed trains the
+    same model) and, for every run, the index of the job that serves it."""
+    first: dict[tuple, int] = {}
     jobs: list[PlannedRun] = []
     served_by = []
     for r in runs:
-        if r.groups not in first:
-            first[r.groups] = len(jobs)
+        if (r.groups, r.weights) not in first:
+            first[r.groups, r.weights] = len(jobs)
             jobs.append(r)
-        served_by.append(first[r.groups])
+        served_by.append(first[r.groups, r.weights])
     return jobs, served_by
 
 

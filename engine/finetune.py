@@ -51,23 +51,29 @@ def evaluate_loss(model, examples: list[TokenizedExample], batch_size: int, pad_
     return total / n
 
 
-def mixing_schedule(steps: int, rho: float, n_aux_groups: int, seed: int) -> list[int]:
-    """Per step: -1 for a target batch (probability rho), else the auxiliary group drawn uniformly."""
+def mixing_schedule(steps: int, rho: float, n_aux_groups: int, seed: int,
+                    weights: list[float] | None = None) -> list[int]:
+    """Per step: -1 for a target batch (probability rho), else the auxiliary group drawn uniformly, or by
+    `weights` (one per group, summing to 1) from a stream of its own."""
     rng = np.random.default_rng([seed, 0xA1])
+    weighted = None if weights is None else np.random.default_rng([seed, 0xA2])
     out = []
     for _ in range(steps):
         if n_aux_groups == 0 or rng.random() < rho:
             out.append(-1)
-        else:
-            out.append(int(rng.integers(n_aux_groups)))
+            continue
+        # the uniform draw is made either way, so a seed gives every mixture of n groups the same target steps
+        uniform = int(rng.integers(n_aux_groups))
+        out.append(uniform if weighted is None else int(weighted.choice(n_aux_groups, p=weights)))
     return out
 
 
 def finetune(model, pad_id: int, cfg: FinetuneConfig, lora: LoraConfig, *, label: str,
              target: list[TokenizedExample], aux: dict[str, list[TokenizedExample]],
              val: list[TokenizedExample], base_val_loss: float | None = None, device: str = "cpu",
-             autocast_dtype=None) -> FinetuneResult:
-    """Train a fresh LoRA adapter on `model` (theta_0) for cfg.steps steps mixing target and aux; evaluate on val.
+             autocast_dtype=None, weights: dict[str, float] | None = None) -> FinetuneResult:
+    """Train a fresh LoRA adapter on `model` (theta_0) for cfg.steps steps mixing target and aux (its groups drawn
+    by `weights`, else uniformly); evaluate on val.
 
     autocast_dtype: bf16 autocast for the forward passes (CUDA replicas with model.dtype bfloat16), as in featurisation.
     """
@@ -82,7 +88,10 @@ def finetune(model, pad_id: int, cfg: FinetuneConfig, lora: LoraConfig, *, label
     opt = torch.optim.AdamW(params, lr=cfg.lr)
     sched = get_cosine_schedule_with_warmup(opt, max(1, math.ceil(0.03 * cfg.steps)), cfg.steps)
     names = sorted(aux)
-    plan = mixing_schedule(cfg.steps, cfg.rho, len(names), cfg.seed)
+    if weights is not None and set(weights) != set(names):
+        raise ValueError(f"mixture weights for {sorted(weights)}, but the auxiliary groups are {names}")
+    plan = mixing_schedule(cfg.steps, cfg.rho, len(names), cfg.seed,
+                           None if weights is None else [weights[n] for n in names])
     rng = np.random.default_rng([cfg.seed, 0xB2])
     losses = []
     peft_model.train()

@@ -29,7 +29,14 @@ from engine.clustering import EmbeddingCache
 from engine.config import ConfigError, FeaturesConfig, RunConfig
 from engine.costs import load_costs
 from engine.data import read_parquet
-from engine.evaluate import BASELINE_METHODS, distinct_jobs, method_scores, plan_runs, summarise
+from engine.evaluate import (
+    BASELINE_METHODS,
+    distinct_jobs,
+    method_scores,
+    mix_runs,
+    plan_runs,
+    summarise,
+)
 from engine.featurize import block_tokens, plan_blocks
 from engine.finetune_store import FinetuneStore, job_settings
 from engine.gram import GramReducer, cosine, metric_vectors
@@ -262,12 +269,14 @@ def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names:
 
     ks, seeds = evaluation_ks(cfg), finetune_seeds(cfg)
     plan = plan_runs(names, scores, beta, ks, "target_only" in cfg.finetune.baselines)
+    sizes = {n: len(usable(n)) for r in plan for n in r.groups}
+    plan = mix_runs(plan, cfg.finetune.mixture, scores, names, sizes, cfg.finetune.mixture_temperature)
     jobs, served_by = distinct_jobs(plan)
     store = FinetuneStore(run_dir / "finetunes", job_settings(spec, cfg.model.source), data.target_train,
                           data.target_val)
     auxes = [{n: usable(n) for n in job.groups} for job in jobs]
     tasks = [(j, seed) for seed in seeds for j in range(len(jobs))]  # seed-major: every cell has a loss early
-    keys = [store.job_key(auxes[j], seed) for j, seed in tasks]
+    keys = [store.job_key(auxes[j], seed, jobs[j].weight_map()) for j, seed in tasks]
     results: list[dict | None] = [store.get(k) for k in keys]
     base = store.get_base()
     todo = [i for i, r in enumerate(results) if r is None]
@@ -283,7 +292,7 @@ def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names:
         j, seed = tasks[i]
         seeded = spec | {"finetune": spec["finetune"] | {"seed": seed}}
         return finetune_task.options(**opts).remote(seeded, jobs[j].label, train, auxes[j], val,
-                                                    base is None and n == 0)
+                                                    base is None and n == 0, jobs[j].weight_map())
 
     refs = {submit(n, i): i for n, i in enumerate(todo)}
     if base is None and not todo:
@@ -308,12 +317,14 @@ def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names:
     except BaseException:  # one failed (or Ctrl-C): the protocol is incomplete, so stop the others
         for ref in pending:
             ray.cancel(ref)
-        finished.extend({"label": jobs[j].label, "groups": list(jobs[j].groups), "seed": seed,
+        finished.extend({"label": jobs[j].label, "groups": list(jobs[j].groups), "weights": jobs[j].weight_map(),
+                         "seed": seed,
                          "val_loss": results[i]["val_loss"], "reused": i not in trained}
                         for i, (j, seed) in enumerate(tasks) if results[i] is not None)
         raise
     index = {task: i for i, task in enumerate(tasks)}
     rows = [results[index[j, seed]] | {"label": run.label, "method": run.method, "k": run.k, "seed": seed,
+                                       "weights": run.weight_map(),
                                        "base_val_loss": base, "reused": index[j, seed] not in trained}
             for run, j in zip(plan, served_by) for seed in seeds]
     return rows, summarise(rows, ks) | {"fine_tunes": {"trained": len(todo), "reused": len(tasks) - len(todo)}}

@@ -134,6 +134,8 @@ def evaluation_table(rows: list[dict]) -> pa.Table:
         "seed": pa.array([r.get("seed") for r in rows], pa.int64()),
         "label": pa.array([r["label"] for r in rows], pa.string()),
         "groups": pa.array([r["groups"] for r in rows], pa.list_(pa.string())),
+        "weights": pa.array([None if r.get("weights") is None else [r["weights"][g] for g in r["groups"]]
+                             for r in rows], pa.list_(pa.float64())),
         "val_loss": pa.array([r["val_loss"] for r in rows], pa.float64()),
         "points": pa.array([r["points"] for r in rows], pa.float64()),
         "best": pa.array([r["best"] for r in rows], pa.bool_()),
@@ -185,7 +187,8 @@ def format_evaluation(rows: list[dict], evaluation: dict | None) -> str:
             cells = [f"k={d['k']} {d['mean']:+.4f}±{d['sd']:.4f} (KMM lower in {d['reference_lower']} of {d['seeds']})"
                      for d in evaluation["kmm_minus"] if d["method"] == m]
             lines.append(f"  {LABELS.get(m, 'target only')}: " + ", ".join(cells))
-    lines.append("what each run bought (target steps / auxiliary steps" + (", per seed" if over else "")
+    mixed = " and mixture weights" if any(r.get("weights") for r in rows) else ""
+    lines.append(f"what each run bought{mixed} (target steps / auxiliary steps" + (", per seed" if over else "")
                  + "; stored: trained by an earlier run here):")
     by_label: dict[str, list[dict]] = {}
     for r in rows:
@@ -194,5 +197,7 @@ def format_evaluation(rows: list[dict], evaluation: dict | None) -> str:
         steps = ", ".join(f"{r['target_steps']}/{r['aux_steps']}" for r in runs)
         stored = sum(bool(r.get("reused")) for r in runs)
         note = "" if not stored else "  stored" if stored == len(runs) else f"  stored: {stored} of {len(runs)}"
-        lines.append(f"  {label}: {', '.join(runs[0]['groups']) or '-'} ({steps}){note}")
+        weights = runs[0].get("weights")
+        bought = ", ".join(g if weights is None else f"{g} {weights[g]:.2f}" for g in runs[0]["groups"]) or "-"
+        lines.append(f"  {label}: {bought} ({steps}){note}")
     return "\n".join(lines)

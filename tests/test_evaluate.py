@@ -8,7 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.evaluate import borda_points, distinct_jobs, method_scores, plan_runs, summarise
+from engine.evaluate import (
+    borda_points,
+    distinct_jobs,
+    method_scores,
+    mix_runs,
+    plan_runs,
+    summarise,
+)
+from engine.finetune import mixing_schedule
 from engine.plots import plot_evaluation, plot_scores
 from engine.report import evaluation_table, format_evaluation, scores_table
 
@@ -56,6 +64,42 @@ def test_random_order_is_seeded_and_buys_k_groups():
     runs = plan_runs(NAMES, {"random": a}, np.zeros(5), [1, 3, 5], target_only=False)
     assert [len(r.groups) for r in runs] == [1, 3, 5]
     assert set(runs[0].groups) < set(runs[1].groups)  # one order, nested budgets
+
+
+def test_mixtures_weigh_the_bought_groups():
+    """Paper App. (auxiliary weighting): proportional to the usable examples, a softmax of the method's own scores
+    over the bought groups, or uniform (None); random's scores are an order, and equal weights are uniform."""
+    w, beta = np.array([0.4, 0.2, 0.0, -0.1, 0.05]), np.array([0.3, 0.5, 0.1, -0.2, 0.2])
+    scores = method_scores(["kmm", "alignment", "random"], w, beta, beta, seed=0)
+    runs = plan_runs(NAMES, scores, beta, [1, 2], target_only=True)
+    sizes = {"a": 30, "b": 10, "c": 5, "d": 5, "e": 20}
+    assert mix_runs(runs, "uniform", scores, NAMES, sizes) == runs
+    by = {(r.method, r.k): r for r in mix_runs(runs, "proportional", scores, NAMES, sizes)}
+    assert by["kmm", 2].weight_map() == pytest.approx({"a": 0.75, "b": 0.25})
+    assert by["kmm", 1].weights is None and by["target_only", None].weights is None  # one group, or none
+    soft = {(r.method, r.k): r for r in mix_runs(runs, "softmax", scores, NAMES, sizes, temperature=0.1)}
+    e = np.exp([4.0, 2.0])
+    assert soft["kmm", 2].weight_map() == pytest.approx({"a": e[0] / e.sum(), "b": e[1] / e.sum()})
+    e = np.exp([3.0, 5.0])  # alignment buys the same two groups by beta: other weights, another fine-tune
+    assert soft["alignment", 2].weight_map() == pytest.approx({"a": e[0] / e.sum(), "b": e[1] / e.sum()})
+    assert soft["random", 2].weights is None
+    jobs, _ = distinct_jobs(list(soft.values()))
+    assert len(jobs) == len({(r.groups, r.weights) for r in soft.values()}) > len({r.groups for r in soft.values()})
+    equal = mix_runs(runs, "proportional", scores, NAMES, dict.fromkeys(NAMES, 8))
+    assert equal == runs  # equal sizes: the uniform runs themselves
+    with pytest.raises(ValueError, match="unknown mixture 'zipf'"):
+        mix_runs(runs, "zipf", scores, NAMES, sizes)
+
+
+def test_weighted_schedule_draws_groups_by_their_weights():
+    plan = mixing_schedule(20000, 0.5, 3, seed=1, weights=[0.6, 0.3, 0.1])
+    aux = np.array([s for s in plan if s >= 0])
+    assert abs(len(aux) / len(plan) - 0.5) < 0.02
+    assert np.bincount(aux, minlength=3) / len(aux) == pytest.approx([0.6, 0.3, 0.1], abs=0.02)
+    assert mixing_schedule(50, 0.5, 3, seed=1) == mixing_schedule(50, 0.5, 3, seed=1, weights=None)
+    assert set(mixing_schedule(200, 0.5, 3, seed=1, weights=[0.5, 0.5, 0.0])) == {-1, 0, 1}
+    uniform = mixing_schedule(300, 0.5, 3, seed=4)  # the same seed: the same target steps under any mixture
+    assert [s < 0 for s in mixing_schedule(300, 0.5, 3, seed=4, weights=[0.1, 0.1, 0.8])] == [s < 0 for s in uniform]
 
 
 def test_unknown_method_is_refused():
@@ -114,8 +158,9 @@ def _rows(seeds: tuple[int, ...] = (0,)) -> tuple[list[dict], dict]:
 def test_evaluation_table_and_text():
     rows, ev = _rows()
     table = evaluation_table(rows)
-    assert table.column_names == ["method", "k", "seed", "label", "groups", "val_loss", "points", "best",
+    assert table.column_names == ["method", "k", "seed", "label", "groups", "weights", "val_loss", "points", "best",
                                   "target_steps", "aux_steps", "reused"]
+    assert table.column("weights").null_count == table.num_rows  # uniform draws
     assert table.num_rows == 7 and table.column("k").null_count == 1  # 3 methods x 2 budgets + target only
     assert table.column("groups").to_pylist()[0] == ["a"]
     text = format_evaluation(rows, ev)
@@ -123,6 +168,10 @@ def test_evaluation_table_and_text():
     assert "base model (theta_0)" in text and "3.0000" in text
     assert "target + KMM top-1: a (3/3)  stored" in text  # a fine-tune an earlier run trained
     assert format_evaluation([], None) == "fine-tune: disabled"
+    rows[1]["weights"] = {"a": 0.75, "b": 0.25}  # KMM top-2 drawn by mixture weights
+    text = format_evaluation(rows, ev)
+    assert "what each run bought and mixture weights" in text and "target + KMM top-2: a 0.75, b 0.25 (3/3)" in text
+    assert evaluation_table(rows).column("weights").to_pylist()[:2] == [None, [0.75, 0.25]]
 
 
 def test_several_seeds_are_summarised_by_their_means():

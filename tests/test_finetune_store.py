@@ -71,6 +71,13 @@ def test_a_repeat_seed_keys_as_a_run_with_that_seed(tmp_path):
     assert store.job_key(AUX, seed + 1) == _store(tmp_path, seeded).job_key(AUX) != store.job_key(AUX)
 
 
+def test_mixture_weights_are_in_the_key(tmp_path):
+    store = _store(tmp_path)
+    weighted = store.job_key(AUX, weights={"hindi": 0.7, "urdu": 0.3})
+    assert weighted != store.job_key(AUX) and weighted != store.job_key(AUX, weights={"hindi": 0.3, "urdu": 0.7})
+    assert store.job_key(AUX, weights=None) == store.job_key(AUX)
+
+
 def test_data_is_in_the_key(tmp_path):
     base = _store(tmp_path).job_key(AUX)
     assert _store(tmp_path, train=TRAIN[:1]).job_key(AUX) != base

@@ -153,6 +153,34 @@ def test_repeats_add_seeds_and_report_each_cells_mean_and_spread(first_run, tmp_
     assert out["progress"]["finetune"] == out["progress"]["finetune"] | {"done": 2 * jobs, "total": 2 * jobs}
 
 
+def test_softmax_mixture_weighs_each_bought_group_by_its_score(first_run, tmp_path):
+    """finetune.mixture = softmax (paper App., auxiliary weighting) on the first run's folder: a run of two or more
+    groups draws them by the softmax of its method's scores and trains anew; single groups and random's runs are
+    the uniform fine-tunes, read back."""
+    import shutil
+
+    tmp, data, first = first_run
+    shutil.copytree(tmp / "runs" / "t", tmp_path / "runs" / "t")
+    out = run(config_from_dict(data | {"out": str(tmp_path / "runs"),
+                                       "finetune": data["finetune"] | {"mixture": "softmax"}}))
+    ranked = {r["group"]: r for r in pq.read_table(tmp_path / "runs" / "t" / "scores.parquet").to_pylist()}
+    column = {"kmm": "score", "alignment": "beta"}
+    before = {(r["method"], r["k"]): r for r in first["finetune"]}
+    mixed = 0
+    for r in out["finetune"]:
+        assert r["groups"] == before[r["method"], r["k"]]["groups"]
+        if len(r["groups"]) > 1 and r["method"] != "random":
+            s = np.array([ranked[g][column[r["method"]]] for g in r["groups"]])
+            assert list(r["weights"].values()) == pytest.approx(list(np.exp(s) / np.exp(s).sum()))
+            assert not r["reused"]
+            mixed += 1
+        else:
+            assert r["weights"] is None and r["reused"] and r["val_loss"] == before[r["method"], r["k"]]["val_loss"]
+    assert mixed > 0
+    table = pq.read_table(tmp_path / "runs" / "t" / "evaluation.parquet")
+    assert table.column("weights").null_count == len(out["finetune"]) - mixed
+
+
 def test_a_failed_protocol_lists_the_fine_tunes_it_has(first_run, tmp_path, monkeypatch):
     """A fine-tune that fails stops the protocol; the failed summary lists what was done (here the stored ones),
     and counts it in `progress`."""
@@ -166,7 +194,7 @@ def test_a_failed_protocol_lists_the_fine_tunes_it_has(first_run, tmp_path, monk
     shutil.copytree(tmp / "runs" / "t", tmp_path / "runs" / "t")
 
     @ray.remote(max_retries=0)
-    def failing_finetune(spec, label, target, aux, val, with_base):
+    def failing_finetune(spec, label, target, aux, val, with_base, weights):
         raise RuntimeError(f"no memory for {label}")
 
     monkeypatch.setattr(pipeline, "finetune_task", failing_finetune)

@@ -31,6 +31,7 @@ from engine.costs import load_costs
 from engine.data import read_parquet
 from engine.evaluate import (
     BASELINE_METHODS,
+    PlannedRun,
     distinct_jobs,
     method_scores,
     mix_runs,
@@ -614,6 +615,25 @@ def _kmm_runs(summary: dict) -> list[dict]:
     return [r for r in rows if r.get("method") == "kmm"]
 
 
+def _kmm_changed(summary: dict, names: list[str], w: np.ndarray, beta: np.ndarray) -> list[int]:
+    """The evaluated k whose KMM fine-tunes no longer match the solution w: other groups bought or, with
+    finetune.mixture softmax, other mixture weights."""
+    tuned = summary["config"].get("finetune") or {}
+    changed = set()
+    for r in _kmm_runs(summary):  # one row per seed
+        groups = tuple(sorted(names[i] for i in select_top_k(w, beta, r["k"])))
+        if list(groups) != r["groups"]:
+            changed.add(r["k"])
+        elif tuned.get("mixture") == "softmax":
+            (now,) = mix_runs([PlannedRun("kmm", r["k"], groups)], "softmax", {"kmm": w}, names, {},
+                              tuned.get("mixture_temperature", 1.0))
+            old = r.get("weights")
+            if (now.weights is None) != (old is None) or (old is not None and not np.allclose(
+                    [old[g] for g in groups], now.weights, rtol=1e-9, atol=0)):
+                changed.add(r["k"])
+    return sorted(changed)
+
+
 METRICS = typing.get_args(typing.get_type_hints(FeaturesConfig)["metric"])  # features.metric's allowed values
 
 
@@ -706,10 +726,9 @@ def _resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method
         {"rank_bound": old["rank_bound"]} if old.get("rank_bound") else {})
     summary["selected"] = [names[i] for i in selected]
     summary["ranking"] = format_ranking(table).splitlines()
-    # a re-solve that changes what KMM buys at any evaluated k leaves those fine-tunes (and best-k, Borda) stale;
-    # one back to the tuned selections makes them current again
-    changed = sorted({r["k"] for r in _kmm_runs(summary)  # a set: one row per seed
-                      if r["groups"] != sorted(names[i] for i in select_top_k(sol.w, beta, r["k"]))})
+    # a re-solve that changes what KMM buys at any evaluated k (or its softmax mixture) leaves those fine-tunes
+    # (and best-k, Borda) stale; one back to the tuned selections makes them current again
+    changed = _kmm_changed(summary, names, sol.w, beta)
     if changed:
         summary["finetune_stale"] = (f"the re-solve changed what KMM buys at k = {changed}; fine-tune results "
                                      "(and best k, Borda) are for the old selection")

@@ -348,6 +348,32 @@ def test_resolve_marks_fine_tunes_stale_only_while_the_selection_differs(first_r
     assert "finetune_stale" not in out and "finetune_stale" not in on_disk
 
 
+def test_resolve_marks_softmax_fine_tunes_stale_when_their_weights_change(first_run, tmp_path):
+    """With finetune.mixture softmax a KMM run's weights follow w: a re-solve that keeps its groups but not its
+    weights leaves it stale; the tuned weights keep it current."""
+    import shutil
+
+    tmp, data, first = first_run
+    run_dir = tmp_path / "soft"
+    shutil.copytree(tmp / "runs" / "t", run_dir)
+    gamma = data["solver"]["gamma"]
+    resolve(run_dir, gamma=gamma, budget=None, method=None, normalize=None)  # the shared folder may hold another solve
+    summary = json.loads((run_dir / "summary.json").read_text())
+    w = {r["group"]: r["score"] for r in pq.read_table(run_dir / "scores.parquet").to_pylist()}
+    rows = [dict(r) for r in first["finetune"]]
+    kmm2 = next(r for r in rows if r["method"] == "kmm" and r["k"] == 2)
+    assert len(kmm2["groups"]) == 2
+    e = {g: float(np.exp(w[g])) for g in kmm2["groups"]}
+    kmm2["weights"] = {g: v / sum(e.values()) for g, v in e.items()}  # as the tuned run drew them
+    config = summary["config"] | {"finetune": summary["config"]["finetune"] | {"mixture": "softmax"}}
+    (run_dir / "summary.json").write_text(json.dumps(summary | {"finetune": rows, "config": config}))
+    assert "finetune_stale" not in resolve(run_dir, gamma=gamma, budget=None, method=None, normalize=None)
+    kmm2["weights"] = {g: 0.5 for g in kmm2["groups"]}  # weights another solution would give
+    (run_dir / "summary.json").write_text(json.dumps(summary | {"finetune": rows, "config": config}))
+    out = resolve(run_dir, gamma=gamma, budget=None, method=None, normalize=None)
+    assert sorted(out["selected"]) == kmm2["groups"] and "k = [2]" in out["finetune_stale"]
+
+
 def test_resolve_reads_fine_tunes_saved_before_the_evaluation_protocol(first_run, tmp_path):
     """An older summary lists KMM's top-select.k fine-tune first, without `method` and `k`."""
     import shutil

@@ -115,7 +115,6 @@ class CellLoss:
 
     mean: float
     sd: float | None
-    n: int
 
 
 def cell_losses(rows: list[dict]) -> dict[tuple[str, int | None], CellLoss]:
@@ -123,7 +122,7 @@ def cell_losses(rows: list[dict]) -> dict[tuple[str, int | None], CellLoss]:
     losses: dict[tuple[str, int | None], list[float]] = {}
     for r in rows:
         losses.setdefault((r["method"], r["k"]), []).append(r["val_loss"])
-    return {c: CellLoss(sum(v) / len(v), statistics.stdev(v) if len(v) > 1 else None, len(v))
+    return {c: CellLoss(sum(v) / len(v), statistics.stdev(v) if len(v) > 1 else None)
             for c, v in losses.items()}
 
 
@@ -168,5 +167,6 @@ def summarise(rows: list[dict], ks: list[int]) -> dict:
     target = cell.get(("target_only", None))
     paired = paired_differences(rows, ks) if "kmm" in methods else []
     return {"ks": list(ks), "methods": methods, "seeds": sorted({r.get("seed") for r in rows} - {None}),
-            "kmm_minus": paired, "best_k": best_k, "borda": borda, "target_only_val_loss": None if target is None else target.mean,
+            "kmm_minus": paired, "best_k": best_k, "borda": borda,
+            "target_only_val_loss": None if target is None else target.mean,
             "target_only_val_loss_sd": None if target is None else target.sd, "base_val_loss": base}

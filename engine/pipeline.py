@@ -319,8 +319,7 @@ def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names:
         for ref in pending:
             ray.cancel(ref)
         finished.extend({"label": jobs[j].label, "groups": list(jobs[j].groups), "weights": jobs[j].weight_map(),
-                         "seed": seed,
-                         "val_loss": results[i]["val_loss"], "reused": i not in trained}
+                         "seed": seed, "val_loss": results[i]["val_loss"], "reused": i not in trained}
                         for i, (j, seed) in enumerate(tasks) if results[i] is not None)
         raise
     index = {task: i for i, task in enumerate(tasks)}
@@ -580,12 +579,19 @@ def _saved_summary(run_dir: Path) -> dict:
     ok = {"solver": isinstance(solver, dict),
           "finetune": isinstance(tunes, list) and all(
               isinstance(t, dict) and isinstance(t.get("groups"), list)
-              and (t.get("method") != "kmm" or (type(t.get("k")) is int and t["k"] >= 1)) for t in tunes),
+              and (t.get("method") != "kmm" or (type(t.get("k")) is int and t["k"] >= 1))
+              and _weights_ok(t.get("weights"), t["groups"]) for t in tunes),
           "space": summary.get("space", "gram") in ("gram", "gradients"),
           "config.features.metric": summary.get("space") != "gradients" or _metric(summary) in METRICS}
     if bad := [name for name, good in ok.items() if not good]:
         raise StoreError(f"{path}: field `{bad[0]}` is malformed")
     return summary
+
+
+def _weights_ok(weights: object, groups: list) -> bool:
+    """A fine-tune row's mixture weights: absent (uniform) or a number for each of its groups."""
+    return weights is None or (isinstance(weights, dict) and set(weights) == set(groups) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in weights.values()))
 
 
 def _resolve_bootstrap(run_dir: Path, summary: dict, w: np.ndarray, beta: np.ndarray, selected: list[int],

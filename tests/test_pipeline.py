@@ -435,6 +435,8 @@ DAMAGED_RUN_FOLDERS = [
     (_summary_edit(lambda s: s["order"].pop()), r"beta.npy: shape \(5,\), but summary.json's order lists 4 groups"),
     (_summary_edit(lambda s: s["config"]["select"].update(k=0)), r"field `config.select.k` must be an integer >= 1 \(got 0\)"),
     (_summary_edit(lambda s: s.update(finetune=[{}])), r"field `finetune` is malformed"),
+    (_summary_edit(lambda s: s.update(finetune=[{"groups": ["a", "b"], "weights": {"a": 1.0}}])),
+     r"field `finetune` is malformed"),
     (_summary_edit(lambda s: s.update(solver="x")), r"field `solver` is malformed"),
     (_summary_edit(lambda s: s.update(space="other")), r"field `space` is malformed"),
     (_summary_edit(lambda s: s.update(status="running")), r"summary.json: field `status` is \"running\": the run was stopped"),

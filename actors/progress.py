@@ -97,8 +97,8 @@ class ProgressActor:
 
 class Progress:
     """The driver's handle on its ProgressActor: calls are sent and not waited for (about 0.3 ms each in the
-    driver, measured on a local Ray); the actor is named convalue-progress-<run>-<pid>-<6 hex> on the dashboard (unique even for the same
-    run name again in one process, before Ray has released the last one's name)."""
+    driver, measured on a local Ray); the actor is named convalue-progress-<run>-<pid>-<6 hex> on the dashboard
+    (unique even for the same run name again in one process, before Ray has released the last one's name)."""
 
     def __init__(self, run: str):
         name = f"convalue-progress-{run}-{os.getpid()}-{uuid.uuid4().hex[:6]}"

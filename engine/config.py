@@ -360,6 +360,10 @@ class FinetuneConfig:
                 raise ConfigError("must list distinct budgets k > 0 (or be null: select.k alone)", field="ks",
                                   value=self.ks)
 
+    def seeds(self) -> list[int]:
+        """The seeds every protocol cell is fine-tuned under: seed and the next repeats - 1."""
+        return [self.seed + r for r in range(self.repeats)]
+
 
 @dataclass(kw_only=True)
 class BootstrapConfig:
@@ -439,6 +443,10 @@ class RunConfig:
             raise ConfigError("full-parameter gradients need a compressing projection (`countsketch`, `rademacher` "
                               "or `gaussian`): one identity vector per group would be the size of the model",
                               field="projection.kind", value=self.projection.kind)
+
+    def evaluation_ks(self) -> list[int]:
+        """The evaluation protocol's budgets: finetune.ks ascending, or select.k alone."""
+        return sorted(self.finetune.ks or [self.select.k])
 
     def to_dict(self) -> dict:
         """The config as plain data (for summary.json and for sending to actors)."""

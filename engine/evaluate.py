@@ -6,14 +6,19 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+import typing
 from dataclasses import dataclass
 
 import numpy as np
 
+from engine.config import FinetuneConfig
 from engine.select import select_top_k
 
 BASELINE_METHODS = ("alignment", "cosine", "random")  # ranked like KMM, at every k
-LABELS = {"kmm": "KMM", "alignment": "alignment", "cosine": "one-step cosine", "random": "random"}
+LABELS = {"kmm": "KMM", "alignment": "alignment", "cosine": "one-step cosine", "random": "random",
+          "target_only": "target only"}
+#: finetune.mixture's values, read from the config's type so the two cannot drift apart
+MIXTURES = typing.get_args(typing.get_type_hints(FinetuneConfig)["mixture"])
 
 
 @dataclass(frozen=True)
@@ -33,7 +38,7 @@ class PlannedRun:
     def label(self) -> str:
         """The name printed beside its validation loss."""
         if self.method == "target_only":
-            return "target only"
+            return LABELS[self.method]
         return f"target + {LABELS[self.method]} top-{self.k}"
 
 
@@ -70,8 +75,8 @@ def mix_runs(runs: list[PlannedRun], mixture: str, scores: dict[str, np.ndarray]
     `proportional` weighs a group by its usable examples (`sizes`); `softmax` by exp(score / temperature) over the
     bought groups, the method's own scores (random's are an order: uniform). Equal weights are uniform (None),
     so such a run is the uniform run's fine-tune."""
-    if mixture not in ("uniform", "proportional", "softmax"):
-        raise ValueError(f"unknown mixture {mixture!r}; expected uniform, proportional or softmax")
+    if mixture not in MIXTURES:
+        raise ValueError(f"unknown mixture {mixture!r}; expected one of {list(MIXTURES)}")
     index = {n: i for i, n in enumerate(names)}
     out = []
     for r in runs:
@@ -117,13 +122,17 @@ class CellLoss:
     sd: float | None
 
 
+def mean_sd(values: list[float]) -> tuple[float, float | None]:
+    """The mean and sample standard deviation of `values` (None for one value)."""
+    return sum(values) / len(values), statistics.stdev(values) if len(values) > 1 else None
+
+
 def cell_losses(rows: list[dict]) -> dict[tuple[str, int | None], CellLoss]:
     """Each (method, k) cell's loss over the rows of its seeds (one row per fine-tune)."""
     losses: dict[tuple[str, int | None], list[float]] = {}
     for r in rows:
         losses.setdefault((r["method"], r["k"]), []).append(r["val_loss"])
-    return {c: CellLoss(sum(v) / len(v), statistics.stdev(v) if len(v) > 1 else None)
-            for c, v in losses.items()}
+    return {c: CellLoss(*mean_sd(v)) for c, v in losses.items()}
 
 
 def paired_differences(rows: list[dict], ks: list[int], reference: str = "kmm") -> list[dict]:
@@ -139,7 +148,8 @@ def paired_differences(rows: list[dict], ks: list[int], reference: str = "kmm") 
         for k in ks:
             mine, theirs = by_cell[reference, k], by_cell[m, None if m == "target_only" else k]
             d = [mine[s] - theirs[s] for s in mine]
-            out.append({"method": m, "k": k, "mean": sum(d) / len(d), "sd": statistics.stdev(d) if len(d) > 1 else None,
+            mean, sd = mean_sd(d)
+            out.append({"method": m, "k": k, "mean": mean, "sd": sd,
                         "reference_lower": sum(x < 0 for x in d), "seeds": len(d)})
     return out
 

@@ -268,7 +268,7 @@ def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names:
             tokens[name] = [t for t in toks if t.n_response > 0]
         return tokens[name]
 
-    ks, seeds = evaluation_ks(cfg), finetune_seeds(cfg)
+    ks, seeds = cfg.evaluation_ks(), cfg.finetune.seeds()
     plan = plan_runs(names, scores, beta, ks, "target_only" in cfg.finetune.baselines)
     sizes = {n: len(usable(n)) for r in plan for n in r.groups}
     plan = mix_runs(plan, cfg.finetune.mixture, scores, names, sizes, cfg.finetune.mixture_temperature)
@@ -342,16 +342,6 @@ def _bootstrap(cfg: RunConfig, store: VectorStore, names: list[str], w: np.ndarr
     log.info("bootstrap: %d resamples of the previews; the selection came out again in %.0f %% of them",
              len(W), 100 * stats["same_selection"])
     return table, stats
-
-
-def evaluation_ks(cfg: RunConfig) -> list[int]:
-    """The protocol's budgets: finetune.ks ascending, or select.k alone."""
-    return sorted(cfg.finetune.ks or [cfg.select.k])
-
-
-def finetune_seeds(cfg: RunConfig) -> list[int]:
-    """The seeds every protocol cell is fine-tuned under: finetune.seed and the next repeats - 1."""
-    return [cfg.finetune.seed + r for r in range(cfg.finetune.repeats)]
 
 
 def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) -> dict:
@@ -626,7 +616,7 @@ def _kmm_changed(summary: dict, names: list[str], w: np.ndarray, beta: np.ndarra
     finetune.mixture softmax, other mixture weights."""
     tuned = summary["config"].get("finetune") or {}
     changed = set()
-    for r in _kmm_runs(summary):  # one row per seed
+    for r in {r["k"]: r for r in _kmm_runs(summary)}.values():  # one row per k: its seeds share groups and weights
         groups = tuple(sorted(names[i] for i in select_top_k(w, beta, r["k"])))
         if list(groups) != r["groups"]:
             changed.add(r["k"])

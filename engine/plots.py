@@ -72,7 +72,7 @@ def plot_evaluation(rows: list[dict], evaluation: dict, path: Path) -> None:
         ax.plot([best["k"]], [best["val_loss"]], marker="*", markersize=14, color=line.get_color())
     if ("target_only", None) in cell:
         target = cell["target_only", None]
-        ax.axhline(target.mean, color="black", linestyle="--", linewidth=1, label="target only")
+        ax.axhline(target.mean, color="black", linestyle="--", linewidth=1, label=LABELS["target_only"])
         if target.sd is not None:
             ax.axhspan(target.mean - target.sd, target.mean + target.sd, color="black", alpha=0.08, linewidth=0)
     if evaluation.get("base_val_loss") is not None:

@@ -177,7 +177,7 @@ def format_evaluation(rows: list[dict], evaluation: dict | None) -> str:
         losses = " ".join(f"{_loss(cell[m, k]):>{col - 1}}{'*' if (m, k) in best else ' '}" for k in ks)
         lines.append(f"  {LABELS[m]:<{width}} {losses} {evaluation['borda'][m]:>7.1f}")
     if ("target_only", None) in cell:
-        lines.append(f"  {'target only':<{width}} {_loss(cell['target_only', None]):>{col - 1}}  (every k)")
+        lines.append(f"  {LABELS['target_only']:<{width}} {_loss(cell['target_only', None]):>{col - 1}}  (every k)")
     if evaluation.get("base_val_loss") is not None:
         lines.append(f"  {'base model (theta_0)':<{width}} {evaluation['base_val_loss']:>{col - 1}.4f}")
     if over and evaluation.get("kmm_minus"):
@@ -186,7 +186,7 @@ def format_evaluation(rows: list[dict], evaluation: dict | None) -> str:
         for m in dict.fromkeys(d["method"] for d in evaluation["kmm_minus"]):
             cells = [f"k={d['k']} {d['mean']:+.4f}±{d['sd']:.4f} (KMM lower in {d['reference_lower']} of {d['seeds']})"
                      for d in evaluation["kmm_minus"] if d["method"] == m]
-            lines.append(f"  {LABELS.get(m, 'target only')}: " + ", ".join(cells))
+            lines.append(f"  {LABELS[m]}: " + ", ".join(cells))
     mixed = " and mixture weights" if any(r.get("weights") for r in rows) else ""
     lines.append(f"what each run bought{mixed} (target steps / auxiliary steps" + (", per seed" if over else "")
                  + "; stored: trained by an earlier run here):")

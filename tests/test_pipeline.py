@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -37,6 +38,12 @@ def first_run(ray_session, tiny_model_dir, tmp_path_factory):
                                      "baselines": ["target_only", "alignment", "random"]})
     summary = run(config_from_dict(data))
     return tmp, data, summary
+
+
+def own_copy(first_run, dest: Path) -> Path:
+    """A copy of the first run's folder at dest, for a test that changes its folder (the first run is shared)."""
+    shutil.copytree(first_run[0] / "runs" / "t", dest)
+    return dest
 
 
 def test_outputs_are_complete_and_consistent(first_run):
@@ -103,10 +110,8 @@ def test_evaluation_protocol_fine_tunes_every_method_at_every_k(first_run):
 
 def test_a_wider_evaluation_trains_only_the_new_selections(first_run, tmp_path):
     """Rerunning with one more budget reads the stored vectors and fine-tunes back; only new selections train."""
-    import shutil
-
-    tmp, data, first = first_run
-    shutil.copytree(tmp / "runs" / "t", tmp_path / "runs" / "t")
+    _, data, first = first_run
+    own_copy(first_run, tmp_path / "runs" / "t")
     wider = data | {"out": str(tmp_path / "runs"), "finetune": data["finetune"] | {"ks": [1, 2, 3]}}
     out = run(config_from_dict(wider))
     assert out["featurize"]["groups_computed"] == 0
@@ -125,10 +130,8 @@ def test_a_wider_evaluation_trains_only_the_new_selections(first_run, tmp_path):
 def test_repeats_add_seeds_and_report_each_cells_mean_and_spread(first_run, tmp_path):
     """finetune.repeats = 2 on the first run's folder: seed 0 is read back, seed 1 trains every selection again
     under its own draws; the cells are summarised by mean and sd (paper App., multi-seed results)."""
-    import shutil
-
-    tmp, data, first = first_run
-    shutil.copytree(tmp / "runs" / "t", tmp_path / "runs" / "t")
+    _, data, first = first_run
+    own_copy(first_run, tmp_path / "runs" / "t")
     out = run(config_from_dict(data | {"out": str(tmp_path / "runs"),
                                        "finetune": data["finetune"] | {"repeats": 2}}))
     rows, ev = out["finetune"], out["evaluation"]
@@ -157,10 +160,8 @@ def test_softmax_mixture_weighs_each_bought_group_by_its_score(first_run, tmp_pa
     """finetune.mixture = softmax (paper App., auxiliary weighting) on the first run's folder: a run of two or more
     groups draws them by the softmax of its method's scores and trains anew; single groups and random's runs are
     the uniform fine-tunes, read back."""
-    import shutil
-
-    tmp, data, first = first_run
-    shutil.copytree(tmp / "runs" / "t", tmp_path / "runs" / "t")
+    _, data, first = first_run
+    own_copy(first_run, tmp_path / "runs" / "t")
     out = run(config_from_dict(data | {"out": str(tmp_path / "runs"),
                                        "finetune": data["finetune"] | {"mixture": "softmax"}}))
     ranked = {r["group"]: r for r in pq.read_table(tmp_path / "runs" / "t" / "scores.parquet").to_pylist()}
@@ -184,14 +185,12 @@ def test_softmax_mixture_weighs_each_bought_group_by_its_score(first_run, tmp_pa
 def test_a_failed_protocol_lists_the_fine_tunes_it_has(first_run, tmp_path, monkeypatch):
     """A fine-tune that fails stops the protocol; the failed summary lists what was done (here the stored ones),
     and counts it in `progress`."""
-    import shutil
-
     import ray
 
     import engine.pipeline as pipeline
 
-    tmp, data, first = first_run
-    shutil.copytree(tmp / "runs" / "t", tmp_path / "runs" / "t")
+    _, data, first = first_run
+    own_copy(first_run, tmp_path / "runs" / "t")
 
     @ray.remote(max_retries=0)
     def failing_finetune(spec, label, target, aux, val, with_base, weights):
@@ -212,10 +211,8 @@ def test_a_failed_protocol_lists_the_fine_tunes_it_has(first_run, tmp_path, monk
 
 def test_a_rerun_with_every_fine_tune_stored_evaluates_only_a_missing_base(first_run, tmp_path):
     """All fine-tunes read back; the base model's loss, its record removed, comes from a base-evaluation task."""
-    import shutil
-
-    tmp, data, first = first_run
-    shutil.copytree(tmp / "runs" / "t", tmp_path / "runs" / "t")
+    _, data, first = first_run
+    own_copy(first_run, tmp_path / "runs" / "t")
     records = list((tmp_path / "runs" / "t" / "finetunes").glob("*.json"))
     base_records = [p for p in records if set(json.loads(p.read_text())) == {"base_val_loss", "key"}]
     assert len(base_records) == 1
@@ -330,11 +327,9 @@ def test_resolve_with_a_budget_rewrites_scores(first_run):
 
 def test_resolve_marks_fine_tunes_stale_only_while_the_selection_differs(first_run, tmp_path):
     """A re-solve that changes the selection flags the fine-tunes as stale; one back to their selection clears it."""
-    import shutil
-
-    tmp, data, first = first_run
+    _, data, first = first_run
     run_dir = tmp_path / "copy"
-    shutil.copytree(tmp / "runs" / "t", run_dir)
+    own_copy(first_run, run_dir)
     # test_rerun_resumes_from_stored_vectors rewrites the shared folder's summary without fine-tunes: restore them
     summary = json.loads((run_dir / "summary.json").read_text())
     (run_dir / "summary.json").write_text(json.dumps(summary | {"finetune": first["finetune"]}))
@@ -351,11 +346,9 @@ def test_resolve_marks_fine_tunes_stale_only_while_the_selection_differs(first_r
 def test_resolve_marks_softmax_fine_tunes_stale_when_their_weights_change(first_run, tmp_path):
     """With finetune.mixture softmax a KMM run's weights follow w: a re-solve that keeps its groups but not its
     weights leaves it stale; the tuned weights keep it current."""
-    import shutil
-
-    tmp, data, first = first_run
+    _, data, first = first_run
     run_dir = tmp_path / "soft"
-    shutil.copytree(tmp / "runs" / "t", run_dir)
+    own_copy(first_run, run_dir)
     gamma = data["solver"]["gamma"]
     resolve(run_dir, gamma=gamma, budget=None, method=None, normalize=None)  # the shared folder may hold another solve
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -376,11 +369,9 @@ def test_resolve_marks_softmax_fine_tunes_stale_when_their_weights_change(first_
 
 def test_resolve_reads_fine_tunes_saved_before_the_evaluation_protocol(first_run, tmp_path):
     """An older summary lists KMM's top-select.k fine-tune first, without `method` and `k`."""
-    import shutil
-
-    tmp, data, first = first_run
+    _, data, first = first_run
     run_dir = tmp_path / "old"
-    shutil.copytree(tmp / "runs" / "t", run_dir)
+    own_copy(first_run, run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
     old_rows = [{k: v for k, v in r.items() if k not in ("method", "k", "points", "best")}
                 for r in first["finetune"] if r["method"] in ("kmm", "target_only") and r["k"] in (2, None)]
@@ -394,11 +385,8 @@ def test_resolve_reads_fine_tunes_saved_before_the_evaluation_protocol(first_run
 
 def test_resolve_names_the_saved_file_that_is_bad_and_keeps_the_scores(first_run, tmp_path):
     """A re-solve of a damaged run folder fails naming the file and value; scores.parquet is left as it was."""
-    import shutil
-
-    tmp, _, _ = first_run
     run_dir = tmp_path / "copy"
-    shutil.copytree(tmp / "runs" / "t", run_dir)
+    own_copy(first_run, run_dir)
     scores_before = (run_dir / "scores.parquet").read_bytes()
     K = np.load(run_dir / "gram.npy")
     K[1, 0] = np.inf
@@ -451,11 +439,8 @@ DAMAGED_RUN_FOLDERS = [
 @pytest.mark.parametrize("damage, message", DAMAGED_RUN_FOLDERS)
 def test_resolve_refuses_a_damaged_summary_or_scores_table(first_run, tmp_path, damage, message):
     """Each damage is a clear StoreError naming the file and field, raised before anything is rewritten."""
-    import shutil
-
-    tmp, _, _ = first_run
     run_dir = tmp_path / "copy"
-    shutil.copytree(tmp / "runs" / "t", run_dir)
+    own_copy(first_run, run_dir)
     damage(run_dir)
     before = {f.name: f.read_bytes() for f in run_dir.iterdir() if f.is_file()}
     with pytest.raises(StoreError, match=message):
@@ -466,13 +451,11 @@ def test_resolve_refuses_a_damaged_summary_or_scores_table(first_run, tmp_path, 
 def test_a_stopped_re_solve_reads_back_as_resolving_and_a_rerun_finishes_it(first_run, tmp_path, monkeypatch):
     """A re-solve that stops between its files leaves summary.json saying so (status "resolving", with what it was
     doing), never an old summary beside new scores; `convalue solve` again completes it and restores the status."""
-    import shutil
-
     import engine.pipeline as pipeline
 
-    tmp, data, _ = first_run
+    _, data, _ = first_run
     run_dir = tmp_path / "copy"
-    shutil.copytree(tmp / "runs" / "t", run_dir)
+    own_copy(first_run, run_dir)
     before = json.loads((run_dir / "summary.json").read_text())  # other tests may have re-solved this folder
     gamma = data["solver"]["gamma"] / 3
     write_parquet = pipeline.write_parquet
@@ -526,13 +509,11 @@ def test_a_run_says_running_until_it_ends(ray_session, tiny_model_dir, tmp_path,
 
 def test_a_run_folder_in_use_is_refused_and_left_untouched(first_run, tmp_path):
     """While one process runs or re-solves in a folder, another run or re-solve there stops before writing."""
-    import shutil
-
     from engine.locks import exclusive
 
-    tmp, data, _ = first_run
+    _, data, _ = first_run
     run_dir = tmp_path / "runs" / "t"
-    shutil.copytree(tmp / "runs" / "t", run_dir)
+    own_copy(first_run, run_dir)
 
     def snapshot():
         return {str(f.relative_to(run_dir)): f.read_bytes() for f in sorted(run_dir.rglob("*")) if f.is_file()}

@@ -311,6 +311,10 @@ class FinetuneConfig:
     enabled: bool = opt(True, "Run the fine-tune jobs.")
     steps: int = opt(30, "T: optimizer steps, the same for every compared run.")
     rho: float = opt(0.5, "Probability that a step draws a target batch (otherwise an auxiliary batch).")
+    rho_by_k: dict[int, float] | None = opt(
+        None, "Alg. 1's target-mixing ratio rho_k for some budgets: {k: rho}, e.g. {1: 0.7, 5: 0.4}; a k of `ks` not "
+              "listed uses `rho`. Every k listed must be an evaluated budget. A fine-tune at k is keyed by its rho_k, "
+              "so it is the same fine-tune as one run with `rho: rho_k`.")
     batch_size: int = opt(4, "Examples per optimizer step.")
     lr: float = opt(1e-4, "AdamW learning rate (cosine schedule, 3% warm-up).")
     max_grad_norm: float = opt(1.0, "Gradient clipping norm.")
@@ -321,11 +325,16 @@ class FinetuneConfig:
                           "the R seeds (paper App., multi-seed results), and best k and Borda on the means. The seeds "
                           "vary the training's draws only: the adapter starts at lora.init_seed, the valuation's "
                           "linearisation point, and the random baseline keeps one order (from `seed`).")
-    mixture: Literal["uniform", "proportional", "softmax"] = opt(
+    mixture: Literal["uniform", "proportional", "softmax", "given"] = opt(
         "uniform", "How an auxiliary step picks one of the bought groups (paper App., auxiliary weighting): "
         "`uniform` (each alike), `proportional` (to its number of usable examples), `softmax` (softmax of the "
         "method's scores of the bought groups over `mixture_temperature`: the scores as mixture weights; the random "
-        "baseline's scores are an order, so it stays uniform). The weights are in each fine-tune's row.")
+        "baseline's scores are an order, so it stays uniform), `given` (the user's `mixture_weights`, e.g. the "
+        "paper's popularity weights). The weights are normalised over each run's bought groups and are in its row.")
+    mixture_weights: dict[str, float] | None = opt(
+        None, "Weights of `mixture: given`: {group name: weight > 0} naming every candidate group (a weight is "
+              "relative: only the bought groups' weights are normalised, so {english: 2, hindi: 1} draws english "
+              "twice as often as hindi where both are bought).")
     mixture_temperature: float = opt(1.0, "T of `mixture: softmax`: weights exp(s_i / T), normalised; the scores' scale "
                                           "differs by method (KMM's w, beta, the cosine), so a lower T sharpens them.")
     baselines: list[Literal["target_only", "alignment", "cosine", "random"]] = opt(
@@ -349,6 +358,17 @@ class FinetuneConfig:
             raise ConfigError("must be a finite number > 0", field="mixture_temperature", value=self.mixture_temperature)
         if self.repeats <= 0:
             raise ConfigError("must be >= 1", field="repeats", value=self.repeats)
+        for k, r in (self.rho_by_k or {}).items():
+            if k <= 0 or not 0 <= r <= 1:
+                raise ConfigError("must map budgets k > 0 to ratios in [0, 1]", field=f"rho_by_k.{k}", value=r)
+        if self.mixture == "given" and self.mixture_weights is None:
+            raise ConfigError("is required with `mixture: given` ({group name: weight})", field="mixture_weights")
+        if self.mixture != "given" and self.mixture_weights is not None:
+            raise ConfigError("must be `given` to use mixture_weights (or drop mixture_weights)", field="mixture",
+                              value=self.mixture)
+        for name, v in (self.mixture_weights or {}).items():
+            if not (v > 0 and math.isfinite(v)):
+                raise ConfigError("must be a finite number > 0", field=f"mixture_weights.{name}", value=v)
         if self.eval_batch_size <= 0:
             raise ConfigError("must be > 0", field="eval_batch_size", value=self.eval_batch_size)
         if not self.lr > 0:
@@ -363,6 +383,10 @@ class FinetuneConfig:
     def seeds(self) -> list[int]:
         """The seeds every protocol cell is fine-tuned under: seed and the next repeats - 1."""
         return [self.seed + r for r in range(self.repeats)]
+
+    def rho_at(self, k: int | None) -> float:
+        """rho_k of Alg. 1: the ratio of budget k (None: the target-only run), `rho` unless `rho_by_k` lists k."""
+        return (self.rho_by_k or {}).get(k, self.rho) if k is not None else self.rho
 
 
 @dataclass(kw_only=True)
@@ -443,6 +467,10 @@ class RunConfig:
             raise ConfigError("full-parameter gradients need a compressing projection (`countsketch`, `rademacher` "
                               "or `gaussian`): one identity vector per group would be the size of the model",
                               field="projection.kind", value=self.projection.kind)
+        if stray := sorted(set(self.finetune.rho_by_k or {}) - set(self.evaluation_ks())):
+            raise ConfigError(f"names budgets that are not evaluated (the budgets are {self.evaluation_ks()}: "
+                              "finetune.ks, or select.k)", field=f"finetune.rho_by_k.{stray[0]}",
+                              value=self.finetune.rho_by_k[stray[0]])
 
     def evaluation_ks(self) -> list[int]:
         """The evaluation protocol's budgets: finetune.ks ascending, or select.k alone."""
@@ -463,6 +491,8 @@ def _type_name(tp: Any) -> str:
         return " / ".join(f"`{a}`" for a in args)
     if origin is list:
         return f"list of {_type_name(args[0])}"
+    if origin is dict:
+        return f"mapping of {_type_name(args[0])} to {_type_name(args[1])}"
     if dataclasses.is_dataclass(tp):
         return "section"
     return {str: "string", int: "int", float: "number", bool: "bool"}.get(tp, getattr(tp, "__name__", str(tp)))
@@ -484,6 +514,10 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         if not isinstance(value, list):
             raise ConfigError("must be a list", field=path, value=value)
         return [_coerce(args[0], v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict) or not value:
+            raise ConfigError("must be a non-empty mapping", field=path, value=value)
+        return {_key(args[0], k, path): _coerce(args[1], v, f"{path}.{k}") for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, path)
     if tp is bool:
@@ -508,6 +542,15 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
             raise ConfigError("must be a string", field=path, value=value)
         return value
     raise TypeError(f"unsupported config type {_type_name(tp)} at {path}")
+
+
+def _key(tp: Any, key: Any, path: str) -> Any:
+    """A mapping's key as its type: str, or int (a JSON round trip writes `1` as "1", so digits are read back)."""
+    if tp is int and isinstance(key, str) and key.strip().lstrip("-").isdigit():
+        key = int(key)
+    if not isinstance(key, tp) or isinstance(key, bool):
+        raise ConfigError(f"keys must be {_type_name(tp)}s", field=f"{path}.{key}", value=key)
+    return key
 
 
 def _build(cls: type, data: Any, path: str) -> Any:

@@ -7,11 +7,12 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from engine.config import FinetuneConfig
+from engine.config import ConfigError, FinetuneConfig
 from engine.select import select_top_k
 
 BASELINE_METHODS = ("alignment", "cosine", "random")  # ranked like KMM, at every k
@@ -29,6 +30,7 @@ class PlannedRun:
     k: int | None  # None: target only, the same at every k
     groups: tuple[str, ...]
     weights: tuple[float, ...] | None = None  # mixture weights of `groups` (None: uniform draws)
+    rho: float | None = None  # rho_k of Alg. 1 (None: finetune.rho)
 
     def weight_map(self) -> dict[str, float] | None:
         """The mixture weights by group name (None: uniform)."""
@@ -59,22 +61,41 @@ def method_scores(methods: list[str], w: np.ndarray, beta: np.ndarray, cos: np.n
 
 
 def plan_runs(names: list[str], scores: dict[str, np.ndarray], beta: np.ndarray, ks: list[int],
-              target_only: bool) -> list[PlannedRun]:
+              target_only: bool, rho_at: Callable[[int | None], float] | None = None) -> list[PlannedRun]:
     """The protocol's cells: for each method and k, the top-k groups with a strictly positive score (Alg. 1,
-    lines 1-9; ties broken by beta), plus the target-only run; KMM's cells come first."""
-    runs = [PlannedRun(m, k, tuple(sorted(names[i] for i in select_top_k(s, beta, k))))
-            for m, s in scores.items() for k in ks]
+    lines 1-9; ties broken by beta), each with its rho_k where `rho_at` gives one, plus the target-only run; KMM's
+    cells come first."""
+    runs = []
+    for m, s in scores.items():
+        for k in ks:
+            groups = tuple(sorted(names[i] for i in select_top_k(s, beta, k)))
+            # with no group bought every step is a target step, whatever rho: the target-only fine-tune
+            runs.append(PlannedRun(m, k, groups, rho=rho_at(k) if rho_at and groups else None))
     if target_only:
         runs.append(PlannedRun("target_only", None, ()))
     return runs
 
 
+def check_given_weights(given: dict[str, float], names: list[str]) -> None:
+    """Refuse `mixture: given` weights that do not name exactly the candidate groups (a typo would otherwise
+    show up only when its group is bought)."""
+    unknown, missing = sorted(set(given) - set(names)), sorted(set(names) - set(given))
+    if unknown:
+        raise ConfigError(f"names {len(unknown)} group(s) that are not candidates, e.g. {unknown[:5]} (candidates: "
+                          f"{sorted(names)[:10]}{' ...' if len(names) > 10 else ''})",
+                          field=f"finetune.mixture_weights.{unknown[0]}", value=given[unknown[0]])
+    if missing:
+        raise ConfigError(f"must give a weight to every candidate group; {len(missing)} have none, e.g. "
+                          f"{missing[:10]}", field="finetune.mixture_weights", value=f"{len(given)} groups")
+
+
 def mix_runs(runs: list[PlannedRun], mixture: str, scores: dict[str, np.ndarray], names: list[str],
-             sizes: dict[str, int], temperature: float = 1.0) -> list[PlannedRun]:
+             sizes: dict[str, int], temperature: float = 1.0,
+             given: dict[str, float] | None = None) -> list[PlannedRun]:
     """The runs with their mixture weights (paper App., auxiliary weighting): `uniform` leaves them None;
     `proportional` weighs a group by its usable examples (`sizes`); `softmax` by exp(score / temperature) over the
-    bought groups, the method's own scores (random's are an order: uniform). Equal weights are uniform (None),
-    so such a run is the uniform run's fine-tune."""
+    bought groups, the method's own scores (random's are an order: uniform); `given` by the user's weights
+    (`given`, e.g. popularity). Equal weights are uniform (None), so such a run is the uniform run's fine-tune."""
     if mixture not in MIXTURES:
         raise ValueError(f"unknown mixture {mixture!r}; expected one of {list(MIXTURES)}")
     index = {n: i for i, n in enumerate(names)}
@@ -83,6 +104,10 @@ def mix_runs(runs: list[PlannedRun], mixture: str, scores: dict[str, np.ndarray]
         w = None
         if len(r.groups) > 1 and mixture == "proportional":
             w = np.array([sizes[g] for g in r.groups], dtype=np.float64)
+        elif len(r.groups) > 1 and mixture == "given":
+            if given is None:
+                raise ValueError("mixture `given` needs the weights (finetune.mixture_weights)")
+            w = np.array([given[g] for g in r.groups], dtype=np.float64)
         elif len(r.groups) > 1 and mixture == "softmax" and r.method in scores and r.method != "random":
             s = np.array([scores[r.method][index[g]] for g in r.groups], dtype=np.float64) / temperature
             w = np.exp(s - s.max())
@@ -94,16 +119,16 @@ def mix_runs(runs: list[PlannedRun], mixture: str, scores: dict[str, np.ndarray]
 
 
 def distinct_jobs(runs: list[PlannedRun]) -> tuple[list[PlannedRun], list[int]]:
-    """The fine-tunes to train (one per distinct group set and mixture: the same under the same seed trains the
-    same model) and, for every run, the index of the job that serves it."""
+    """The fine-tunes to train (one per distinct group set, mixture and rho: the same under the same seed trains
+    the same model) and, for every run, the index of the job that serves it."""
     first: dict[tuple, int] = {}
     jobs: list[PlannedRun] = []
     served_by = []
     for r in runs:
-        if (r.groups, r.weights) not in first:
-            first[r.groups, r.weights] = len(jobs)
+        if (r.groups, r.weights, r.rho) not in first:
+            first[r.groups, r.weights, r.rho] = len(jobs)
             jobs.append(r)
-        served_by.append(first[r.groups, r.weights])
+        served_by.append(first[r.groups, r.weights, r.rho])
     return jobs, served_by
 
 

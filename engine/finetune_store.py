@@ -17,7 +17,8 @@ from engine.tokenize import TokenizedExample
 log = logging.getLogger("convalue")
 
 #: fine-tune settings that only choose which runs happen, not what a run gives
-NOT_IN_KEY = ("enabled", "baselines", "ks", "repeats", "mixture", "mixture_temperature")  # weights: per job
+NOT_IN_KEY = ("enabled", "baselines", "ks", "repeats", "mixture", "mixture_temperature", "mixture_weights",
+              "rho_by_k")  # the weights and rho_k: per job
 RESULT_FIELDS = {"label": str, "groups": list, "steps": int, "target_steps": int, "aux_steps": int,
                  "val_loss": float, "first_train_loss": float, "last_train_loss": float, "seconds": float}
 
@@ -40,12 +41,13 @@ class FinetuneStore:
         self._base = {"settings": settings, "train": examples_digest(train), "val": examples_digest(val)}
 
     def job_key(self, aux: dict[str, list[TokenizedExample]], seed: int | None = None,
-                weights: dict[str, float] | None = None) -> str:
+                weights: dict[str, float] | None = None, rho: float | None = None) -> str:
         """Key of a fine-tune on the target plus these auxiliary groups (names matter: they order the draws), under
-        `seed` (None: finetune.seed of the settings), drawing the groups by `weights` (None: uniformly)."""
+        `seed` and `rho` (None: those of the settings), drawing the groups by `weights` (None: uniformly)."""
         settings, base = self._base["settings"], self._base
-        if seed is not None:
-            base = base | {"settings": settings | {"finetune": settings["finetune"] | {"seed": seed}}}
+        own = {k: v for k, v in (("seed", seed), ("rho", rho)) if v is not None}
+        if own:
+            base = base | {"settings": settings | {"finetune": settings["finetune"] | own}}
         if weights is not None:
             base = base | {"weights": {n: weights[n] for n in sorted(weights)}}
         return self._hash(base | {"aux": {n: examples_digest(aux[n]) for n in sorted(aux)}})

@@ -32,6 +32,7 @@ from engine.data import read_parquet
 from engine.evaluate import (
     BASELINE_METHODS,
     PlannedRun,
+    check_given_weights,
     distinct_jobs,
     method_scores,
     mix_runs,
@@ -269,15 +270,16 @@ def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names:
         return tokens[name]
 
     ks, seeds = cfg.evaluation_ks(), cfg.finetune.seeds()
-    plan = plan_runs(names, scores, beta, ks, "target_only" in cfg.finetune.baselines)
+    plan = plan_runs(names, scores, beta, ks, "target_only" in cfg.finetune.baselines, cfg.finetune.rho_at)
     sizes = {n: len(usable(n)) for r in plan for n in r.groups}
-    plan = mix_runs(plan, cfg.finetune.mixture, scores, names, sizes, cfg.finetune.mixture_temperature)
+    plan = mix_runs(plan, cfg.finetune.mixture, scores, names, sizes, cfg.finetune.mixture_temperature,
+                    cfg.finetune.mixture_weights)
     jobs, served_by = distinct_jobs(plan)
     store = FinetuneStore(run_dir / "finetunes", job_settings(spec, cfg.model.source), data.target_train,
                           data.target_val)
     auxes = [{n: usable(n) for n in job.groups} for job in jobs]
     tasks = [(j, seed) for seed in seeds for j in range(len(jobs))]  # seed-major: every cell has a loss early
-    keys = [store.job_key(auxes[j], seed, jobs[j].weight_map()) for j, seed in tasks]
+    keys = [store.job_key(auxes[j], seed, jobs[j].weight_map(), jobs[j].rho) for j, seed in tasks]
     results: list[dict | None] = [store.get(k) for k in keys]
     base = store.get_base()
     todo = [i for i, r in enumerate(results) if r is None]
@@ -291,7 +293,8 @@ def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names:
 
     def submit(n: int, i: int):
         j, seed = tasks[i]
-        seeded = spec | {"finetune": spec["finetune"] | {"seed": seed}}
+        rho = {} if jobs[j].rho is None else {"rho": jobs[j].rho}
+        seeded = spec | {"finetune": spec["finetune"] | {"seed": seed} | rho}
         return finetune_task.options(**opts).remote(seeded, jobs[j].label, train, auxes[j], val,
                                                     base is None and n == 0, jobs[j].weight_map())
 
@@ -319,15 +322,20 @@ def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names:
         for ref in pending:
             ray.cancel(ref)
         finished.extend({"label": jobs[j].label, "groups": list(jobs[j].groups), "weights": jobs[j].weight_map(),
-                         "seed": seed, "val_loss": results[i]["val_loss"], "reused": i not in trained}
+                         "rho": _effective_rho(jobs[j], cfg), "seed": seed, "val_loss": results[i]["val_loss"], "reused": i not in trained}
                         for i, (j, seed) in enumerate(tasks) if results[i] is not None)
         raise
     index = {task: i for i, task in enumerate(tasks)}
     rows = [results[index[j, seed]] | {"label": run.label, "method": run.method, "k": run.k, "seed": seed,
-                                       "weights": run.weight_map(),
+                                       "weights": run.weight_map(), "rho": _effective_rho(run, cfg),
                                        "base_val_loss": base, "reused": index[j, seed] not in trained}
             for run, j in zip(plan, served_by) for seed in seeds]
     return rows, summarise(rows, ks) | {"fine_tunes": {"trained": len(todo), "reused": len(tasks) - len(todo)}}
+
+
+def _effective_rho(run: PlannedRun, cfg: RunConfig) -> float:
+    """The share of target steps a run was drawn with: its rho_k, finetune.rho, or 1 with no group bought."""
+    return 1.0 if not run.groups else run.rho if run.rho is not None else cfg.finetune.rho
 
 
 def _bootstrap(cfg: RunConfig, store: VectorStore, names: list[str], w: np.ndarray, beta: np.ndarray,
@@ -402,6 +410,8 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> dict:
         data = prepare(cfg.data, tokenizer, cfg.model.max_length, grpo=cfg.features.representation == "grpo",
                        embed=embed)
         costs = load_costs(cfg.solver.costs_file, data.names()) if cfg.solver.costs_file else None
+        if cfg.finetune.enabled and cfg.finetune.mixture_weights is not None:  # before the hours of featurisation
+            check_given_weights(cfg.finetune.mixture_weights, data.names())
     run_dir.mkdir(parents=True, exist_ok=True)
     with _locked(run_dir):  # no other run or re-solve writes here meanwhile
         store = VectorStore(run_dir / "vectors", fingerprint(cfg, model_dir), overwrite=overwrite)

@@ -139,6 +139,7 @@ def evaluation_table(rows: list[dict]) -> pa.Table:
         "val_loss": pa.array([r["val_loss"] for r in rows], pa.float64()),
         "points": pa.array([r["points"] for r in rows], pa.float64()),
         "best": pa.array([r["best"] for r in rows], pa.bool_()),
+        "rho": pa.array([r.get("rho") for r in rows], pa.float64()),
         "target_steps": pa.array([r["target_steps"] for r in rows], pa.int64()),
         "aux_steps": pa.array([r["aux_steps"] for r in rows], pa.int64()),
         "reused": pa.array([r["reused"] for r in rows], pa.bool_()),
@@ -188,8 +189,9 @@ def format_evaluation(rows: list[dict], evaluation: dict | None) -> str:
                      for d in evaluation["kmm_minus"] if d["method"] == m]
             lines.append(f"  {LABELS[m]}: " + ", ".join(cells))
     mixed = " and mixture weights" if any(r.get("weights") for r in rows) else ""
-    lines.append(f"what each run bought{mixed} (target steps / auxiliary steps" + (", per seed" if over else "")
-                 + "; stored: trained by an earlier run here):")
+    per_k = len({r.get("rho") for r in rows if r["groups"]}) > 1  # finetune.rho_by_k: say each run's rho_k
+    lines.append(f"what each run bought{mixed} (" + ("rho_k; " if per_k else "") + "target steps / auxiliary steps"
+                 + (", per seed" if over else "") + "; stored: trained by an earlier run here):")
     by_label: dict[str, list[dict]] = {}
     for r in rows:
         by_label.setdefault(r["label"], []).append(r)
@@ -199,5 +201,6 @@ def format_evaluation(rows: list[dict], evaluation: dict | None) -> str:
         note = "" if not stored else "  stored" if stored == len(runs) else f"  stored: {stored} of {len(runs)}"
         weights = runs[0].get("weights")
         bought = ", ".join(g if weights is None else f"{g} {weights[g]:.2f}" for g in runs[0]["groups"]) or "-"
-        lines.append(f"  {label}: {bought} ({steps}){note}")
+        rho = f"rho {runs[0]['rho']:g}; " if per_k and runs[0]["groups"] else ""
+        lines.append(f"  {label}: {bought} ({rho}{steps}){note}")
     return "\n".join(lines)

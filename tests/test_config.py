@@ -37,6 +37,18 @@ def test_valid_config_round_trip(tmp_path):
     assert cfg.to_dict()["data"]["target"]["include"] == ["marathi"]
 
 
+def test_mappings_per_budget_and_per_group(tmp_path):
+    """finetune.rho_by_k (Alg. 1's rho_k) and finetune.mixture_weights are mappings; a budget's key written as
+    text (a JSON round trip) reads back as the int."""
+    cfg = load_config(write(tmp_path, merged(select={"k": 2}, finetune={
+        "ks": [1, 2, 3], "rho_by_k": {1: 0.75, "3": 0.25}, "mixture": "given",
+        "mixture_weights": {"english": 2, "hindi": 0.8}})))
+    assert cfg.finetune.rho_by_k == {1: 0.75, 3: 0.25}
+    assert [cfg.finetune.rho_at(k) for k in (1, 2, 3, None)] == [0.75, 0.5, 0.25, 0.5]
+    assert cfg.finetune.mixture_weights == {"english": 2.0, "hindi": 0.8}
+    assert "mapping of int to number" in reference_markdown()
+
+
 def test_demo_config_is_valid():
     cfg = load_config(Path(__file__).parents[1] / "examples" / "demo.yaml")
     assert cfg.data.target.include == ["marathi"]
@@ -82,6 +94,16 @@ def test_flat_pool_example_is_valid():
          "data.candidates[0].embedding", "/no/encoder"),
         (merged(data=BASE["data"] | {"target": {"kind": "chatterbot", "include": ["marathi"], "clusters": 2}}),
          "data.target.clusters", "2"),
+        (merged(finetune={"ks": [1, 3], "rho_by_k": {5: 0.5}}), "finetune.rho_by_k.5", "0.5"),  # k not evaluated
+        (merged(finetune={"rho_by_k": {1: 1.5}}), "finetune.rho_by_k.1", "1.5"),
+        (merged(finetune={"rho_by_k": {"one": 0.5}}), "finetune.rho_by_k.one", "one"),
+        (merged(finetune={"rho_by_k": [0.5]}), "finetune.rho_by_k", "[0.5]"),
+        (merged(finetune={"mixture": "given"}), "finetune.mixture_weights", "given"),
+        (merged(finetune={"mixture_weights": {"hindi": 2}}), "finetune.mixture", "uniform"),
+        (merged(finetune={"mixture": "given", "mixture_weights": {"hindi": 0}}), "finetune.mixture_weights.hindi",
+         "0"),
+        (merged(finetune={"mixture": "given", "mixture_weights": {"hindi": "lots"}}),
+         "finetune.mixture_weights.hindi", "lots"),
     ],
 )
 def test_field_errors_name_file_field_and_value(tmp_path, data, field, value_repr):

@@ -8,8 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.config import ConfigError
 from engine.evaluate import (
     borda_points,
+    check_given_weights,
     distinct_jobs,
     method_scores,
     mix_runs,
@@ -91,6 +93,50 @@ def test_mixtures_weigh_the_bought_groups():
         mix_runs(runs, "zipf", scores, NAMES, sizes)
 
 
+def test_given_weights_are_normalised_over_each_runs_bought_groups():
+    """mixture `given` (the paper's popularity weights): the user's weight per group, for every method alike
+    (random too: the weights belong to the groups, not to a score), normalised over what the run bought."""
+    w, beta = np.array([0.4, 0.2, 0.0, -0.1, 0.05]), np.array([0.3, 0.5, 0.1, -0.2, 0.2])
+    scores = method_scores(["kmm", "random"], w, beta, beta, seed=0)
+    runs = plan_runs(NAMES, scores, beta, [1, 2, 3], target_only=True)
+    given = {"a": 2.0, "b": 1.0, "c": 1.5, "d": 0.8, "e": 1.0}
+    for r in mix_runs(runs, "given", scores, NAMES, {}, given=given):
+        if len(r.groups) < 2 or len({given[g] for g in r.groups}) == 1:
+            assert r.weights is None  # one group, or equal weights: the uniform run
+        else:
+            total = sum(given[g] for g in r.groups)
+            assert r.weight_map() == pytest.approx({g: given[g] / total for g in r.groups})
+    by = {(r.method, r.k): r for r in mix_runs(runs, "given", scores, NAMES, {}, given=given)}
+    assert by["kmm", 2].weight_map() == pytest.approx({"a": 2 / 3, "b": 1 / 3})
+    with pytest.raises(ValueError, match="needs the weights"):
+        mix_runs(runs, "given", scores, NAMES, {})
+
+
+def test_given_weights_must_name_exactly_the_candidates():
+    check_given_weights(dict.fromkeys(NAMES, 1.0), NAMES)
+    with pytest.raises(ConfigError, match="not candidates, e.g. \\['hindu'\\]") as err:
+        check_given_weights(dict.fromkeys(NAMES, 1.0) | {"hindu": 2.0}, NAMES)
+    assert err.value.field == "finetune.mixture_weights.hindu"
+    with pytest.raises(ConfigError, match="1 have none, e.g. \\['e'\\]"):
+        check_given_weights(dict.fromkeys(NAMES[:4], 1.0), NAMES)
+
+
+def test_each_budget_trains_under_its_rho_k():
+    """Alg. 1's rho_k: a run at k carries rho_at(k); the same groups under another rho are another fine-tune, and a
+    run that buys nothing (every step a target step) stays the target-only fine-tune."""
+    w = np.array([0.2, 0.1, 0.0, 0.0, 0.0])
+    beta = np.array([0.3, 0.2, 0.1, -0.1, -0.2])
+    scores = method_scores(["kmm"], w, beta, cos=beta, seed=0)
+    runs = plan_runs(NAMES, scores, beta, [2, 3], target_only=True, rho_at={2: 0.25, 3: 0.75, None: 0.5}.get)
+    assert [(r.k, r.groups, r.rho) for r in runs] == [(2, ("a", "b"), 0.25), (3, ("a", "b"), 0.75),
+                                                      (None, (), None)]
+    jobs, served_by = distinct_jobs(runs)
+    assert len(jobs) == 3 and served_by == [0, 1, 2]  # kmm@2 and kmm@3 buy {a, b}, under other rho
+    assert distinct_jobs(plan_runs(NAMES, scores, beta, [2, 3], True, rho_at=lambda k: 0.5))[1] == [0, 0, 1]
+    none = plan_runs(NAMES, {"kmm": np.zeros(5)}, beta, [2], target_only=True, rho_at=lambda k: 0.9)
+    assert none[0].rho is None and distinct_jobs(none)[1] == [0, 0]
+
+
 def test_weighted_schedule_draws_groups_by_their_weights():
     plan = mixing_schedule(20000, 0.5, 3, seed=1, weights=[0.6, 0.3, 0.1])
     aux = np.array([s for s in plan if s >= 0])
@@ -159,7 +205,7 @@ def test_evaluation_table_and_text():
     rows, ev = _rows()
     table = evaluation_table(rows)
     assert table.column_names == ["method", "k", "seed", "label", "groups", "weights", "val_loss", "points", "best",
-                                  "target_steps", "aux_steps", "reused"]
+                                  "rho", "target_steps", "aux_steps", "reused"]
     assert table.column("weights").null_count == table.num_rows  # uniform draws
     assert table.num_rows == 7 and table.column("k").null_count == 1  # 3 methods x 2 budgets + target only
     assert table.column("groups").to_pylist()[0] == ["a"]
@@ -172,6 +218,13 @@ def test_evaluation_table_and_text():
     text = format_evaluation(rows, ev)
     assert "what each run bought and mixture weights" in text and "target + KMM top-2: a 0.75, b 0.25 (3/3)" in text
     assert evaluation_table(rows).column("weights").to_pylist()[:2] == [None, [0.75, 0.25]]
+    assert "rho" not in text  # one rho for every run: not repeated on each line
+    for r in rows:  # finetune.rho_by_k {1: 0.75}: each run's rho_k is printed and kept
+        r["rho"] = 1.0 if not r["groups"] else 0.75 if r["k"] == 1 else 0.5
+    text = format_evaluation(rows, ev)
+    assert "(rho_k; target steps" in text and "target + KMM top-1: a (rho 0.75; 3/3)" in text
+    assert "target only: - (6/0)" in text
+    assert evaluation_table(rows).column("rho").to_pylist()[:2] == [0.75, 0.5]
 
 
 def test_several_seeds_are_summarised_by_their_means():

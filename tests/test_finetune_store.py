@@ -78,6 +78,20 @@ def test_mixture_weights_are_in_the_key(tmp_path):
     assert store.job_key(AUX, weights=None) == store.job_key(AUX)
 
 
+def test_rho_k_is_in_the_key_as_the_run_of_that_rho(tmp_path):
+    """A budget's rho_k keys like a run whose finetune.rho is rho_k; the mapping itself (and the given mixture
+    weights, which reach the key as each job's weights) is not in the key."""
+    store = _store(tmp_path)
+    rho = SPEC["finetune"]["rho"]
+    assert store.job_key(AUX, rho=rho) == store.job_key(AUX)
+    other = SPEC | {"finetune": SPEC["finetune"] | {"rho": 0.25}}
+    assert store.job_key(AUX, rho=0.25) == _store(tmp_path, other).job_key(AUX) != store.job_key(AUX)
+    assert store.job_key(AUX, 3, rho=0.25) != store.job_key(AUX, rho=0.25)
+    mapped = SPEC | {"finetune": SPEC["finetune"] | {"rho_by_k": {1: 0.25}, "mixture": "given",
+                                                      "mixture_weights": {"hindi": 2.0, "urdu": 1.0}}}
+    assert _store(tmp_path, mapped).job_key(AUX) == store.job_key(AUX)
+
+
 def test_data_is_in_the_key(tmp_path):
     base = _store(tmp_path).job_key(AUX)
     assert _store(tmp_path, train=TRAIN[:1]).job_key(AUX) != base

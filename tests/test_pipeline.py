@@ -182,6 +182,45 @@ def test_softmax_mixture_weighs_each_bought_group_by_its_score(first_run, tmp_pa
     assert table.column("weights").null_count == len(out["finetune"]) - mixed
 
 
+def test_given_mixture_and_rho_k_train_what_they_change(first_run, tmp_path):
+    """finetune.mixture `given` (the paper's popularity weights) and rho_by_k (Alg. 1's rho_k) on the first run's
+    folder: k = 1 trains anew under its rho_k, a two-group run with unequal given weights trains anew drawn by them,
+    and the rest are read back; weights naming a group that is not a candidate are refused before any work."""
+    from engine.config import ConfigError
+    from engine.finetune import mixing_schedule
+
+    _, data, first = first_run
+    run_dir = own_copy(first_run, tmp_path / "runs" / "t")
+    given = {"english": 3.0, "spanish": 1.0, "german": 1.0, "hindi": 2.0, "italian": 1.0}
+    tuned = data["finetune"] | {"rho_by_k": {1: 0.25}, "mixture": "given"}
+    with pytest.raises(ConfigError, match="finetune.mixture_weights.hindu: names 1 group"):
+        run(config_from_dict(data | {"out": str(tmp_path / "runs"),
+                                     "finetune": tuned | {"mixture_weights": given | {"hindu": 1.0}}}))
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "complete"  # the folder is untouched
+    out = run(config_from_dict(data | {"out": str(tmp_path / "runs"), "finetune": tuned | {"mixture_weights": given}}))
+    before = {(r["method"], r["k"]): r for r in first["finetune"]}
+    steps, mixed = data["finetune"]["steps"], 0
+    for r in out["finetune"]:
+        old = before[r["method"], r["k"]]
+        assert r["groups"] == old["groups"]
+        if r["k"] == 1:
+            assert r["rho"] == 0.25 and r["weights"] is None and not r["reused"]
+            plan = mixing_schedule(steps, 0.25, 1, seed=0)
+            assert r["target_steps"] == sum(s < 0 for s in plan)
+        elif r["method"] == "target_only":
+            assert r["rho"] == 1.0 and r["reused"] and r["val_loss"] == old["val_loss"]
+        elif len({given[g] for g in r["groups"]}) > 1:
+            total = sum(given[g] for g in r["groups"])
+            assert r["weights"] == pytest.approx({g: given[g] / total for g in r["groups"]})
+            assert r["rho"] == 0.5 and not r["reused"]
+            mixed += 1
+        else:
+            assert r["weights"] is None and r["reused"] and r["val_loss"] == old["val_loss"]
+    assert mixed > 0
+    table = pq.read_table(run_dir / "evaluation.parquet")
+    assert table.column("rho").to_pylist() == [r["rho"] for r in out["finetune"]]
+
+
 def test_a_failed_protocol_lists_the_fine_tunes_it_has(first_run, tmp_path, monkeypatch):
     """A fine-tune that fails stops the protocol; the failed summary lists what was done (here the stored ones),
     and counts it in `progress`."""

@@ -159,6 +159,11 @@ def _loss(c: CellLoss) -> str:
     return f"{c.mean:.4f}" + ("" if c.sd is None else f"±{c.sd:.4f}")
 
 
+def _interval(ci: list[float] | None) -> str:
+    """A paired difference's 95 % interval, as printed after its mean ± sd (nothing for a summary without one)."""
+    return "" if ci is None else f" [95% CI {ci[0]:+.4f}, {ci[1]:+.4f}]"
+
+
 def format_evaluation(rows: list[dict], evaluation: dict | None) -> str:
     """The protocol's table (validation loss per method and k, mean ± sd over seeds where there are several; best
     k starred; Borda count) and what each run bought."""
@@ -183,10 +188,11 @@ def format_evaluation(rows: list[dict], evaluation: dict | None) -> str:
         lines.append(f"  {'base model (theta_0)':<{width}} {evaluation['base_val_loss']:>{col - 1}.4f}")
     if over and evaluation.get("kmm_minus"):
         lines.append("KMM's loss minus each method's at each k, seed by seed (the seeds' draws are shared, so the "
-                     "pairs cancel their noise; negative: KMM lower):")
+                     "pairs cancel their noise; negative: KMM lower; an interval without 0: the paired t-test's "
+                     "5 % level):")
         for m in dict.fromkeys(d["method"] for d in evaluation["kmm_minus"]):
-            cells = [f"k={d['k']} {d['mean']:+.4f}±{d['sd']:.4f} (KMM lower in {d['reference_lower']} of {d['seeds']})"
-                     for d in evaluation["kmm_minus"] if d["method"] == m]
+            cells = [f"k={d['k']} {d['mean']:+.4f}±{d['sd']:.4f}{_interval(d.get('ci95'))} (KMM lower in "
+                     f"{d['reference_lower']} of {d['seeds']})" for d in evaluation["kmm_minus"] if d["method"] == m]
             lines.append(f"  {LABELS[m]}: " + ", ".join(cells))
     mixed = " and mixture weights" if any(r.get("weights") for r in rows) else ""
     per_k = len({r.get("rho") for r in rows if r["groups"]}) > 1  # finetune.rho_by_k: say each run's rho_k

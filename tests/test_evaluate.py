@@ -253,7 +253,21 @@ def test_several_seeds_are_summarised_by_their_means():
         diff = losses["kmm", d["k"]] - losses[d["method"], None if d["method"] == "target_only" else d["k"]]
         assert d["mean"] == pytest.approx(diff) and d["sd"] == pytest.approx(0.0, abs=1e-12) and d["seeds"] == 3
         assert d["reference_lower"] == (3 if diff < -1e-9 else 0)
-    assert "  alignment: k=1 -0.2000±0.0000 (KMM lower in 3 of 3), k=2 +0.0000±0.0000 (KMM lower in 0 of 3)" in text
+    assert ("  alignment: k=1 -0.2000±0.0000 [95% CI -0.2000, -0.2000] (KMM lower in 3 of 3), k=2 +0.0000±0.0000 "
+            "[95% CI +0.0000, +0.0000] (KMM lower in 0 of 3)") in text
+    assert all(d["ci95"] is None for d in ev1["kmm_minus"])  # one seed: no interval
+
+
+def test_paired_interval_is_scipys_paired_t_interval():
+    """kmm_minus's ci95 is the paired t-test's 95 % confidence interval (scipy.stats.ttest_rel), seed by seed."""
+    from scipy.stats import ttest_rel
+
+    kmm, other = [2.91, 2.89, 2.93, 2.90, 2.92], [2.93, 2.90, 2.96, 2.94, 2.94]
+    rows = [{"method": m, "k": 1, "seed": s, "val_loss": v, "groups": []}
+            for m, losses in (("kmm", kmm), ("alignment", other)) for s, v in enumerate(losses)]
+    (d,) = summarise(rows, [1])["kmm_minus"]
+    ci = ttest_rel(kmm, other).confidence_interval(0.95)
+    assert d["ci95"] == pytest.approx([ci.low, ci.high]) and d["ci95"][1] < 0  # KMM lower at the 5 % level
 
 
 @settings(max_examples=40, deadline=None)

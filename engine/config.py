@@ -323,8 +323,13 @@ class FinetuneConfig:
     repeats: int = opt(1, "R: fine-tunes per cell of the protocol, seeded seed, seed + 1, ..., seed + R - 1; the "
                           "run reports each cell's mean validation loss and its sample standard deviation over "
                           "the R seeds (paper App., multi-seed results), and best k and Borda on the means. The seeds "
-                          "vary the training's draws only: the adapter starts at lora.init_seed, the valuation's "
-                          "linearisation point, and the random baseline keeps one order (from `seed`).")
+                          "vary the training's draws and the random baseline's order (see `random_orders`); the "
+                          "adapter starts at lora.init_seed, the valuation's linearisation point.")
+    random_orders: Literal["per_seed", "one"] = opt(
+        "per_seed", "The random baseline's order under `repeats`: `per_seed` (seed s draws its own order, so the "
+        "cell's mean and the paired differences are over random selections as well as the training's draws) or "
+        "`one` (every seed buys the order of `seed`: the spread is the training's alone). With one seed both are "
+        "the order of `seed`.")
     mixture: Literal["uniform", "proportional", "softmax", "given"] = opt(
         "uniform", "How an auxiliary step picks one of the bought groups (paper App., auxiliary weighting): "
         "`uniform` (each alike), `proportional` (to its number of usable examples), `softmax` (softmax of the "
@@ -341,7 +346,7 @@ class FinetuneConfig:
         help="Comparison runs with the same step budget: `target_only` (rho = 1, the same at every k); and "
         "methods ranked like KMM at every k in `ks`: `alignment` (top-k by beta), `cosine` (top-k by the "
         "cosine of g_i and g_tar: the paper's one-step baseline, free of gradient norms), `random` (a seeded "
-        "random order, from `seed`).", factory=lambda: ["target_only"])
+        "random order, from `seed`; under `repeats`, see `random_orders`).", factory=lambda: ["target_only"])
     ks: list[int] | None = opt(
         None, "The budgets K of the evaluation protocol (paper Alg. 1): KMM and every ranked baseline are "
         "fine-tuned on their top-k positive groups at each k, and the run reports each method's best k and its "
@@ -383,6 +388,10 @@ class FinetuneConfig:
     def seeds(self) -> list[int]:
         """The seeds every protocol cell is fine-tuned under: seed and the next repeats - 1."""
         return [self.seed + r for r in range(self.repeats)]
+
+    def random_order_seed(self, seed: int) -> int:
+        """The seed of the random baseline's order in the fine-tunes of `seed` (see random_orders)."""
+        return seed if self.random_orders == "per_seed" else self.seed
 
     def rho_at(self, k: int | None) -> float:
         """rho_k of Alg. 1: the ratio of budget k (None: the target-only run), `rho` unless `rho_by_k` lists k."""

@@ -204,7 +204,7 @@ def summarise(rows: list[dict], ks: list[int]) -> dict:
     best_k = {}
     for m in methods:
         k = min(ks, key=lambda k: (cell[m, k].mean, k))  # the smallest k reaching the lowest loss
-        groups = next(r["groups"] for r in rows if (r["method"], r["k"]) == (m, k))
+        groups = next(r["groups"] for r in rows if (r["method"], r["k"]) == (m, k))  # the first seed's (random: per seed)
         best_k[m] = {"k": k, "val_loss": cell[m, k].mean, "val_loss_sd": cell[m, k].sd, "groups": groups}
     for r in rows:
         r["points"] = points.get((r["method"], r["k"]))

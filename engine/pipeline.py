@@ -254,12 +254,13 @@ def check_nonzero(cfg: RunConfig, names: list[str], G: np.ndarray, g_tar: np.nda
 
 
 def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names: list[str],
-               scores: dict[str, np.ndarray], beta: np.ndarray, run_dir: Path, progress: Progress,
+               scores: dict[int, dict[str, np.ndarray]], beta: np.ndarray, run_dir: Path, progress: Progress,
                finished: list[dict]) -> tuple[list[dict], dict]:
-    """Fine-tune every cell of the evaluation protocol under each of its seeds on Ray, each distinct selection once
-    per seed and only when the run folder does not hold it already; (rows: one per cell and seed, evaluation). If
-    the protocol fails, `finished` gains the fine-tunes it had (label, groups, seed, val_loss, reused), so the
-    failed summary can say what it got."""
+    """Fine-tune every cell of the evaluation protocol under each of its seeds on Ray (`scores`: each method's
+    scores by seed; the random order may differ), each distinct selection once per seed and only when the run
+    folder does not hold it already; (rows: one per cell and seed, evaluation). If the protocol fails, `finished`
+    gains the fine-tunes it had (label, groups, seed, val_loss, reused), so the failed summary can say what it
+    got."""
     groups = {g.name: g for g in data.candidates}
     tokens: dict[str, list] = {}  # each group tokenised once, however many runs use it
 
@@ -270,15 +271,18 @@ def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names:
         return tokens[name]
 
     ks, seeds = cfg.evaluation_ks(), cfg.finetune.seeds()
-    plan = plan_runs(names, scores, beta, ks, "target_only" in cfg.finetune.baselines, cfg.finetune.rho_at)
-    sizes = {n: len(usable(n)) for r in plan for n in r.groups}
-    plan = mix_runs(plan, cfg.finetune.mixture, scores, names, sizes, cfg.finetune.mixture_temperature,
-                    cfg.finetune.mixture_weights)
-    jobs, served_by = distinct_jobs(plan)
+    plans = {s: plan_runs(names, scores[s], beta, ks, "target_only" in cfg.finetune.baselines, cfg.finetune.rho_at)
+             for s in seeds}  # one per seed, alike but for a random order per seed
+    sizes = {n: len(usable(n)) for plan in plans.values() for r in plan for n in r.groups}
+    plans = {s: mix_runs(plan, cfg.finetune.mixture, scores[s], names, sizes, cfg.finetune.mixture_temperature,
+                         cfg.finetune.mixture_weights) for s, plan in plans.items()}
+    cells = [(s, i) for s in seeds for i in range(len(plans[s]))]
+    jobs, served_by = distinct_jobs([plans[s][i] for s, i in cells])
+    job_of = dict(zip(cells, served_by))
     store = FinetuneStore(run_dir / "finetunes", job_settings(spec, cfg.model.source), data.target_train,
                           data.target_val)
     auxes = [{n: usable(n) for n in job.groups} for job in jobs]
-    tasks = [(j, seed) for seed in seeds for j in range(len(jobs))]  # seed-major: every cell has a loss early
+    tasks = list(dict.fromkeys((job_of[c], c[0]) for c in cells))  # seed-major: every cell has a loss early
     keys = [store.job_key(auxes[j], seed, jobs[j].weight_map(), jobs[j].rho) for j, seed in tasks]
     results: list[dict | None] = [store.get(k) for k in keys]
     base = store.get_base()
@@ -287,7 +291,7 @@ def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names:
     progress.total("finetune", len(tasks))
     progress.advance("finetune", len(tasks) - len(todo))
     log.info("%d fine-tunes for %d protocol runs (%d methods x k in %s) x %d seed(s); %d stored in %s", len(tasks),
-             len(plan), len(scores), ks, len(seeds), len(tasks) - len(todo), store.root)
+             len(plans[seeds[0]]), len(scores[seeds[0]]), ks, len(seeds), len(tasks) - len(todo), store.root)
     opts = {"num_cpus": cfg.ray.cpus_per_worker, "num_gpus": cfg.ray.gpus_per_worker}
     train, val = ray.put(data.target_train), ray.put(data.target_val)
 
@@ -326,10 +330,13 @@ def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names:
                         for i, (j, seed) in enumerate(tasks) if results[i] is not None)
         raise
     index = {task: i for i, task in enumerate(tasks)}
-    rows = [results[index[j, seed]] | {"label": run.label, "method": run.method, "k": run.k, "seed": seed,
-                                       "weights": run.weight_map(), "rho": _effective_rho(run, cfg),
-                                       "base_val_loss": base, "reused": index[j, seed] not in trained}
-            for run, j in zip(plan, served_by) for seed in seeds]
+    rows = []
+    for i in range(len(plans[seeds[0]])):  # cell by cell, each with its seeds
+        for s in seeds:
+            run, t = plans[s][i], index[job_of[s, i], s]
+            rows.append(results[t] | {"label": run.label, "method": run.method, "k": run.k, "seed": s,
+                                      "weights": run.weight_map(), "rho": _effective_rho(run, cfg),
+                                      "base_val_loss": base, "reused": t not in trained})
     return rows, summarise(rows, ks) | {"fine_tunes": {"trained": len(todo), "reused": len(tasks) - len(todo)}}
 
 
@@ -503,7 +510,8 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> dict:
             if cfg.finetune.enabled:
                 with timer.stage("finetune"):
                     methods = ["kmm"] + [b for b in cfg.finetune.baselines if b in BASELINE_METHODS]
-                    scores = method_scores(methods, w, beta, cos, cfg.finetune.seed)
+                    scores = {s: method_scores(methods, w, beta, cos, cfg.finetune.random_order_seed(s))
+                              for s in cfg.finetune.seeds()}
                     results, summary["evaluation"] = _finetunes(cfg, spec, tokenizer, data, names, scores, beta,
                                                                 run_dir, session.progress, finished)
                 plot_evaluation(results, summary["evaluation"], run_dir / "evaluation.png")

@@ -202,11 +202,20 @@ def format_evaluation(rows: list[dict], evaluation: dict | None) -> str:
     for r in rows:
         by_label.setdefault(r["label"], []).append(r)
     for label, runs in by_label.items():
-        steps = ", ".join(f"{r['target_steps']}/{r['aux_steps']}" for r in runs)
-        stored = sum(bool(r.get("reused")) for r in runs)
-        note = "" if not stored else "  stored" if stored == len(runs) else f"  stored: {stored} of {len(runs)}"
-        weights = runs[0].get("weights")
-        bought = ", ".join(g if weights is None else f"{g} {weights[g]:.2f}" for g in runs[0]["groups"]) or "-"
-        rho = f"rho {runs[0]['rho']:g}; " if per_k and runs[0]["groups"] else ""
-        lines.append(f"  {label}: {bought} ({rho}{steps}){note}")
+        if len({(tuple(r["groups"]), str(r.get("weights"))) for r in runs}) == 1:
+            lines.append(_bought(label, runs, per_k))
+        else:  # the random baseline under finetune.random_orders per_seed: a selection per seed
+            lines += [_bought(f"{label} (seed {r['seed']})", [r], per_k) for r in runs]
     return "\n".join(lines)
+
+
+def _bought(label: str, runs: list[dict], per_k: bool) -> str:
+    """One line of "what each run bought": the groups (with their mixture weights), rho_k where it varies, each
+    seed's target/auxiliary steps, and how many were stored."""
+    steps = ", ".join(f"{r['target_steps']}/{r['aux_steps']}" for r in runs)
+    stored = sum(bool(r.get("reused")) for r in runs)
+    note = "" if not stored else "  stored" if stored == len(runs) else f"  stored: {stored} of {len(runs)}"
+    weights = runs[0].get("weights")
+    bought = ", ".join(g if weights is None else f"{g} {weights[g]:.2f}" for g in runs[0]["groups"]) or "-"
+    rho = f"rho {runs[0]['rho']:g}; " if per_k and runs[0]["groups"] else ""
+    return f"  {label}: {bought} ({rho}{steps}){note}"

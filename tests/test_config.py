@@ -96,6 +96,7 @@ def test_flat_pool_example_is_valid():
          "data.target.clusters", "2"),
         (merged(finetune={"ks": [1, 3], "rho_by_k": {5: 0.5}}), "finetune.rho_by_k.5", "0.5"),  # k not evaluated
         (merged(finetune={"rho_by_k": {1: 1.5}}), "finetune.rho_by_k.1", "1.5"),
+        (merged(finetune={"random_orders": "each"}), "finetune.random_orders", "each"),
         (merged(finetune={"rho_by_k": {"one": 0.5}}), "finetune.rho_by_k.one", "one"),
         (merged(finetune={"rho_by_k": [0.5]}), "finetune.rho_by_k", "[0.5]"),
         (merged(finetune={"mixture": "given"}), "finetune.mixture_weights", "given"),

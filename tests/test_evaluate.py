@@ -258,6 +258,19 @@ def test_several_seeds_are_summarised_by_their_means():
     assert all(d["ci95"] is None for d in ev1["kmm_minus"])  # one seed: no interval
 
 
+def test_a_selection_that_differs_by_seed_is_printed_seed_by_seed():
+    """finetune.random_orders per_seed: random's runs buy other groups under each seed; the list says which."""
+    rows, ev = _rows(seeds=(0, 1))
+    for r in rows:
+        if r["method"] == "random" and r["k"] == 1 and r["seed"] == 1:
+            r["groups"] = ["d"]
+    text = format_evaluation(rows, ev)
+    random1 = next(r for r in rows if (r["method"], r["k"], r["seed"]) == ("random", 1, 0))
+    assert f"target + random top-1 (seed 0): {', '.join(random1['groups'])} (3/3)" in text
+    assert "target + random top-1 (seed 1): d (3/4)" in text
+    assert "target + KMM top-1: a (3/3, 3/4)  stored: 1 of 2" in text  # the same groups under both: one line
+
+
 def test_paired_interval_is_scipys_paired_t_interval():
     """kmm_minus's ci95 is the paired t-test's 95 % confidence interval (scipy.stats.ttest_rel), seed by seed."""
     from scipy.stats import ttest_rel

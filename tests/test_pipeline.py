@@ -129,9 +129,12 @@ def test_a_wider_evaluation_trains_only_the_new_selections(first_run, tmp_path):
 
 def test_repeats_add_seeds_and_report_each_cells_mean_and_spread(first_run, tmp_path):
     """finetune.repeats = 2 on the first run's folder: seed 0 is read back, seed 1 trains every selection again
-    under its own draws; the cells are summarised by mean and sd (paper App., multi-seed results)."""
+    under its own draws, the random baseline on its own order; the cells are summarised by mean and sd (paper
+    App., multi-seed results). Then random_orders `one`: seed 1 trains only seed 0's random selections."""
+    from engine.evaluate import method_scores, plan_runs
+
     _, data, first = first_run
-    own_copy(first_run, tmp_path / "runs" / "t")
+    run_dir = own_copy(first_run, tmp_path / "runs" / "t")
     out = run(config_from_dict(data | {"out": str(tmp_path / "runs"),
                                        "finetune": data["finetune"] | {"repeats": 2}}))
     rows, ev = out["finetune"], out["evaluation"]
@@ -139,13 +142,19 @@ def test_repeats_add_seeds_and_report_each_cells_mean_and_spread(first_run, tmp_
         (r["method"], r["k"], s) for r in first["finetune"] for s in (0, 1)]
     seed0 = {(r["method"], r["k"]): r for r in rows if r["seed"] == 0}
     seed1 = {(r["method"], r["k"]): r for r in rows if r["seed"] == 1}
+    names, beta = out["order"], np.load(run_dir / "beta.npy")
+    order1 = {r.k: r.groups for r in plan_runs(names, method_scores(["random"], beta, beta, beta, seed=1), beta,
+                                               [1, 2], target_only=False)}
     for r in first["finetune"]:
         cell = r["method"], r["k"]
-        assert seed0[cell]["reused"] and seed0[cell]["val_loss"] == r["val_loss"] and not seed1[cell]["reused"]
-        assert seed1[cell]["groups"] == r["groups"]
+        assert seed0[cell]["reused"] and seed0[cell]["val_loss"] == r["val_loss"]
+        assert seed1[cell]["groups"] == (list(order1[r["k"]]) if r["method"] == "random" else r["groups"])
+        assert not seed1[cell]["reused"]
+    assert any(seed1["random", k]["groups"] != seed0["random", k]["groups"] for k in (1, 2))  # its own order
     assert any(seed1[c]["val_loss"] != seed0[c]["val_loss"] for c in seed0)  # other draws, another model
-    jobs = len({tuple(r["groups"]) for r in first["finetune"]})
-    assert ev["fine_tunes"] == {"trained": jobs, "reused": jobs} and ev["seeds"] == [0, 1]
+    jobs0 = {tuple(r["groups"]) for r in first["finetune"]}
+    jobs1 = {tuple(r["groups"]) for r in seed1.values()}
+    assert ev["fine_tunes"] == {"trained": len(jobs1), "reused": len(jobs0)} and ev["seeds"] == [0, 1]
     assert [(d["method"], d["k"], d["seeds"]) for d in ev["kmm_minus"]] == [
         (m, k, 2) for m in ("alignment", "random", "target_only") for k in (1, 2)]
     for m, best in ev["best_k"].items():
@@ -153,7 +162,15 @@ def test_repeats_add_seeds_and_report_each_cells_mean_and_spread(first_run, tmp_
         assert best["val_loss"] == pytest.approx((a + b) / 2) and best["val_loss_sd"] == pytest.approx(abs(a - b) / 2 ** 0.5)
     table = pq.read_table(tmp_path / "runs" / "t" / "evaluation.parquet")
     assert table.column("seed").to_pylist() == [r["seed"] for r in rows]
-    assert out["progress"]["finetune"] == out["progress"]["finetune"] | {"done": 2 * jobs, "total": 2 * jobs}
+    tasks = len(jobs0) + len(jobs1)
+    assert out["progress"]["finetune"] == out["progress"]["finetune"] | {"done": tasks, "total": tasks}
+    one = run(config_from_dict(data | {"out": str(tmp_path / "runs"),
+                                       "finetune": data["finetune"] | {"repeats": 2, "random_orders": "one"}}))
+    again = {(r["method"], r["k"], r["seed"]): r for r in one["finetune"]}
+    for m, k in seed1:  # seed 1 buys seed 0's random selections, trained under seed 1's draws
+        assert again[m, k, 1]["groups"] == seed0[m, k]["groups"]
+        assert again[m, k, 1]["reused"] == (tuple(seed0[m, k]["groups"]) in jobs1)
+    assert one["evaluation"]["fine_tunes"]["trained"] == len(jobs0 - jobs1)
 
 
 def test_softmax_mixture_weighs_each_bought_group_by_its_score(first_run, tmp_path):

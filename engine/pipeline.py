@@ -326,7 +326,8 @@ def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names:
         for ref in pending:
             ray.cancel(ref)
         finished.extend({"label": jobs[j].label, "groups": list(jobs[j].groups), "weights": jobs[j].weight_map(),
-                         "rho": _effective_rho(jobs[j], cfg), "seed": seed, "val_loss": results[i]["val_loss"], "reused": i not in trained}
+                         "rho": _effective_rho(jobs[j], cfg), "seed": seed, "val_loss": results[i]["val_loss"],
+                         "reused": i not in trained}
                         for i, (j, seed) in enumerate(tasks) if results[i] is not None)
         raise
     index = {task: i for i, task in enumerate(tasks)}

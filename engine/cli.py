@@ -1,4 +1,5 @@
-"""Command line: `convalue run CONFIG`, `convalue solve RUN_DIR`, `convalue config-reference`."""
+"""Command line: `convalue run CONFIG`, `convalue solve RUN_DIR`, `convalue status RUN_DIR`,
+`convalue config-reference`."""
 
 from __future__ import annotations
 
@@ -25,6 +26,10 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--budget", type=float, help="budget form ||w||_1 <= BUDGET")
     s.add_argument("--method", choices=["auto", "active_set", "cvxpy", "cvxpy_paper"])
     s.add_argument("--normalize", choices=["none", "cosine"])
+    t = sub.add_parser("status", help="say whether a run folder is complete, failed, running or interrupted, and "
+                                      "what it holds (exit 0 complete, 1 failed or interrupted, 3 running)")
+    t.add_argument("run_dir")
+    t.add_argument("--json", action="store_true", help="print the status as one JSON object")
     sub.add_parser("config-reference", help="print the config reference (Markdown)")
     return p
 
@@ -44,6 +49,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "config-reference":
         print(reference_markdown())
         return 0
+    if args.command == "status":  # no Ray: it reads the folder and probes its lock
+        import json
+
+        from engine.run_status import EXIT_CODES, format_status, run_status
+
+        try:
+            status = run_status(Path(args.run_dir))
+        except (StoreError, FileNotFoundError) as exc:
+            print(f"convalue: error: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps(status) if args.json else format_status(status))
+        return EXIT_CODES[status["state"]]
     from actors.dispatch import WorkItemError
     from engine.grpo import GrpoError
     from engine.pipeline import ClusterError

@@ -35,3 +35,17 @@ def exclusive(path: Path, *, busy: Callable[[], Exception] | None = None) -> Ite
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+def held(path: Path) -> bool:
+    """Whether another process holds the flock on path (an existing folder) now; False where flock is missing."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # releases the probe's lock at once
+    return False

@@ -30,3 +30,8 @@ def test_solve_on_missing_run_dir(tmp_path):
 def test_config_reference():
     r = cli("config-reference")
     assert r.returncode == 0 and "### `solver`" in r.stdout and "gamma" in r.stdout
+
+
+def test_status_of_a_folder_without_a_run(tmp_path):
+    r = cli("status", str(tmp_path))
+    assert r.returncode == 2 and f"{tmp_path}: not a run folder (no summary.json)" in r.stderr

@@ -867,3 +867,41 @@ def test_a_flat_pool_is_clustered_valued_and_mapped_back(first_run):
     # a later run in the folder without a flat pool leaves no stale clusters.parquet behind
     run(config_from_dict(data | {"name": "flat", "finetune": {"enabled": False}}))
     assert not (run_dir / "clusters.parquet").exists()
+
+
+def test_status_tells_a_live_run_from_an_interrupted_one(first_run, tmp_path, capsys):
+    """`convalue status`: complete (exit 0); a summary that says "running" with no process holding the folder is
+    an interrupted run (exit 1, with how to resume); the same while a process holds the folder's lock is a live
+    run (exit 3); a failed run names its stage and error (exit 1)."""
+    from engine.cli import main
+    from engine.locks import exclusive
+    from engine.run_status import run_status
+
+    _, data, first = first_run
+    run_dir = own_copy(first_run, tmp_path / "runs" / "t")
+    status = run_status(run_dir)
+    assert status["state"] == "complete" and not status["live_process"]
+    assert status["vectors"] == {"stored": 6, "needed": 6, "target": True, "complete": True}  # 5 groups, the target
+    assert status["finetune_records"] == len({tuple(r["groups"]) for r in first["finetune"]})
+    assert status["selected"] == first["selected"] and set(status["best_k"]) == {"kmm", "alignment", "random"}
+    assert main(["status", str(run_dir)]) == 0
+    assert f"{run_dir}: complete" in capsys.readouterr().out
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    started = {k: summary[k] for k in ("config", "packages", "data")} | {"status": "running"}  # as a run begins
+    (run_dir / "summary.json").write_text(json.dumps(started))
+    assert main(["status", str(run_dir)]) == 1
+    out = capsys.readouterr().out
+    assert f"{run_dir}: interrupted" in out and "no process holds the folder" in out and "resume" in out
+    with exclusive(run_dir):  # a run writing the folder now
+        assert main(["status", str(run_dir), "--json"]) == 3
+        live = json.loads(capsys.readouterr().out)
+    assert live["state"] == "running" and live["live_process"] and "selected" not in live
+
+    failed = started | {"status": "failed", "failed_stage": "finetune", "error": "RuntimeError: no memory"}
+    (run_dir / "summary.json").write_text(json.dumps(failed))
+    assert main(["status", str(run_dir)]) == 1
+    assert "failed in stage finetune: RuntimeError: no memory" in capsys.readouterr().out
+    (run_dir / "summary.json").write_text("{")
+    assert main(["status", str(run_dir)]) == 2
+    assert "summary.json: not readable JSON" in capsys.readouterr().err

@@ -1,0 +1,103 @@
+"""What a run folder holds and whether a process is still writing it (`convalue status RUN_DIR`): a killed run's
+summary.json still says "running", so the folder's lock tells a live run from an interrupted one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from engine.locks import held
+from engine.prepare import TARGET_KEY
+from engine.store import StoreError, read_manifest
+
+#: the state `convalue status` reports, and its exit code (scripts wait on 3, stop on 1)
+EXIT_CODES = {"complete": 0, "failed": 1, "interrupted": 1, "running": 3}
+
+
+def run_status(run_dir: Path) -> dict:
+    """The folder's state (complete, failed, running: a live process holds it, interrupted: none does), what it
+    stores (vectors, fine-tune records) and, from summary.json, its progress, selection and failure."""
+    run_dir = Path(run_dir)
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir}: not a run folder (no summary.json)")
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise StoreError(f"{path}: not readable JSON ({exc})") from None
+    if not isinstance(summary, dict) or not isinstance(summary.get("status"), str):
+        raise StoreError(f"{path}: field `status` is missing (not a convalue summary)")
+    written = summary["status"]
+    live = held(run_dir)
+    if written in ("running", "resolving"):
+        state = "running" if live else "interrupted"
+    else:
+        state = "failed" if written == "failed" else "complete"
+    out = {"run_dir": str(run_dir), "state": state, "summary_status": written, "live_process": live,
+           "command": "solve" if written == "resolving" else "run",
+           "vectors": _vectors(run_dir, summary), "finetune_records": _records(run_dir / "finetunes")}
+    for field in ("failed_stage", "error", "selected", "timings_s", "progress", "finetune_stale"):
+        if summary.get(field) is not None:
+            out[field] = summary[field]
+    evaluation = summary.get("evaluation")
+    if isinstance(evaluation, dict) and isinstance(evaluation.get("best_k"), dict):
+        out["best_k"] = evaluation["best_k"]
+    return out
+
+
+def _vectors(run_dir: Path, summary: dict) -> dict | None:
+    """Group vectors stored (the target's included) against those the run needs; None before the store exists."""
+    try:
+        manifest = read_manifest(run_dir / "vectors")
+    except StoreError:
+        return None
+    stored = {g for b in manifest["blocks"] for g in b["groups"]}
+    data = summary.get("data") if isinstance(summary.get("data"), dict) else {}
+    needed = data.get("candidates") + 1 if isinstance(data.get("candidates"), int) else None
+    return {"stored": len(stored), "needed": needed, "target": TARGET_KEY in stored,
+            "complete": bool(manifest.get("complete"))}
+
+
+def _records(root: Path) -> int:
+    """Finished fine-tunes kept in finetunes/ (every readable record there, whichever settings trained it; the
+    base model's loss is not one)."""
+    count = 0
+    for p in root.glob("*.json") if root.is_dir() else ():
+        try:
+            count += "val_loss" in json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError):
+            continue  # a damaged record is trained again by the next run; it is not a finished fine-tune
+    return count
+
+
+def format_status(status: dict) -> str:
+    """The status as a few lines for a person."""
+    state, lines = status["state"], [f"{status['run_dir']}: {status['state']}"]
+    if state == "interrupted":
+        again = ("run `convalue solve` on it again (its results before the re-solve are kept)"
+                 if status["command"] == "solve" else "run the same config again to resume: the stored vectors "
+                 "and fine-tunes are read back")
+        lines[0] += (f" (summary.json says {status['summary_status']!r} but no process holds the folder: the "
+                     f"{status['command']} was stopped or its machine went down; {again})")
+    elif state == "running":
+        lines[0] += f" (a convalue {status['command']} holds the folder now)"
+    if state == "failed":
+        lines.append(f"failed in stage {status.get('failed_stage', '?')}: {status.get('error', '?')}")
+    v = status["vectors"]
+    if v is not None:
+        of = f" of {v['needed']}" if v["needed"] is not None else ""
+        lines.append(f"vectors: {v['stored']}{of} stored (groups and the target){', complete' if v['complete'] else ''}")
+    lines.append(f"fine-tune records in finetunes/: {status['finetune_records']}")
+    for stage, p in (status.get("progress") or {}).items():
+        if isinstance(p, dict) and p.get("total"):
+            lines.append(f"  {stage}: {p.get('done')} of {p['total']} in {p.get('seconds', 0):.1f} s")
+    if status.get("timings_s"):
+        lines.append("timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in status["timings_s"].items()))
+    if status.get("selected") is not None:
+        lines.append(f"selected: {', '.join(status['selected']) or 'none'}")
+    for m, b in (status.get("best_k") or {}).items():
+        sd = f" ± {b['val_loss_sd']:.4f}" if b.get("val_loss_sd") is not None else ""
+        lines.append(f"  best k of {m}: {b['k']} (validation loss {b['val_loss']:.4f}{sd})")
+    if status.get("finetune_stale"):
+        lines.append(f"note: {status['finetune_stale']}")
+    return "\n".join(lines)

@@ -19,8 +19,10 @@ def ranks(w: np.ndarray, beta: np.ndarray) -> np.ndarray:
 
 
 def select_top_k(w: np.ndarray, beta: np.ndarray, k: int, *, tol: float = 1e-9) -> list[int]:
-    """Indices of the (at most) k highest-scoring candidates whose score is positive."""
+    """Indices of the (at most) k highest-scoring candidates whose score is positive: above tol times the largest
+    |score|, so a solver's round-off is not bought and the choice does not depend on the scores' units."""
     if k <= 0:
         raise ValueError(f"k must be > 0, got {k}")
     w = np.asarray(w, dtype=np.float64)
-    return [int(i) for i in rank_order(w, beta) if w[i] > tol][:k]
+    floor = tol * float(np.abs(w).max()) if w.size else 0.0
+    return [int(i) for i in rank_order(w, beta) if w[i] > floor][:k]

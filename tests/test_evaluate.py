@@ -21,6 +21,7 @@ from engine.evaluate import (
 from engine.finetune import mixing_schedule
 from engine.plots import plot_evaluation, plot_scores
 from engine.report import evaluation_table, format_evaluation, scores_table
+from engine.select import select_top_k
 
 NAMES = ["a", "b", "c", "d", "e"]
 
@@ -38,6 +39,17 @@ def test_each_method_buys_its_top_k_positive_groups():
     assert runs[-1].method == "target_only" and runs[-1].groups == () and runs[-1].label == "target only"
     assert [r.method for r in runs[:3]] == ["kmm"] * 3
     assert runs[0].label == "target + KMM top-1"
+
+
+def test_selection_does_not_depend_on_the_scores_units():
+    """Positive means above 1e-9 of the largest |score|: scores in tiny units (small gradient norms make beta and
+    KMM's w tiny) buy the same groups, and round-off at that relative level is not bought."""
+    w = np.array([3e-1, 2e-1, 4e-11, -1e-1, 0.0])
+    beta = np.ones(5)
+    assert select_top_k(w, beta, 4) == [0, 1]
+    for scale in (1e-12, 1.0, 1e12):
+        assert select_top_k(w * scale, beta, 4) == [0, 1]
+    assert select_top_k(np.zeros(3), np.ones(3), 2) == [] and select_top_k(np.array([1e-30]), np.ones(1), 1) == [0]
 
 
 def test_identical_selections_share_one_fine_tune():

@@ -279,9 +279,9 @@ def test_a_rerun_with_every_fine_tune_stored_evaluates_only_a_missing_base(first
     assert base_records[0].is_file()  # stored again
 
 
-def test_resolving_saved_gram_gives_saved_scores(first_run):
-    tmp, data, summary = first_run
-    run_dir = tmp / "runs" / "t"
+def test_resolving_saved_gram_gives_saved_scores(first_run, tmp_path):
+    _, data, summary = first_run
+    run_dir = own_copy(first_run, tmp_path / "t")
     saved = {r["group"]: r["score"] for r in pq.read_table(run_dir / "scores.parquet").to_pylist()}
     K, beta = np.load(run_dir / "gram.npy"), np.load(run_dir / "beta.npy")
     sol = solve_kmm(K, beta, gamma=data["solver"]["gamma"], normalize=data["solver"]["normalize"])
@@ -307,12 +307,13 @@ def test_same_seed_same_scores_with_one_worker_and_other_blocks(first_run):
                                rtol=1e-5)
 
 
-def test_rerun_resumes_from_stored_vectors(first_run):
-    tmp, data, _ = first_run
-    again = run(config_from_dict(data | {"finetune": {"enabled": False}}))
+def test_rerun_resumes_from_stored_vectors(first_run, tmp_path):
+    _, data, _ = first_run
+    run_dir = own_copy(first_run, tmp_path / "runs" / "t")
+    again = run(config_from_dict(data | {"out": str(tmp_path / "runs"), "finetune": {"enabled": False}}))
     assert again["featurize"]["groups_computed"] == 0 and again["featurize"]["groups_reused"] == 6
     assert again["status"] == "complete"
-    run_dir = tmp / "runs" / "t"  # the first run's fine-tune results are not left beside the new scores
+    # the first run's fine-tune results are not left beside the new scores
     assert not (run_dir / "evaluation.parquet").exists() and not (run_dir / "evaluation.png").exists()
     assert (run_dir / "scores.png").is_file() and "evaluation" not in again
 
@@ -372,9 +373,8 @@ def test_unknown_lora_module_is_refused_before_ray_or_the_run_folder(tiny_model_
     assert not (tmp_path / "runs").exists()
 
 
-def test_resolve_with_a_budget_rewrites_scores(first_run):
-    tmp, _, _ = first_run
-    run_dir = tmp / "runs" / "t"
+def test_resolve_with_a_budget_rewrites_scores(first_run, tmp_path):
+    run_dir = own_copy(first_run, tmp_path / "t")
     out = resolve(run_dir, gamma=None, budget=1.5, method=None, normalize=None)
     assert out["solver"]["form"] == "budget" and out["solver"]["l1"] <= 1.5 + 1e-6
     table = pq.read_table(run_dir / "scores.parquet").to_pylist()
@@ -384,11 +384,7 @@ def test_resolve_with_a_budget_rewrites_scores(first_run):
 def test_resolve_marks_fine_tunes_stale_only_while_the_selection_differs(first_run, tmp_path):
     """A re-solve that changes the selection flags the fine-tunes as stale; one back to their selection clears it."""
     _, data, first = first_run
-    run_dir = tmp_path / "copy"
-    own_copy(first_run, run_dir)
-    # test_rerun_resumes_from_stored_vectors rewrites the shared folder's summary without fine-tunes: restore them
-    summary = json.loads((run_dir / "summary.json").read_text())
-    (run_dir / "summary.json").write_text(json.dumps(summary | {"finetune": first["finetune"]}))
+    run_dir = own_copy(first_run, tmp_path / "copy")
     tuned = next(r["groups"] for r in first["finetune"] if r["method"] == "kmm" and r["k"] == 2)  # select.k
     beta = np.load(run_dir / "beta.npy")
     out = resolve(run_dir, gamma=2 * float(np.abs(beta).max()), budget=None, method=None, normalize=None)
@@ -406,7 +402,7 @@ def test_resolve_marks_softmax_fine_tunes_stale_when_their_weights_change(first_
     run_dir = tmp_path / "soft"
     own_copy(first_run, run_dir)
     gamma = data["solver"]["gamma"]
-    resolve(run_dir, gamma=gamma, budget=None, method=None, normalize=None)  # the shared folder may hold another solve
+    resolve(run_dir, gamma=gamma, budget=None, method=None, normalize=None)  # the tuned solve, as the run left it
     summary = json.loads((run_dir / "summary.json").read_text())
     w = {r["group"]: r["score"] for r in pq.read_table(run_dir / "scores.parquet").to_pylist()}
     rows = [dict(r) for r in first["finetune"]]
@@ -878,7 +874,7 @@ def test_status_tells_a_live_run_from_an_interrupted_one(first_run, tmp_path, ca
     from engine.run_status import run_status
 
     _, data, first = first_run
-    run_dir = own_copy(first_run, tmp_path / "runs" / "t")  # as the earlier tests left it (one reran it)
+    run_dir = own_copy(first_run, tmp_path / "runs" / "t")
     summary = json.loads((run_dir / "summary.json").read_text())
     status = run_status(run_dir)
     assert status["state"] == "complete" and not status["live_process"]

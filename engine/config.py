@@ -395,7 +395,7 @@ class FinetuneConfig:
 
     def rho_at(self, k: int | None) -> float:
         """rho_k of Alg. 1: the ratio of budget k (None: the target-only run), `rho` unless `rho_by_k` lists k."""
-        return (self.rho_by_k or {}).get(k, self.rho) if k is not None else self.rho
+        return (self.rho_by_k or {}).get(k, self.rho)
 
 
 @dataclass(kw_only=True)

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.stats
 
 from engine.config import ConfigError, FinetuneConfig
 from engine.select import select_top_k
@@ -186,6 +185,8 @@ def paired_interval(mean: float, sd: float | None, n: int) -> list[float] | None
     that excludes 0 is a difference the paired t-test finds at the 5 % level."""
     if sd is None or n < 2:
         return None
+    import scipy.stats  # about 0.7 s to import; only a multi-seed summary needs it
+
     half = float(scipy.stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
     return [mean - half, mean + half]
 

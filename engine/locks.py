@@ -37,15 +37,14 @@ def exclusive(path: Path, *, busy: Callable[[], Exception] | None = None) -> Ite
         os.close(fd)  # releases the lock
 
 
+class _Held(Exception):
+    """Raised by held()'s probe where another process holds the lock."""
+
+
 def held(path: Path) -> bool:
     """Whether another process holds the flock on path (an existing folder) now; False where flock is missing."""
-    fd = os.open(path, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        with exclusive(path, busy=_Held):  # taken and released at once where free
+            return False
+    except _Held:
         return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)  # releases the probe's lock at once
-    return False

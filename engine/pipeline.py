@@ -57,6 +57,7 @@ from engine.report import (
     write_npy,
     write_parquet,
 )
+from engine.run_status import read_summary
 from engine.select import select_top_k
 from engine.store import StoreError, VectorStore, read_manifest
 from engine.tokenize import tokenize_examples
@@ -559,14 +560,7 @@ def _load_saved(path: Path) -> np.ndarray:
 def _saved_summary(run_dir: Path) -> dict:
     """summary.json of a finished run folder, checked for what a re-solve reads; errors name the file and field."""
     path = run_dir / "summary.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{run_dir}: not a finished run folder (summary.json needed)")
-    try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise StoreError(f"{path}: not readable JSON ({exc})") from None
-    if not isinstance(summary, dict):
-        raise StoreError(f"{path}: expected a JSON object, got {type(summary).__name__}")
+    summary = read_summary(run_dir, "not a finished run folder (summary.json needed)")
     if summary.get("status") == "running":  # a live run holds the folder's lock, so this one was killed
         raise StoreError(f"{path}: field `status` is \"running\": the run was stopped before it finished "
                          "(run it again with `convalue run`)")

@@ -14,19 +14,28 @@ from engine.store import StoreError, read_manifest
 EXIT_CODES = {"complete": 0, "failed": 1, "interrupted": 1, "running": 3}
 
 
-def run_status(run_dir: Path) -> dict:
-    """The folder's state (complete, failed, running: a live process holds it, interrupted: none does), what it
-    stores (vectors, fine-tune records) and, from summary.json, its progress, selection and failure."""
-    run_dir = Path(run_dir)
-    path = run_dir / "summary.json"
+def read_summary(run_dir: Path, missing: str) -> dict:
+    """A run folder's summary.json as a dict: FileNotFoundError `<run_dir>: <missing>` without one, a StoreError
+    naming the file where it is not a JSON object."""
+    path = Path(run_dir) / "summary.json"
     if not path.is_file():
-        raise FileNotFoundError(f"{run_dir}: not a run folder (no summary.json)")
+        raise FileNotFoundError(f"{run_dir}: {missing}")
     try:
         summary = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise StoreError(f"{path}: not readable JSON ({exc})") from None
-    if not isinstance(summary, dict) or not isinstance(summary.get("status"), str):
-        raise StoreError(f"{path}: field `status` is missing (not a convalue summary)")
+    if not isinstance(summary, dict):
+        raise StoreError(f"{path}: expected a JSON object, got {type(summary).__name__}")
+    return summary
+
+
+def run_status(run_dir: Path) -> dict:
+    """The folder's state (complete, failed, running: a live process holds it, interrupted: none does), what it
+    stores (vectors, fine-tune records) and, from summary.json, its progress, selection and failure."""
+    run_dir = Path(run_dir)
+    summary = read_summary(run_dir, "not a run folder (no summary.json)")
+    if not isinstance(summary.get("status"), str):
+        raise StoreError(f"{run_dir / 'summary.json'}: field `status` is missing (not a convalue summary)")
     written = summary["status"]
     live = held(run_dir)
     if written in ("running", "resolving"):

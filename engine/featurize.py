@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -68,6 +69,12 @@ def _decoder_and_head(model):
     except (AttributeError, NotImplementedError):
         return None
     return (decoder, head) if decoder is not None and head is not None else None
+
+
+def cache_keyword(decoder) -> str:
+    """The decoder's keyword for a key/value cache: `cache` in transformers 5 (which drops `past_key_values` in
+    5.40), `past_key_values` in 4.x."""
+    return "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
 
 
 def per_row_mean(values, valid):
@@ -138,7 +145,8 @@ def prefix_forward(model, prefix_ids: tuple[int, ...], rows: int, device: str) -
 
     decoder, _ = _decoder_and_head(model)
     prefix = torch.tensor([prefix_ids] * rows, device=device)
-    cache = decoder(input_ids=prefix, attention_mask=torch.ones_like(prefix), use_cache=True).past_key_values
+    out = decoder(input_ids=prefix, attention_mask=torch.ones_like(prefix), use_cache=True)
+    cache = out[cache_keyword(decoder)]
     return [(layer.keys, layer.values) for layer in cache.layers]
 
 
@@ -155,6 +163,7 @@ def shared_prefix_loss(model, examples: list[TokenizedExample], owners: list[int
     from transformers import DynamicCache
 
     decoder, head = _decoder_and_head(model)
+    keyword = cache_keyword(decoder)
     groups = sorted(set(owners))
     row = {g: i for i, g in enumerate(groups)}
     losses = []
@@ -167,8 +176,8 @@ def shared_prefix_loss(model, examples: list[TokenizedExample], owners: list[int
         ids, mask, labels = (t.to(device) for t in pad_batch(suffix, pad_id))
         full_mask = torch.cat([torch.ones(len(run), P, dtype=mask.dtype, device=device), mask], dim=1)
         positions = (torch.arange(ids.shape[1], device=device) + P).expand(ids.shape[0], -1)
-        hidden = decoder(input_ids=ids, attention_mask=full_mask, position_ids=positions, past_key_values=expanded,
-                         use_cache=True).last_hidden_state[:, :-1]
+        hidden = decoder(input_ids=ids, attention_mask=full_mask, position_ids=positions, use_cache=True,
+                         **{keyword: expanded}).last_hidden_state[:, :-1]
         target = labels[:, 1:]
         valid = target != IGNORE
         losses.append(mean_token_ce(head(hidden[valid]), target[valid], valid))

@@ -111,6 +111,8 @@ def add_data_args(ap) -> None:
     ap.add_argument("--token-budget", type=int, default=2048)
     ap.add_argument("--groups-per-call", type=int, default=4)
     ap.add_argument("--passes", type=int, default=4)
+    ap.add_argument("--model", default="smollm2-135m-instruct",
+                    help="model.source: the built-in SmolLM2-135M or a local Hugging Face folder (the tests pass a tiny one)")
 
 
 def one_featurizer(args) -> tuple:
@@ -124,7 +126,7 @@ def one_featurizer(args) -> tuple:
     from engine.replica import build_featurizer
 
     torch.set_num_threads(1)
-    model_dir = resolve_model_dir(ModelConfig())
+    model_dir = resolve_model_dir(ModelConfig(source=args.model))
     tok = load_tokenizer(model_dir)
     items = bench_items(tok, args.groups, args.m, args.max_length)
     blocks = plan_blocks(items, args.groups_per_call)

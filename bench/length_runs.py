@@ -47,7 +47,7 @@ def main() -> None:
            "median_s": {v: round(t, 3) for v, t in med.items()},
            "all_s": {v: [round(x, 3) for x in t] for v, t in times.items()},
            "speedup": round(med["one_forward"] / med["length_runs"], 3),
-           "gflop": {v: round(x / 1e9, 1) for v, x in flops.items()},
+           "gflop": {v: round(x / 1e9, 4) for v, x in flops.items()},
            "flop_ratio_naive_to_one_forward": round(flops["naive"] / flops["one_forward"], 3),
            "flop_ratio_naive_to_length_runs": round(flops["naive"] / flops["length_runs"], 3),
            "min_cosine": round(min_cosine(vectors["one_forward"], vectors["length_runs"]), 7)}

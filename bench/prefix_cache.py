@@ -94,7 +94,7 @@ def main() -> None:
            "passes": args.passes, "median_s": {v: round(t, 3) for v, t in med.items()},
            "all_s": {v: [round(x, 3) for x in t] for v, t in times.items()},
            "speedup": round(med["recomputed"] / med["kept"], 3),
-           "gflop": {v: round(x / 1e9, 1) for v, x in flops.items()},
+           "gflop": {v: round(x / 1e9, 4) for v, x in flops.items()},
            "flop_ratio_naive_to_kept": round(flops["naive"] / flops["kept"], 3),
            "max_abs_diff": diff, "kept_graph_mb_by_rows": {r: round(b / 2**20, 1) for r, b in kept.items()}}
     print(f"{fig['groups']} groups, {fig['tokens']} tokens, {args.passes} interleaved passes each (1 thread)")

@@ -100,9 +100,9 @@ def test_blas_threads_bench_runs_and_ends_with_json():
     assert set(figures["skeleton_ms"]) == {"solve", "skeleton"}
 
 
-def test_prefix_cache_bench_runs_and_ends_with_json(smollm2_dir):
+def test_prefix_cache_bench_runs_and_ends_with_json(tiny_model_dir):
     figures = bench_json("prefix_cache.py", "--groups", "4", "--m", "1", "--groups-per-call", "2", "--passes", "1",
-                         timeout=600)
+                         "--model", str(tiny_model_dir))
     assert figures["bench"] == "prefix_cache" and figures["max_abs_diff"] == 0.0
     assert figures["gflop"]["kept"] < figures["gflop"]["recomputed"] < figures["gflop"]["naive"]
     assert figures["kept_graph_mb_by_rows"]  # the 2-group prefix was kept

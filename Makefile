@@ -21,9 +21,12 @@ $(STAMP): pyproject.toml constraints.txt requirements-nodeps.txt
 demo: $(STAMP)
 	$(VENV)/bin/convalue run examples/demo.yaml --overwrite
 
+# two pytest workers, each with its own local Ray, taking whole files (the pipeline tests share one session run)
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

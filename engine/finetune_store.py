@@ -18,7 +18,7 @@ log = logging.getLogger("convalue")
 
 #: fine-tune settings that only choose which runs happen, not what a run gives
 NOT_IN_KEY = ("enabled", "baselines", "ks", "repeats", "random_orders", "mixture", "mixture_temperature",
-              "mixture_weights", "rho_by_k")  # the groups, weights and rho_k: per job
+              "mixture_weights", "mixture_default_weight", "rho_by_k")  # the groups, weights and rho_k: per job
 RESULT_FIELDS = {"label": str, "groups": list, "steps": int, "target_steps": int, "aux_steps": int,
                  "val_loss": float, "first_train_loss": float, "last_train_loss": float, "seconds": float}
 

@@ -276,7 +276,8 @@ def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names:
              for s in seeds}  # one per seed, alike but for a random order per seed
     sizes = {n: len(usable(n)) for plan in plans.values() for r in plan for n in r.groups}
     plans = {s: mix_runs(plan, cfg.finetune.mixture, scores[s], names, sizes, cfg.finetune.mixture_temperature,
-                         cfg.finetune.mixture_weights) for s, plan in plans.items()}
+                         cfg.finetune.mixture_weights, cfg.finetune.mixture_default_weight)
+             for s, plan in plans.items()}
     cells = [(s, i) for s in seeds for i in range(len(plans[s]))]
     jobs, served_by = distinct_jobs([plans[s][i] for s, i in cells])
     job_of = dict(zip(cells, served_by))
@@ -420,7 +421,7 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> dict:
                        embed=embed)
         costs = load_costs(cfg.solver.costs_file, data.names()) if cfg.solver.costs_file else None
         if cfg.finetune.enabled and cfg.finetune.mixture_weights is not None:  # before the hours of featurisation
-            check_given_weights(cfg.finetune.mixture_weights, data.names())
+            check_given_weights(cfg.finetune.mixture_weights, data.names(), cfg.finetune.mixture_default_weight)
     run_dir.mkdir(parents=True, exist_ok=True)
     with _locked(run_dir):  # no other run or re-solve writes here meanwhile
         store = VectorStore(run_dir / "vectors", fingerprint(cfg, model_dir), overwrite=overwrite)

@@ -105,6 +105,9 @@ def test_flat_pool_example_is_valid():
          "0"),
         (merged(finetune={"mixture": "given", "mixture_weights": {"hindi": "lots"}}),
          "finetune.mixture_weights.hindi", "lots"),
+        (merged(finetune={"mixture_default_weight": 0.8}), "finetune.mixture", "uniform"),
+        (merged(finetune={"mixture": "given", "mixture_weights": {"hindi": 2}, "mixture_default_weight": -1}),
+         "finetune.mixture_default_weight", "-1"),
     ],
 )
 def test_field_errors_name_file_field_and_value(tmp_path, data, field, value_repr):

@@ -202,7 +202,8 @@ def test_softmax_mixture_weighs_each_bought_group_by_its_score(first_run, tmp_pa
 def test_given_mixture_and_rho_k_train_what_they_change(first_run, tmp_path):
     """finetune.mixture `given` (the paper's popularity weights) and rho_by_k (Alg. 1's rho_k) on the first run's
     folder: k = 1 trains anew under its rho_k, a two-group run with unequal given weights trains anew drawn by them,
-    and the rest are read back; weights naming a group that is not a candidate are refused before any work."""
+    and the rest are read back; weights naming a group that is not a candidate, or leaving one out without
+    mixture_default_weight, are refused before any work. The run names two groups and gives the rest the default."""
     from engine.config import ConfigError
     from engine.finetune import mixing_schedule
 
@@ -213,8 +214,12 @@ def test_given_mixture_and_rho_k_train_what_they_change(first_run, tmp_path):
     with pytest.raises(ConfigError, match="finetune.mixture_weights.hindu: names 1 group"):
         run(config_from_dict(data | {"out": str(tmp_path / "runs"),
                                      "finetune": tuned | {"mixture_weights": given | {"hindu": 1.0}}}))
+    named = {"english": 3.0, "hindi": 2.0}  # the others get the default, 1.0: the weights of `given`
+    with pytest.raises(ConfigError, match="3 have none"):
+        run(config_from_dict(data | {"out": str(tmp_path / "runs"), "finetune": tuned | {"mixture_weights": named}}))
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "complete"  # the folder is untouched
-    out = run(config_from_dict(data | {"out": str(tmp_path / "runs"), "finetune": tuned | {"mixture_weights": given}}))
+    out = run(config_from_dict(data | {"out": str(tmp_path / "runs"), "finetune": tuned | {
+        "mixture_weights": named, "mixture_default_weight": 1.0}}))
     before = {(r["method"], r["k"]): r for r in first["finetune"]}
     steps, mixed = data["finetune"]["steps"], 0
     for r in out["finetune"]:

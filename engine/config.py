@@ -372,19 +372,16 @@ class FinetuneConfig:
                 raise ConfigError("must map budgets k > 0 to ratios in [0, 1]", field=f"rho_by_k.{k}", value=r)
         if self.mixture == "given" and self.mixture_weights is None:
             raise ConfigError("is required with `mixture: given` ({group name: weight})", field="mixture_weights")
-        if self.mixture != "given" and self.mixture_weights is not None:
-            raise ConfigError("must be `given` to use mixture_weights (or drop mixture_weights)", field="mixture",
-                              value=self.mixture)
-        for name, v in (self.mixture_weights or {}).items():
-            if not (v > 0 and math.isfinite(v)):
-                raise ConfigError("must be a finite number > 0", field=f"mixture_weights.{name}", value=v)
-        if self.mixture_default_weight is not None:
-            if self.mixture != "given":
-                raise ConfigError("must be `given` to use mixture_default_weight (or drop it)", field="mixture",
+        for name in ("mixture_weights", "mixture_default_weight"):
+            if self.mixture != "given" and getattr(self, name) is not None:
+                raise ConfigError(f"must be `given` to use {name} (or drop {name})", field="mixture",
                                   value=self.mixture)
-            if not (self.mixture_default_weight > 0 and math.isfinite(self.mixture_default_weight)):
-                raise ConfigError("must be a finite number > 0 (or null)", field="mixture_default_weight",
-                                  value=self.mixture_default_weight)
+        weights = {f"mixture_weights.{name}": v for name, v in (self.mixture_weights or {}).items()}
+        if self.mixture_default_weight is not None:
+            weights["mixture_default_weight"] = self.mixture_default_weight
+        for where, v in weights.items():
+            if not (v > 0 and math.isfinite(v)):
+                raise ConfigError("must be a finite number > 0", field=where, value=v)
         if self.eval_batch_size <= 0:
             raise ConfigError("must be > 0", field="eval_batch_size", value=self.eval_batch_size)
         if not self.lr > 0:

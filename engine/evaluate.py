@@ -77,9 +77,10 @@ def plan_runs(names: list[str], scores: dict[str, np.ndarray], beta: np.ndarray,
     return runs
 
 
-def check_given_weights(given: dict[str, float], names: list[str], default: float | None = None) -> None:
-    """Refuse `mixture: given` weights that name a group that is not a candidate (a typo would otherwise show up
-    only when its group is bought) or, without a `default` weight, leave a candidate out."""
+def given_weights(given: dict[str, float], names: list[str], default: float | None = None) -> dict[str, float]:
+    """Every candidate's `mixture: given` weight: the user's, or `default` for a group they do not name. Refuses a
+    name that is not a candidate (a typo would otherwise show up only when its group is bought) and, without a
+    `default`, a candidate left out."""
     unknown = sorted(set(given) - set(names))
     missing = [] if default is not None else sorted(set(names) - set(given))
     if unknown:
@@ -90,16 +91,17 @@ def check_given_weights(given: dict[str, float], names: list[str], default: floa
         raise ConfigError(f"must give a weight to every candidate group (or set finetune.mixture_default_weight); "
                           f"{len(missing)} have none, e.g. {missing[:10]}", field="finetune.mixture_weights",
                           value=f"{len(given)} groups")
+    return {n: given.get(n, default) for n in names}
 
 
 def mix_runs(runs: list[PlannedRun], mixture: str, scores: dict[str, np.ndarray], names: list[str],
              sizes: dict[str, int], temperature: float = 1.0,
-             given: dict[str, float] | None = None, default_weight: float | None = None) -> list[PlannedRun]:
+             given: dict[str, float] | None = None) -> list[PlannedRun]:
     """The runs with their mixture weights (paper App., auxiliary weighting): `uniform` leaves them None;
     `proportional` weighs a group by its usable examples (`sizes`); `softmax` by exp(score / temperature) over the
     bought groups, the method's own scores (random's are an order: uniform); `given` by the user's weights
-    (`given`, e.g. popularity; `default_weight` for a group it does not name). Equal weights are uniform (None), so
-    such a run is the uniform run's fine-tune."""
+    (`given`: every candidate's, as given_weights resolves them; e.g. popularity). Equal weights are uniform (None),
+    so such a run is the uniform run's fine-tune."""
     if mixture not in MIXTURES:
         raise ValueError(f"unknown mixture {mixture!r}; expected one of {list(MIXTURES)}")
     index = {n: i for i, n in enumerate(names)}
@@ -111,8 +113,7 @@ def mix_runs(runs: list[PlannedRun], mixture: str, scores: dict[str, np.ndarray]
         elif len(r.groups) > 1 and mixture == "given":
             if given is None:
                 raise ValueError("mixture `given` needs the weights (finetune.mixture_weights)")
-            w = np.array([given[g] if g in given or default_weight is None else default_weight for g in r.groups],
-                         dtype=np.float64)
+            w = np.array([given[g] for g in r.groups], dtype=np.float64)
         elif len(r.groups) > 1 and mixture == "softmax" and r.method in scores and r.method != "random":
             s = np.array([scores[r.method][index[g]] for g in r.groups], dtype=np.float64) / temperature
             w = np.exp(s - s.max())

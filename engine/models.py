@@ -108,9 +108,8 @@ def load_tokenizer(model_dir: Path):
     try:
         tok = AutoTokenizer.from_pretrained(model_dir)
     except Exception as exc:  # version-dependent: OSError or ValueError; 4.57's slow-tokenizer fallback AttributeError
-        first = str(exc).splitlines()[0] if str(exc) else ""
         raise ModelError(f"{model_dir}: no usable tokenizer (tokenizer.json and tokenizer_config.json expected): "
-                         f"{type(exc).__name__}: {first}") from None
+                         f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}") from None
     if not tok.is_fast:
         raise ModelError(f"{model_dir}: convalue needs a fast tokenizer (tokenizer.json)")
     if tok.pad_token_id is None:

@@ -32,8 +32,8 @@ from engine.data import read_parquet
 from engine.evaluate import (
     BASELINE_METHODS,
     PlannedRun,
-    check_given_weights,
     distinct_jobs,
+    given_weights,
     method_scores,
     mix_runs,
     plan_runs,
@@ -255,13 +255,13 @@ def check_nonzero(cfg: RunConfig, names: list[str], G: np.ndarray, g_tar: np.nda
 
 
 def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names: list[str],
-               scores: dict[int, dict[str, np.ndarray]], beta: np.ndarray, run_dir: Path, progress: Progress,
-               finished: list[dict]) -> tuple[list[dict], dict]:
+               scores: dict[int, dict[str, np.ndarray]], beta: np.ndarray, given: dict[str, float] | None,
+               run_dir: Path, progress: Progress, finished: list[dict]) -> tuple[list[dict], dict]:
     """Fine-tune every cell of the evaluation protocol under each of its seeds on Ray (`scores`: each method's
-    scores by seed; the random order may differ), each distinct selection once per seed and only when the run
-    folder does not hold it already; (rows: one per cell and seed, evaluation). If the protocol fails, `finished`
-    gains the fine-tunes it had (label, groups, seed, val_loss, reused), so the failed summary can say what it
-    got."""
+    scores by seed; the random order may differ; `given`: every candidate's weight under `mixture: given`), each
+    distinct selection once per seed and only when the run folder does not hold it already; (rows: one per cell
+    and seed, evaluation). If the protocol fails, `finished` gains the fine-tunes it had (label, groups, seed,
+    val_loss, reused), so the failed summary can say what it got."""
     groups = {g.name: g for g in data.candidates}
     tokens: dict[str, list] = {}  # each group tokenised once, however many runs use it
 
@@ -276,8 +276,7 @@ def _finetunes(cfg: RunConfig, spec: dict, tokenizer, data: PreparedData, names:
              for s in seeds}  # one per seed, alike but for a random order per seed
     sizes = {n: len(usable(n)) for plan in plans.values() for r in plan for n in r.groups}
     plans = {s: mix_runs(plan, cfg.finetune.mixture, scores[s], names, sizes, cfg.finetune.mixture_temperature,
-                         cfg.finetune.mixture_weights, cfg.finetune.mixture_default_weight)
-             for s, plan in plans.items()}
+                         given) for s, plan in plans.items()}
     cells = [(s, i) for s in seeds for i in range(len(plans[s]))]
     jobs, served_by = distinct_jobs([plans[s][i] for s, i in cells])
     job_of = dict(zip(cells, served_by))
@@ -420,8 +419,9 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> dict:
         data = prepare(cfg.data, tokenizer, cfg.model.max_length, grpo=cfg.features.representation == "grpo",
                        embed=embed)
         costs = load_costs(cfg.solver.costs_file, data.names()) if cfg.solver.costs_file else None
-        if cfg.finetune.enabled and cfg.finetune.mixture_weights is not None:  # before the hours of featurisation
-            check_given_weights(cfg.finetune.mixture_weights, data.names(), cfg.finetune.mixture_default_weight)
+        given = None  # `mixture: given`: every candidate's weight, checked before the hours of featurisation
+        if cfg.finetune.enabled and cfg.finetune.mixture_weights is not None:
+            given = given_weights(cfg.finetune.mixture_weights, data.names(), cfg.finetune.mixture_default_weight)
     run_dir.mkdir(parents=True, exist_ok=True)
     with _locked(run_dir):  # no other run or re-solve writes here meanwhile
         store = VectorStore(run_dir / "vectors", fingerprint(cfg, model_dir), overwrite=overwrite)
@@ -516,7 +516,7 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> dict:
                     scores = {s: method_scores(methods, w, beta, cos, cfg.finetune.random_order_seed(s))
                               for s in cfg.finetune.seeds()}
                     results, summary["evaluation"] = _finetunes(cfg, spec, tokenizer, data, names, scores, beta,
-                                                                run_dir, session.progress, finished)
+                                                                given, run_dir, session.progress, finished)
                 plot_evaluation(results, summary["evaluation"], run_dir / "evaluation.png")
                 write_parquet(evaluation_table(results), run_dir / "evaluation.parquet")
             summary["finetune"] = results

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from engine.config import ConfigError
 from engine.evaluate import (
     borda_points,
-    check_given_weights,
     distinct_jobs,
+    given_weights,
     method_scores,
     mix_runs,
     plan_runs,
@@ -122,22 +122,20 @@ def test_given_weights_are_normalised_over_each_runs_bought_groups():
     assert by["kmm", 2].weight_map() == pytest.approx({"a": 2 / 3, "b": 1 / 3})
     with pytest.raises(ValueError, match="needs the weights"):
         mix_runs(runs, "given", scores, NAMES, {})
-    # the groups not named take the default weight: the same runs as the full mapping
-    partial = {"a": 2.0, "c": 1.5, "d": 0.8}
-    assert mix_runs(runs, "given", scores, NAMES, {}, given=partial, default_weight=1.0) == \
-        mix_runs(runs, "given", scores, NAMES, {}, given=given)
+    # the groups not named take the default weight: the same mapping, so the same runs
+    assert given_weights({"a": 2.0, "c": 1.5, "d": 0.8}, NAMES, default=1.0) == given
 
 
 def test_given_weights_must_name_exactly_the_candidates():
-    check_given_weights(dict.fromkeys(NAMES, 1.0), NAMES)
+    assert given_weights(dict.fromkeys(NAMES, 1.0), NAMES) == dict.fromkeys(NAMES, 1.0)
     with pytest.raises(ConfigError, match="not candidates, e.g. \\['hindu'\\]") as err:
-        check_given_weights(dict.fromkeys(NAMES, 1.0) | {"hindu": 2.0}, NAMES)
+        given_weights(dict.fromkeys(NAMES, 1.0) | {"hindu": 2.0}, NAMES)
     assert err.value.field == "finetune.mixture_weights.hindu"
     with pytest.raises(ConfigError, match="1 have none, e.g. \\['e'\\]"):
-        check_given_weights(dict.fromkeys(NAMES[:4], 1.0), NAMES)
-    check_given_weights(dict.fromkeys(NAMES[:4], 1.0), NAMES, default=0.8)  # the rest take the default
+        given_weights(dict.fromkeys(NAMES[:4], 1.0), NAMES)
+    assert given_weights(dict.fromkeys(NAMES[:4], 1.0), NAMES, default=0.8)[NAMES[4]] == 0.8  # the rest: default
     with pytest.raises(ConfigError, match="not candidates"):  # a default does not excuse a typo
-        check_given_weights({"hindu": 2.0}, NAMES, default=0.8)
+        given_weights({"hindu": 2.0}, NAMES, default=0.8)
 
 
 def test_each_budget_trains_under_its_rho_k():

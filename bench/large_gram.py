@@ -52,8 +52,7 @@ def main() -> None:
         homotopy_module.HOMOTOPY_MAX_WORK = 0.0
     former_max_n = min(FORMER_ADMM_MAX_N, args.n - 1)
 
-    G32, g32 = clustered_gradients(args.n, args.p, seed=args.seed)
-    G = G32.astype(np.float64)
+    G, g32 = clustered_gradients(args.n, args.p, seed=args.seed)
     K = G @ G.T
     beta = G @ g32.astype(np.float64)
     del G

@@ -17,22 +17,29 @@ def case(text: str) -> tuple[int, int]:
 
 def clustered_gradients(n: int, p: int = 4096, *, cluster_size: int = 20, spread: float = 0.35,
                         seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """(G [n, p] float32 unit rows, g_tar [p]): n // cluster_size clusters of near-duplicate gradients."""
+    """(G [n, p] float64 unit rows, g_tar [p] float32): n // cluster_size clusters of near-duplicate gradients.
+
+    The draws are float32; the casts to float64 are explicit so that numpy 1.26 (value-based casting) and
+    numpy 2 (NEP 50, where a float32 array divided by np.sqrt(p) becomes float64) give the same bits, the
+    ones every figure in bench/RESULTS.md was measured on.
+    """
     rng = np.random.default_rng(seed)
     n_clusters = max(2, n // cluster_size)
     centers = rng.standard_normal((n_clusters, p)).astype(np.float32)
     centers /= np.linalg.norm(centers, axis=1, keepdims=True)
     labels = rng.integers(0, n_clusters, size=n)
-    G = centers[labels] + spread * rng.standard_normal((n, p)).astype(np.float32) / np.sqrt(p)
+    noise = (spread * rng.standard_normal((n, p)).astype(np.float32)).astype(np.float64) / np.sqrt(p)
+    G = centers[labels] + noise
     G /= np.linalg.norm(G, axis=1, keepdims=True)
     mix = rng.standard_normal(min(8, n_clusters)).astype(np.float32)
-    g_tar = mix @ centers[: len(mix)] + 0.5 * rng.standard_normal(p).astype(np.float32) / np.sqrt(p)
+    g_noise = (0.5 * rng.standard_normal(p).astype(np.float32)).astype(np.float64) / np.sqrt(p)
+    g_tar = mix @ centers[: len(mix)] + g_noise
     return G, (g_tar / np.linalg.norm(g_tar)).astype(np.float32)
 
 
 def clustered_gram(n: int, p: int = 4096, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(K = G G^T symmetrised, beta = G g_tar, G, g_tar), all float64, of clustered_gradients(n, p, seed=seed)."""
-    G32, g32 = clustered_gradients(n, p, seed=seed)
-    G, g = G32.astype(np.float64), g32.astype(np.float64)
+    G, g32 = clustered_gradients(n, p, seed=seed)
+    g = g32.astype(np.float64)
     K = G @ G.T
     return 0.5 * (K + K.T), G @ g, G, g

@@ -53,6 +53,24 @@ def test_large_gram_bench_runs_both_branches_and_ends_with_json():
     assert figures["former_strategy"] != "admm_polish"
 
 
+def test_synthetic_gradients_have_the_same_dtypes_under_any_numpy_promotion_rules():
+    """numpy 1.26 kept the float32 draws float32 where numpy 2 promoted them: the benches' data differed."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from synthetic import clustered_gradients
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    import numpy as np
+
+    G, g_tar = clustered_gradients(60, 32, seed=3)
+    assert G.dtype == np.float64 and g_tar.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(G, axis=1), 1.0, rtol=1e-12)
+    np.testing.assert_allclose(np.linalg.norm(g_tar.astype(np.float64)), 1.0, rtol=1e-6)
+    # the draws are float32: G is a float64 function of float32 numbers, the same on either promotion rule
+    again, _ = clustered_gradients(60, 32, seed=3)
+    assert np.array_equal(G, again)
+
+
 def test_validation_bench_compares_both_estimates_and_ends_with_json():
     figures = bench_json("validation.py", "--n", "600", "--p", "200")
     assert figures["bench"] == "validation" and figures["sym_identical"] and figures["rank"] == 200

@@ -133,14 +133,15 @@ def solve_kmm(
     method: str = "auto",
     normalize: str = "none",
     rank_bound: int | None = None,
+    psd_tol: float = 1e-6,
 ) -> KMMSolution:
     """Solve KMM (paper eq. kmm_l1_penalized with gamma, eq. kmm_qp with budget; costs weight the l1 term).
 
     rank_bound: an upper bound on rank(K) when the caller knows one (p for K = G G^T with G of N x p); see
-    make_problem.
+    make_problem. psd_tol: the most negative eigenvalue accepted, as a fraction of max |K_ij|.
     """
     problem = make_problem(K, beta, gamma=gamma, budget=budget, costs=costs, normalize=normalize,
-                           rank_bound=rank_bound)
+                           rank_bound=rank_bound, psd_tol=psd_tol)
     return solve_problem(problem, method=method)
 
 

@@ -244,6 +244,15 @@ def symmetrised(K: np.ndarray, sym_tol: float) -> tuple[np.ndarray, float]:
     return out, scale
 
 
+def low_precision_hint(dtype: np.dtype) -> str:
+    """For a K given in float32 or float16: what its round-off does to a rank-deficient Gram, and the remedies."""
+    if not np.issubdtype(dtype, np.floating) or np.finfo(dtype).eps <= np.finfo(np.float64).eps:
+        return ""
+    return (f"; K came as {dtype}, whose round-off (about {np.finfo(dtype).eps:.0e} of max |K_ij| per entry) alone "
+            "can push a rank-deficient Gram (N > p) below zero: form it in float64 (G.astype(float64) @ G.T) "
+            "or pass a larger psd_tol")
+
+
 def check_finite(name: str, a: np.ndarray) -> None:
     """Raise KMMInputError naming the first NaN or inf entry of `a` (called `name`)."""
     if not np.all(np.isfinite(a)):
@@ -276,7 +285,10 @@ def make_problem(
                                    or rank_bound < 1):
         raise KMMInputError(f"rank_bound must be a positive integer (an upper bound on rank(K)), got {rank_bound!r}")
     check_normalize(normalize)
-    K = np.asarray(K, dtype=np.float64)
+    check_number("sym_tol", sym_tol, positive=False)
+    check_number("psd_tol", psd_tol, positive=False)
+    given = np.asarray(K)
+    K = given.astype(np.float64, copy=False)
     beta = np.asarray(beta, dtype=np.float64)
     if K.ndim != 2 or K.shape[0] != K.shape[1]:
         raise KMMInputError(f"K must be a square matrix, got shape {K.shape}")
@@ -295,6 +307,7 @@ def make_problem(
         value = f"{lam_min:.3g}" if rank is not None else f"at most {lam_min:.3g} (a LOBPCG estimate)"
         raise KMMInputError(
             f"K is not positive semidefinite: most negative eigenvalue {value} (tolerance {-psd_tol * scale:.3g})"
+            + low_precision_hint(given.dtype)
         )
     if rank_bound is not None:
         rank = min(int(rank_bound), K.shape[0]) if rank is None else min(rank, int(rank_bound))

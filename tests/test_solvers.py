@@ -85,6 +85,23 @@ def random_problem(draw_seed: int, n: int, p: int, dup: bool):
     return G @ G.T, G @ g
 
 
+def test_low_precision_gram_refusal_names_its_dtype_and_the_remedies():
+    """A float32/float16 Gram of N > p gradients can be indefinite by round-off alone: say so, and how to proceed."""
+    rng = np.random.default_rng(0)
+    G = rng.normal(size=(80, 8))
+    K, beta = G @ G.T, G @ rng.normal(size=8)
+    K16 = K.astype(np.float16)  # lambda_min about -1e-2 of a PSD rank-8 K: elementwise rounding, any BLAS
+    with pytest.raises(KMMInputError, match=r"K came as float16, .*form it in float64 .*or pass a larger psd_tol$"):
+        solve_kmm(K16, beta, gamma=0.1)
+    assert solve_kmm(K16, beta, gamma=0.1, psd_tol=1e-3).status == "optimal"
+    assert solve_kmm(K, beta, gamma=0.1).status == "optimal"
+    with pytest.raises(KMMInputError) as indefinite:  # a float64 K gets no dtype hint
+        solve_kmm(np.array([[1.0, 2.0], [2.0, 1.0]]), np.ones(2), gamma=0.1)
+    assert "came as" not in str(indefinite.value)
+    with pytest.raises(KMMInputError, match=r"psd_tol must be a finite number >= 0, got -1\.0"):
+        solve_kmm(K, beta, gamma=0.1, psd_tol=-1.0)
+
+
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**31), n=st.integers(2, 12), p=st.integers(1, 8), dup=st.booleans(),
        log_gamma=st.floats(-3, 0))

@@ -1,21 +1,22 @@
 # `make demo` and `make test` each create .venv if missing and install everything from this repo's files.
 PYTHON ?= python3
 VENV ?= .venv
+CONSTRAINTS ?= constraints.txt
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.convalue-installed
 export RAY_USAGE_STATS_ENABLED ?= 0
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test test-lowest lint bench clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt requirements-nodeps.txt
+$(STAMP): pyproject.toml $(CONSTRAINTS) requirements-nodeps.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
-	$(PY) -m pip install -q --no-deps -c constraints.txt -r requirements-nodeps.txt
+	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[dev]'
+	$(PY) -m pip install -q --no-deps -c $(CONSTRAINTS) -r requirements-nodeps.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -28,6 +29,10 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
+# the same suite on every dependency's floor at once, in a virtualenv of its own (downloads torch 2.6's CUDA build)
+test-lowest:
+	$(MAKE) test VENV=.venv-lowest CONSTRAINTS=constraints-lowest.txt
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
@@ -35,4 +40,4 @@ bench: $(STAMP)
 	$(PY) bench/solvers.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) .venv-lowest runs .pytest_cache

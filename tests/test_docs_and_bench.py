@@ -66,8 +66,7 @@ def test_synthetic_gradients_have_the_same_dtypes_under_any_numpy_promotion_rule
     assert G.dtype == np.float64 and g_tar.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(G, axis=1), 1.0, rtol=1e-12)
     np.testing.assert_allclose(np.linalg.norm(g_tar.astype(np.float64)), 1.0, rtol=1e-6)
-    # the draws are float32: G is a float64 function of float32 numbers, the same on either promotion rule
-    again, _ = clustered_gradients(60, 32, seed=3)
+    again, _ = clustered_gradients(60, 32, seed=3)  # one seed, one problem: the benches time methods on it in turn
     assert np.array_equal(G, again)
 
 

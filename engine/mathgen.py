@@ -36,6 +36,15 @@ class _ItemsetArray(np.ndarray):
         self[tuple(index)] = value
 
 
+def itemset_works(a: np.ndarray) -> bool:
+    """Whether a.itemset can be called: numpy 2.0-2.3 keep a stub that raises, so hasattr is not enough."""
+    try:
+        a.itemset(0, a.flat[0])
+    except AttributeError:
+        return False
+    return True
+
+
 class _NumpyWithItemset(types.ModuleType):
     """numpy for the polynomials module: zeros/empty return _ItemsetArray views, all else is numpy's."""
 
@@ -92,7 +101,7 @@ def generators() -> dict[str, object]:
     sys.modules["sympy.solvers.diophantine"].base_solution_linear = base_solution_linear
     if "object" not in np.__dict__:
         np.object = object
-    if not hasattr(np.ndarray, "itemset"):  # numpy 2: the polynomials (and calculus) modules need it back
+    if not itemset_works(np.zeros(1)):  # numpy 2: the polynomials (and calculus) modules need it back
         from mathematics_dataset.sample import polynomials
 
         polynomials.np = _NumpyWithItemset("numpy")

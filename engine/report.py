@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from engine.data import Group
@@ -115,10 +116,14 @@ def format_ranking(table: pa.Table, limit: int | None = None) -> str:
 
 def format_cluster_samples(table: pa.Table, groups: list[str], n: int = 2, width: int = 60) -> str:
     """For each named cluster of clusters.parquet: its size and its first n distinct prompts, cut to width."""
-    rows = table.select(["group", "prompt"]).to_pylist()
+    # one pass over the named clusters' rows only (a flat pool's table has every example of thousands of clusters)
+    named = table.filter(pc.is_in(table["group"], value_set=pa.array(groups, pa.string())))
+    by_group: dict[str, list[str]] = {g: [] for g in groups}
+    for g, p in zip(named["group"].to_pylist(), named["prompt"].to_pylist()):
+        by_group[g].append(p)
     lines = ["what the selected clusters hold (first prompts; all in clusters.parquet):"]
     for g in groups:
-        prompts = [r["prompt"] for r in rows if r["group"] == g]
+        prompts = by_group[g]
         distinct = list(dict.fromkeys(prompts))[:n]
         shown = " | ".join(repr(p if len(p) <= width else p[: width - 1] + "…") for p in distinct)
         lines.append(f"  {g} ({len(prompts)} examples): {shown}")

@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
             if summary.get("bootstrap"):
                 print(format_bootstrap(summary["bootstrap"]))
             if (run_dir / "clusters.parquet").is_file() and summary["selected"]:
-                print(format_cluster_samples(pq.read_table(run_dir / "clusters.parquet"), summary["selected"]))
+                print(format_cluster_samples(pq.read_table(run_dir / "clusters.parquet", columns=["group", "prompt"]),
+                                             summary["selected"]))
             print(format_evaluation(summary["finetune"], summary.get("evaluation")))
             sol = summary["solver"]
             print(f"\nsolver: {sol['method']} {sol['form']} "

@@ -838,8 +838,11 @@ def test_prices_file_errors(tmp_path):
     assert load_costs(p, ["a", "b"]).tolist() == [1.0, 2.5]
 
 
-def test_a_flat_pool_is_clustered_valued_and_mapped_back(first_run):
+def test_a_flat_pool_is_clustered_valued_and_mapped_back(first_run, capsys):
+    import yaml
     from conftest import chatterbot_pairs, write_jsonl
+
+    from engine.cli import main
 
     tmp, data, _ = first_run
     rows = [r for lang in ("english", "spanish", "german", "hindi") for r in chatterbot_pairs(lang, 6)]
@@ -860,10 +863,21 @@ def test_a_flat_pool_is_clustered_valued_and_mapped_back(first_run):
     assert dict(zip(scores["group"].to_pylist(), scores["n_examples"].to_pylist())) == sizes
     assert (stats["smallest"], stats["largest"]) == (min(sizes.values()), max(sizes.values()))
     assert stats["pools_reusing_embeddings"] == 0 and len(list((run_dir / "embeddings").glob("*.npy"))) == 1
-    # another k on the same pool: the embeddings come from the run folder, the clusters are new
+    # another k on the same pool, through the CLI: the embeddings come from the run folder, the clusters are new,
+    # and the selected clusters' first prompts are printed from clusters.parquet
     cfg["data"]["candidates"][0]["clusters"] = 3
-    again = run(config_from_dict(cfg))
+    path = tmp / "flat.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    capsys.readouterr()
+    assert main(["run", str(path)]) == 0
+    out = capsys.readouterr().out
+    again = json.loads((run_dir / "summary.json").read_text())
     assert again["data"]["clusters"]["pools_reusing_embeddings"] == 1 and again["data"]["clusters"]["groups"] == 3
+    assert again["selected"]  # the samples block below is printed only for a non-empty selection
+    sizes = Counter(pq.read_table(run_dir / "clusters.parquet")["group"].to_pylist())
+    shown = out.split("what the selected clusters hold", 1)[1].splitlines()[1:1 + len(again["selected"])]
+    assert [line.split(" (")[0].strip() for line in shown] == again["selected"]
+    assert all(f"({sizes[g]} examples)" in line for g, line in zip(again["selected"], shown))
     assert sorted(pq.read_table(run_dir / "scores.parquet")["group"].to_pylist()) == ["flat/c0", "flat/c1", "flat/c2"]
     # a later run in the folder without a flat pool leaves no stale clusters.parquet behind
     run(config_from_dict(data | {"name": "flat", "finetune": {"enabled": False}}))

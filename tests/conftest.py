@@ -114,3 +114,16 @@ def tiny_run_config(tmp_path: Path, model_dir: Path, target: Path, pool: Path, *
     for k, v in over.items():
         cfg[k] = cfg[k] | v if isinstance(v, dict) and isinstance(cfg.get(k), dict) else v
     return cfg
+
+
+def pipeline_run_config(tmp: Path, model_dir: Path) -> dict:
+    """The pipeline tests' run config: five chatterbot languages of 6 pairs as groups of one pool, a Marathi
+    target of 12, fine-tunes at k = 2 and 1 against three baselines (tests switch them off where not needed)."""
+    rows = []
+    for lang in ("english", "spanish", "german", "hindi", "italian"):
+        rows += [r | {"group": lang} for r in chatterbot_pairs(lang, 6)]
+    pool = write_jsonl(tmp / "pool.jsonl", rows)
+    target = write_jsonl(tmp / "marathi.jsonl", chatterbot_pairs("marathi", 12))
+    return tiny_run_config(tmp, model_dir, target, pool,
+                           finetune={"enabled": True, "steps": 3, "batch_size": 2, "ks": [2, 1],
+                                     "baselines": ["target_only", "alignment", "random"]})

@@ -2,6 +2,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 CONSTRAINTS ?= constraints.txt
+LOWEST_VENV := .venv-lowest
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.convalue-installed
 export RAY_USAGE_STATS_ENABLED ?= 0
@@ -31,7 +32,7 @@ test: $(STAMP)
 
 # the same suite on every dependency's floor at once, in a virtualenv of its own (downloads torch 2.6's CUDA build)
 test-lowest:
-	$(MAKE) test VENV=.venv-lowest CONSTRAINTS=constraints-lowest.txt
+	$(MAKE) test VENV=$(LOWEST_VENV) CONSTRAINTS=constraints-lowest.txt
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -40,4 +41,4 @@ bench: $(STAMP)
 	$(PY) bench/solvers.py
 
 clean:
-	rm -rf $(VENV) .venv-lowest runs .pytest_cache
+	rm -rf $(VENV) $(LOWEST_VENV) runs .pytest_cache

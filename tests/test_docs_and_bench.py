@@ -27,6 +27,29 @@ def test_readme_config_reference_is_current():
     assert readme[start:end].strip() == reference_markdown().strip(), "run `convalue config-reference` into README"
 
 
+def test_lowest_constraints_pin_every_floor_of_pyproject():
+    """constraints-lowest.txt (make test-lowest) pins each runtime dependency at pyproject's floor: a floor raised, or
+    a dependency added, in one file and not the other fails here."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+    from packaging.version import Version
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: pytest's own dependency
+        import tomli as tomllib
+
+    deps = [Requirement(r) for r in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]]
+    lines = (ROOT / "constraints-lowest.txt").read_text().splitlines()
+    pins = {canonicalize_name(n): Version(v) for n, v in
+            (line.split("==") for line in lines if line.strip() and not line.startswith("#"))}
+    assert set(pins) == {canonicalize_name(d.name) for d in deps}
+    for d in deps:
+        floor = next(Version(s.version) for s in d.specifier if s.operator == ">=")
+        pin = pins[canonicalize_name(d.name)]
+        assert pin in d.specifier and pin.release[:len(floor.release)] == floor.release, (d, pin)
+
+
 def test_solver_bench_runs_and_ends_with_json():
     figures = bench_json("solvers.py", "--sizes", "30", "--p", "64")
     assert figures["bench"] == "solvers" and len(figures["results"]) == 2

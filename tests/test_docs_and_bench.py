@@ -177,3 +177,8 @@ def test_store_reads_bench_reads_less_for_the_same_results_and_ends_with_json():
     figures = bench_json("store_reads.py", "--case", "40x64", "--repeats", "1")
     assert figures["bench"] == "store_reads" and figures["same_results"]
     assert figures["now_mb_read"] < figures["former_mb_read"]  # bytes, not time: deterministic
+
+
+def test_cluster_samples_bench_prints_the_same_text_and_ends_with_json():
+    figures = bench_json("cluster_samples.py", "--examples", "500", "--clusters", "20", "--named", "4", "--repeat", "1")
+    assert figures["bench"] == "cluster_samples" and figures["same_text"] and figures["named"] == 4

@@ -55,6 +55,7 @@ def test_solver_bench_runs_and_ends_with_json():
     assert figures["bench"] == "solvers" and len(figures["results"]) == 2
     for r in figures["results"]:
         assert r["convalue_kkt"] < 1e-6 and r["convalue_obj"] <= r["cvxpy_obj"] + 1e-6
+        assert r["validate_s"] > 0 and r["speedup_end_to_end_vs_cvxpy"] <= r["speedup_vs_cvxpy"]
 
 
 def test_rank_deficient_bench_runs_and_ends_with_json():
@@ -99,6 +100,14 @@ def test_validation_bench_compares_both_estimates_and_ends_with_json():
     assert figures["sym_peak_mb"] < figures["sym_former_peak_mb"]  # the symmetrised copy only, not two more
     assert figures["psd_lobpcg_value"] >= -1e-9  # never below lambda_min: a PSD K passes
     assert figures["noisy_lobpcg_value"] < -1e-4  # the noise's negative eigenvalues are found
+
+
+def test_small_validation_bench_compares_both_checks_and_ends_with_json():
+    figures = bench_json("small_validation.py", "--cases", "300x100", "--rounds", "1")
+    assert figures["bench"] == "small_validation" and figures["same_verdicts"]
+    plain, noisy = figures["results"]
+    assert plain["case"] == "300x100" and plain["verdict"] == "rank 100"
+    assert noisy["case"] == "300x100+noise" and noisy["verdict"].startswith("refused: K is not positive semidefinite")
 
 
 def test_admm_rho_bench_runs_every_variant_and_ends_with_json():

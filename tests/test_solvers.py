@@ -454,12 +454,37 @@ def test_validation_records_the_rank_and_the_operator_bounds_supports_by_it():
     assert GramOperator(prob.K, prob.beta).rank_bound == 50  # unknown rank: no bound below N
 
 
-def test_pivoted_cholesky_validation_records_the_rank_and_refuses_indefinite_k(monkeypatch):
-    """Above EIGVALSH_MAX_N validation takes a pivoted Cholesky: the same rank, PSD-ness certified by the
-    Schur complement's norm, and a clear refusal with lambda_min when K is indefinite."""
+def test_small_k_takes_the_pivoted_cholesky_and_eigvalsh_only_to_name_a_negative_eigenvalue(monkeypatch):
+    """Up to EIGVALSH_MAX_N the pivoted Cholesky goes first: a PSD K (full-rank, N > p, duplicated) gets the rank the
+    spectrum gives without an eigvalsh; an indefinite K pays for one, which names its exact lambda_min."""
     import solvers.problem as problem_module
 
-    monkeypatch.setattr(problem_module, "EIGVALSH_MAX_N", 10)  # the N <= 8000 branch at a test's size
+    calls = []
+    real = np.linalg.eigvalsh
+
+    def counted(a):
+        calls.append(a.shape)
+        return real(a)
+
+    monkeypatch.setattr(problem_module.np.linalg, "eigvalsh", counted)
+    for seed, n, p, dup in ((3, 50, 12, True), (4, 40, 60, True), (4, 40, 60, False), (5, 200, 80, False)):
+        G, g = random_gradients(seed, n, p, dup)
+        K = G @ G.T
+        eig = real(0.5 * (K + K.T))
+        assert make_problem(K, G @ g, gamma=0.1).rank == int(np.count_nonzero(eig > 1e-10 * eig[-1]))
+    assert calls == []
+    indefinite = K - (eig[0] + 0.01) * np.eye(n)  # lambda_min = -0.01
+    with pytest.raises(KMMInputError, match=r"most negative eigenvalue -0\.01 \(tolerance"):
+        make_problem(indefinite, G @ g, gamma=0.1)
+    assert calls == [(n, n)]
+
+
+def test_pivoted_cholesky_validation_records_the_rank_and_refuses_indefinite_k(monkeypatch):
+    """Above EIGVALSH_MAX_N validation takes a pivoted Cholesky alone: the same rank, PSD-ness certified by the
+    Schur complement's norm, and a clear refusal with LOBPCG's lambda_min when K is indefinite."""
+    import solvers.problem as problem_module
+
+    monkeypatch.setattr(problem_module, "EIGVALSH_MAX_N", 10)  # the 3000 < N <= 8000 branch at a test's size
     G, g = random_gradients(3, 50, 12, True)
     assert make_problem(G @ G.T, G @ g, gamma=0.1).rank == 12
     G, g = random_gradients(4, 40, 60, True)  # N < p, but one exact duplicate

@@ -151,7 +151,7 @@ def _spectrum_facts(K: np.ndarray, tol: float, rank_bound: int | None = None) ->
     message) and rank; beyond, a fixed-cost LOBPCG estimate, whose Ritz value never lies below lambda_min (a PSD K
     always passes; an indefinite one can slip through), and the rank stays unknown.
     The pivoted Cholesky goes first at every size since it costs a fraction of eigvalsh: bench/small_validation.py,
-    make_problem 2.4-3.3x faster at N = 1000 and 3000 than with eigvalsh alone, 0.77x on a K it refuses.
+    make_problem 2.0-3.3x faster at N = 1000 and 3000 than with eigvalsh alone, 0.73-0.77x on a K it refuses.
     """
     n = K.shape[0]
     bounded = rank_bound is not None and 2.0 * n * n * min(int(rank_bound), n) <= PIVOTED_MAX_WORK

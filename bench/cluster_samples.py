@@ -13,10 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])
+sys.path.append(str(Path(__file__).resolve().parent))
+
+from timing import timed  # noqa: E402
 
 
 def scan_per_cluster(table, groups: list[str], n: int = 2, width: int = 60) -> str:
@@ -29,16 +31,6 @@ def scan_per_cluster(table, groups: list[str], n: int = 2, width: int = 60) -> s
         shown = " | ".join(repr(p if len(p) <= width else p[: width - 1] + "…") for p in distinct)
         lines.append(f"  {g} ({len(prompts)} examples): {shown}")
     return "\n".join(lines)
-
-
-def best_of(repeat: int, fn, *args) -> tuple[float, str]:
-    """(best seconds, last result) of fn(*args) over `repeat` runs."""
-    best, out = float("inf"), ""
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        out = fn(*args)
-        best = min(best, time.perf_counter() - t0)
-    return best, out
 
 
 def main() -> None:
@@ -62,8 +54,8 @@ def main() -> None:
     table = pa.table({"group": [f"pool/c{c}" for c in labels],
                       "prompt": [prompts[i % len(prompts)] for i in range(args.examples)]})
     named = [f"pool/c{c}" for c in range(min(args.named, args.clusters))]
-    t_scan, text_scan = best_of(args.repeat, scan_per_cluster, table, named)
-    t_new, text_new = best_of(args.repeat, format_cluster_samples, table, named)
+    t_scan, text_scan = timed(scan_per_cluster, table, named, repeat=args.repeat)
+    t_new, text_new = timed(format_cluster_samples, table, named, repeat=args.repeat)
     if text_new != text_scan:
         raise SystemExit("format_cluster_samples printed another text than the per-cluster scan")
     ratio = t_scan / t_new

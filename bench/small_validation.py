@@ -26,6 +26,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from synthetic import case, clustered_gram  # noqa: E402
+from timing import timed  # noqa: E402
 
 import solvers.problem as problem_module  # noqa: E402
 from solvers import KMMInputError, make_problem  # noqa: E402
@@ -37,8 +38,7 @@ def former_spectrum_facts(K: np.ndarray, tol: float, rank_bound: int | None = No
     """The former check up to N = EIGVALSH_MAX_N: a dense eigvalsh, whose spectrum gives lambda_min and the rank."""
     if K.shape[0] > problem_module.EIGVALSH_MAX_N:
         raise ValueError("the former eigvalsh branch ran up to N = EIGVALSH_MAX_N only")
-    eig = np.linalg.eigvalsh(K)
-    return float(eig[0]), int(np.count_nonzero(eig > problem_module.RANK_RTOL * max(float(eig[-1]), 0.0)))
+    return problem_module.eigen_facts(K)
 
 
 def outcome(K: np.ndarray, beta: np.ndarray, facts) -> tuple[float, str]:
@@ -53,12 +53,6 @@ def outcome(K: np.ndarray, beta: np.ndarray, facts) -> tuple[float, str]:
         return time.perf_counter() - t0, verdict
     finally:
         problem_module._spectrum_facts = NOW
-
-
-def timed(fn, *args) -> float:
-    t0 = time.perf_counter()
-    fn(*args)
-    return time.perf_counter() - t0
 
 
 def main() -> None:
@@ -91,8 +85,8 @@ def main() -> None:
         t = {"check_now": [], "check_before": [], "make_now": [], "make_before": []}
         verdicts = set()
         for _ in range(args.rounds):
-            t["check_now"].append(timed(NOW, K, tol))
-            t["check_before"].append(timed(former_spectrum_facts, K, tol))
+            t["check_now"].append(timed(NOW, K, tol)[0])
+            t["check_before"].append(timed(former_spectrum_facts, K, tol)[0])
             s, v_now = outcome(K, beta, NOW)
             t["make_now"].append(s)
             s, v_before = outcome(K, beta, former_spectrum_facts)

@@ -26,20 +26,11 @@ sys.path.append(str(Path(__file__).resolve().parent))
 
 from baselines import sklearn_lasso  # noqa: E402
 from synthetic import clustered_gradients  # noqa: E402
+from timing import timed  # noqa: E402
 
 from solvers import kkt_violation, make_problem, solve_problem  # noqa: E402
 from solvers.operators import GradientOperator  # noqa: E402
 from solvers.penalised import solve_penalised  # noqa: E402
-
-
-def timed(fn, *args, repeat: int = 1, **kwargs):
-    """(best seconds, last result) of fn(*args, **kwargs) over `repeat` runs."""
-    best, out = float("inf"), None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        out = fn(*args, **kwargs)
-        best = min(best, time.perf_counter() - t0)
-    return best, out
 
 
 def top(w: np.ndarray, k: int = 20) -> set[int]:

@@ -141,6 +141,12 @@ def ritz_floor(K: np.ndarray) -> float:
     return float(np.min(vals))
 
 
+def eigen_facts(K: np.ndarray) -> tuple[float, int]:
+    """(lambda_min(K), K's numerical rank: eigenvalues above RANK_RTOL lambda_max) from a dense eigvalsh."""
+    eig = np.linalg.eigvalsh(K)
+    return float(eig[0]), int(np.count_nonzero(eig > RANK_RTOL * max(float(eig[-1]), 0.0)))
+
+
 def _spectrum_facts(K: np.ndarray, tol: float, rank_bound: int | None = None) -> tuple[float, int | None]:
     """(lambda_min(K), or any value >= -tol when K is PSD within tol; K's numerical rank, or None when unknown,
     which is exactly when the first is only an upper bound on lambda_min).
@@ -151,7 +157,7 @@ def _spectrum_facts(K: np.ndarray, tol: float, rank_bound: int | None = None) ->
     message) and rank; beyond, a fixed-cost LOBPCG estimate, whose Ritz value never lies below lambda_min (a PSD K
     always passes; an indefinite one can slip through), and the rank stays unknown.
     The pivoted Cholesky goes first at every size since it costs a fraction of eigvalsh: bench/small_validation.py,
-    make_problem 2.0-3.3x faster at N = 1000 and 3000 than with eigvalsh alone, 0.73-0.77x on a K it refuses.
+    make_problem 2.0-3.5x faster at N = 1000 and 3000 than with eigvalsh alone, 0.72-0.77x on a K it refuses.
     """
     n = K.shape[0]
     bounded = rank_bound is not None and 2.0 * n * n * min(int(rank_bound), n) <= PIVOTED_MAX_WORK
@@ -161,8 +167,7 @@ def _spectrum_facts(K: np.ndarray, tol: float, rank_bound: int | None = None) ->
         if facts is not None:
             return facts
     if n <= EIGVALSH_MAX_N:
-        eig = np.linalg.eigvalsh(K)
-        return float(eig[0]), int(np.count_nonzero(eig > RANK_RTOL * max(float(eig[-1]), 0.0)))
+        return eigen_facts(K)
     return ritz_floor(K), None
 
 

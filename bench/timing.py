@@ -1,0 +1,15 @@
+"""The benches' timer: the best of a few runs (this shared 2-core host is noisy), with the call's result."""
+
+from __future__ import annotations
+
+import time
+
+
+def timed(fn, *args, repeat: int = 1, **kwargs):
+    """(best seconds, last result) of fn(*args, **kwargs) over `repeat` runs."""
+    best, out = float("inf"), None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = fn(*args, **kwargs)
+        best = min(best, time.perf_counter() - t0)
+    return best, out

@@ -129,6 +129,20 @@ def _pivoted_facts(K: np.ndarray, tol: float) -> tuple[float, int] | None:
     return (-bound, int(rank)) if bound <= tol else None
 
 
+def _plain_facts(K: np.ndarray) -> tuple[float, int] | None:
+    """(0.0, N) when an unpivoted Cholesky of K succeeds with every pivot above RANK_RTOL max K_ii (K positive
+    definite, of full numerical rank), else None.
+
+    Cholesky is backward stable: success factors K + E with ||E|| of K's round-off, far inside any PSD tolerance.
+    A rank-deficient K fails at about the step past its rank, which is paid for before the pivoted Cholesky runs.
+    """
+    c, info = sla.lapack.dpotrf(K, lower=1, clean=0)
+    if info != 0:
+        return None
+    pivots = np.diag(c) ** 2
+    return (0.0, K.shape[0]) if float(pivots.min()) > RANK_RTOL * float(np.max(np.diag(K))) else None
+
+
 def ritz_floor(K: np.ndarray) -> float:
     """The smallest Ritz value of K after a fixed LOBPCG run: an upper bound on lambda_min(K), never below it."""
     from scipy.sparse.linalg import lobpcg
@@ -151,19 +165,25 @@ def _spectrum_facts(K: np.ndarray, tol: float, rank_bound: int | None = None) ->
     """(lambda_min(K), or any value >= -tol when K is PSD within tol; K's numerical rank, or None when unknown,
     which is exactly when the first is only an upper bound on lambda_min).
 
-    N <= PIVOTED_MAX_N, or beyond when the caller's rank bound makes it affordable (PIVOTED_MAX_WORK): a pivoted
-    Cholesky certifies PSD-ness and gives the rank (one BLAS thread up to N = 2000, as the solve runs). Where it
+    N <= PIVOTED_MAX_N, or beyond when the caller's rank bound makes it affordable (PIVOTED_MAX_WORK): a plain
+    Cholesky certifies a full-rank K unless the caller's rank bound is below N, else a pivoted Cholesky certifies
+    PSD-ness and gives the rank (one BLAS thread up to N = 2000, as the solve runs). Where it
     does not certify K: up to N = EIGVALSH_MAX_N, a dense eigvalsh gives the exact lambda_min (for the error
     message) and rank; beyond, a fixed-cost LOBPCG estimate, whose Ritz value never lies below lambda_min (a PSD K
     always passes; an indefinite one can slip through), and the rank stays unknown.
-    The pivoted Cholesky goes first at every size since it costs a fraction of eigvalsh: bench/small_validation.py,
-    make_problem 2.0-3.5x faster at N = 1000 and 3000 than with eigvalsh alone, 0.72-0.77x on a K it refuses.
+    The Cholesky factors go first at every size since they cost a fraction of eigvalsh. bench/small_validation.py
+    (N = 1000 and 3000, two runs): the unpivoted one first makes make_problem 1.14-1.15x (N = 1000) and 1.39-1.43x
+    (3000) faster than the pivoted one first on a full-rank K, 0.74-0.78x on a rank-deficient K with no bound,
+    0.92x on one it refuses; 3.3-7.3x faster than with eigvalsh alone on a full-rank K, 1.8-3.3x on a rank-deficient one.
     """
     n = K.shape[0]
     bounded = rank_bound is not None and 2.0 * n * n * min(int(rank_bound), n) <= PIVOTED_MAX_WORK
     if n <= PIVOTED_MAX_N or bounded:
         with blas_threads(n):
-            facts = _pivoted_facts(K, tol)
+            # a K that may have full rank (no bound below N) tries the cheaper unpivoted Cholesky first
+            facts = _plain_facts(K) if rank_bound is None or int(rank_bound) >= n else None
+            if facts is None:
+                facts = _pivoted_facts(K, tol)
         if facts is not None:
             return facts
     if n <= EIGVALSH_MAX_N:

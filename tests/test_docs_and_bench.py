@@ -102,11 +102,13 @@ def test_validation_bench_compares_both_estimates_and_ends_with_json():
     assert figures["noisy_lobpcg_value"] < -1e-4  # the noise's negative eigenvalues are found
 
 
-def test_small_validation_bench_compares_both_checks_and_ends_with_json():
+def test_small_validation_bench_compares_every_version_and_ends_with_json():
     figures = bench_json("small_validation.py", "--cases", "300x100", "--rounds", "1")
     assert figures["bench"] == "small_validation" and figures["same_verdicts"]
-    plain, noisy = figures["results"]
-    assert plain["case"] == "300x100" and plain["verdict"] == "rank 100"
+    plain, bounded, noisy = figures["results"]
+    assert plain["case"] == "300x100" and plain["verdict"] == "rank 100" and plain["rank_bound"] is None
+    assert bounded["case"] == "300x100 bound" and bounded["verdict"] == "rank 100" and bounded["rank_bound"] == 100
+    assert {"make_problem_speedup_vs_pivoted_first", "make_problem_speedup_vs_eigvalsh"} <= plain.keys()
     assert noisy["case"] == "300x100+noise" and noisy["verdict"].startswith("refused: K is not positive semidefinite")
 
 

@@ -479,6 +479,48 @@ def test_small_k_takes_the_pivoted_cholesky_and_eigvalsh_only_to_name_a_negative
     assert calls == [(n, n)]
 
 
+def test_a_full_rank_k_is_certified_by_the_unpivoted_cholesky_and_anything_else_by_the_pivoted_one(monkeypatch):
+    """A K that may have full rank (no rank bound below N) tries dpotrf first: a full-rank K needs nothing more; a
+    rank-deficient one, a near-duplicate pair whose pivot falls below the rank threshold, or a caller's bound
+    below N goes to dpstrf, and every rank equals the spectrum's."""
+    import scipy.linalg as sla
+
+    import solvers.problem as problem_module
+
+    calls = []
+
+    def spy(name):
+        real = getattr(sla.lapack, name)
+
+        def counted(*args, **kwargs):
+            calls.append(name)
+            return real(*args, **kwargs)
+        return counted
+
+    for name in ("dpotrf", "dpstrf"):
+        monkeypatch.setattr(problem_module.sla.lapack, name, spy(name))
+
+    def spectrum_rank(K):
+        eig = np.linalg.eigvalsh(K)
+        return int(np.count_nonzero(eig > 1e-10 * eig[-1]))
+
+    G, g = random_gradients(6, 60, 100, False)  # N < p: full rank
+    assert make_problem(G @ G.T, G @ g, gamma=0.1).rank == 60 == spectrum_rank(G @ G.T)
+    assert calls == ["dpotrf"]
+    calls.clear()
+    G, g = random_gradients(6, 60, 20, False)  # N > p, no bound: dpotrf fails, dpstrf gives the rank
+    assert make_problem(G @ G.T, G @ g, gamma=0.1).rank == 20 == spectrum_rank(G @ G.T)
+    assert calls == ["dpotrf", "dpstrf"]
+    calls.clear()
+    assert make_problem(G @ G.T, G @ g, gamma=0.1, rank_bound=20).rank == 20  # the bound skips dpotrf
+    assert calls == ["dpstrf"]
+    calls.clear()
+    G, g = random_gradients(6, 60, 100, False)
+    G[1] = G[0] + 1e-7 * G[2]  # positive definite in float64, but a pivot of about 1e-14 max K_ii
+    assert make_problem(G @ G.T, G @ g, gamma=0.1).rank == 59 == spectrum_rank(0.5 * (G @ G.T + (G @ G.T).T))
+    assert calls == ["dpotrf", "dpstrf"]
+
+
 def test_pivoted_cholesky_validation_records_the_rank_and_refuses_indefinite_k(monkeypatch):
     """Above EIGVALSH_MAX_N validation takes a pivoted Cholesky alone: the same rank, PSD-ness certified by the
     Schur complement's norm, and a clear refusal with LOBPCG's lambda_min when K is indefinite."""

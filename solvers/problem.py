@@ -41,8 +41,9 @@ class KMMProblem:
     """min_w 0.5 w'Kw - beta'w + gamma sum_i c_i |w_i| (penalised) or s.t. sum_i c_i |w_i| <= budget.
 
     costs c default to 1 (the paper's ||w||_1); with prices it is the marketplace's cost-weighted budget.
-    rank is K's numerical rank when validation computed it (a pivoted Cholesky up to N = 8000 and beyond where the
-    caller's rank_bound makes it affordable; eigvalsh up to N = 3000 where that does not certify K), capped by that
+    rank is K's numerical rank when validation computed it (a Cholesky factor up to N = 8000 and beyond where the
+    caller's rank_bound makes it affordable: unpivoted for a full-rank K, else pivoted; eigvalsh up to N = 3000
+    where no factor certifies K), capped by that
     bound; otherwise the caller's rank_bound (an upper bound), else None (unknown).
     """
 

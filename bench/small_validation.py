@@ -8,8 +8,10 @@ float64 as engine/gram.py forms it; full-rank (p > N) and rank-deficient (p < N)
 bound (the unpivoted attempt fails and is paid for) and with the bound p the pipeline passes (it is skipped), and
 one indefinite K (the first rank-deficient one plus symmetric noise), which every version refuses. Interleaved
 rounds (each started by the next version in turn) time the spectrum check alone and the whole make_problem with each version; prints the best times (medians
-in brackets) with now's speed-up against each former version, checks that all give the same rank and verdict, and
-ends with one JSON line.
+in brackets) with now's speed-up against each former version, checks that all give the same rank and verdict.
+Then symmetrising each K (exactly symmetric, as numpy's G @ G.T is) and the first one plus asymmetric round-off of
+1e-12 now, where an exactly symmetric tile pair is copied as it is, against before (the same result, checked). Ends
+with one JSON line.
 
     .venv/bin/python bench/small_validation.py [--cases 1000x4096 1000x300 3000x4096 3000x1000] [--rounds 6]
 """
@@ -49,6 +51,44 @@ VERSIONS = {
     "pivoted_first": {"_plain_facts": lambda K: None},
     "eigvalsh": {"_spectrum_facts": eigvalsh_facts},
 }
+
+
+def former_symmetrised(K: np.ndarray, sym_tol: float) -> tuple[np.ndarray, float]:
+    """solvers.problem.symmetrised before it copied exactly symmetric tile pairs as they are (the baseline)."""
+    n, b = K.shape[0], problem_module.SYMMETRISE_TILE
+    out = np.empty_like(K)
+    scale, asym = 1e-300, 0.0
+    for i in range(0, n, b):
+        for j in range(i, n, b):
+            upper, lower_t, tile = K[i:i + b, j:j + b], K[j:j + b, i:i + b].T, out[i:i + b, j:j + b]
+            scale = max(scale, float(upper.max()), -float(upper.min()), float(lower_t.max()), -float(lower_t.min()))
+            np.subtract(upper, lower_t, out=tile)
+            asym = max(asym, float(tile.max()), -float(tile.min()))
+            np.add(upper, lower_t, out=tile)
+            tile *= 0.5
+            if j != i:
+                out[j:j + b, i:i + b] = tile.T
+    if asym > sym_tol * scale:
+        raise KMMInputError(f"K is not symmetric: max |K - K^T| = {asym:.3g}")
+    return out, scale
+
+
+def symmetrise_row(name: str, K: np.ndarray, rounds: int) -> dict:
+    """Symmetrising K now and before, interleaved (best and median of `rounds`); exits if the results differ."""
+    fns = {"now": problem_module.symmetrised, "before": former_symmetrised}
+    t, out = {"now": [], "before": []}, {}
+    for r in range(rounds):
+        for which in (("now", "before") if r % 2 == 0 else ("before", "now")):
+            s, out[which] = timed(fns[which], K, 1e-6)
+            t[which].append(s)
+    if not (np.array_equal(out["now"][0], out["before"][0]) and out["now"][1] == out["before"][1]):
+        sys.exit(f"{name}: symmetrised now and before DISAGREE")
+    best = {k: min(v) for k, v in t.items()}
+    return {"case": name, "exactly_symmetric": bool(np.array_equal(K, K.T)),
+            "now_s": round(best["now"], 5), "before_s": round(best["before"], 5),
+            "now_median_s": round(float(np.median(t["now"])), 5),
+            "before_median_s": round(float(np.median(t["before"])), 5),
+            "speedup": round(best["before"] / best["now"], 2)}
 
 
 @contextmanager
@@ -139,9 +179,22 @@ def main() -> None:
               f"{rec['make_problem_speedup_vs_pivoted_first']:>5}x {rec['make_problem_speedup_vs_eigvalsh']:>5}x  "
               f"{rec['verdict']}", flush=True)
     print("(ms: best, median in brackets; x piv / x eig: make_problem now against each former version)")
+    print(f"\n{'symmetrise':<16} {'exact':>6} {'now':>16} {'before':>16} {'ratio':>6}")
+    sym_cases = [(name, K) for name, K, _, bound in problems if bound is None]  # a bound row repeats its K
+    name0, K0 = sym_cases[0]
+    # round-off asymmetry far inside the tolerance: every tile pair takes the symmetrising branch, as before
+    sym_cases.append((f"{name0}+asym", K0 + 1e-12 * np.random.default_rng(2).standard_normal(K0.shape)))
+    sym_rows = []
+    for name, K in sym_cases:
+        row = symmetrise_row(name, K, args.rounds)
+        sym_rows.append(row)
+        print(f"{name:<16} {str(row['exactly_symmetric']):>6} "
+              f"{1e3 * row['now_s']:>7.1f} ({1e3 * row['now_median_s']:.1f}) "
+              f"{1e3 * row['before_s']:>7.1f} ({1e3 * row['before_median_s']:.1f}) {row['speedup']:>5}x", flush=True)
     if not same:
         print("the versions DISAGREE on a verdict", file=sys.stderr)
-    print(json.dumps({"bench": "small_validation", "rounds": args.rounds, "same_verdicts": same, "results": rows}))
+    print(json.dumps({"bench": "small_validation", "rounds": args.rounds, "same_verdicts": same, "results": rows,
+                      "symmetrise": sym_rows}))
     sys.exit(0 if same else 1)
 
 

@@ -109,6 +109,8 @@ def test_small_validation_bench_compares_every_version_and_ends_with_json():
     assert plain["case"] == "300x100" and plain["verdict"] == "rank 100" and plain["rank_bound"] is None
     assert bounded["case"] == "300x100 bound" and bounded["verdict"] == "rank 100" and bounded["rank_bound"] == 100
     assert {"make_problem_speedup_vs_pivoted_first", "make_problem_speedup_vs_eigvalsh"} <= plain.keys()
+    exact, _, asym = figures["symmetrise"]
+    assert exact["case"] == "300x100" and exact["exactly_symmetric"] and not asym["exactly_symmetric"]
     assert noisy["case"] == "300x100+noise" and noisy["verdict"].startswith("refused: K is not positive semidefinite")
 
 

@@ -173,9 +173,10 @@ def _spectrum_facts(K: np.ndarray, tol: float, rank_bound: int | None = None) ->
     message) and rank; beyond, a fixed-cost LOBPCG estimate, whose Ritz value never lies below lambda_min (a PSD K
     always passes; an indefinite one can slip through), and the rank stays unknown.
     The Cholesky factors go first at every size since they cost a fraction of eigvalsh. bench/small_validation.py
-    (N = 1000 and 3000, two runs): the unpivoted one first makes make_problem 1.14-1.15x (N = 1000) and 1.39-1.43x
-    (3000) faster than the pivoted one first on a full-rank K, 0.74-0.78x on a rank-deficient K with no bound,
-    0.92x on one it refuses; 3.3-7.3x faster than with eigvalsh alone on a full-rank K, 1.8-3.3x on a rank-deficient one.
+    (N = 1000 and 3000, four runs): the unpivoted one first makes make_problem 1.14-1.17x (N = 1000) and 1.39-1.48x
+    (3000) faster than the pivoted one first on a full-rank K, 0.71-0.79x on a rank-deficient K with no bound,
+    0.88-0.93x on one it refuses; 3.3-7.3x faster than with eigvalsh alone on a full-rank K, 1.8-3.7x on a
+    rank-deficient one.
     """
     n = K.shape[0]
     bounded = rank_bound is not None and 2.0 * n * n * min(int(rank_bound), n) <= PIVOTED_MAX_WORK

@@ -459,7 +459,7 @@ def test_validation_records_the_rank_and_the_operator_bounds_supports_by_it():
 
 
 def test_small_k_takes_the_pivoted_cholesky_and_eigvalsh_only_to_name_a_negative_eigenvalue(monkeypatch):
-    """Up to EIGVALSH_MAX_N the pivoted Cholesky goes first: a PSD K (full-rank, N > p, duplicated) gets the rank the
+    """Up to EIGVALSH_MAX_N the Cholesky factors go first: a PSD K (full-rank, N > p, duplicated) gets the rank the
     spectrum gives without an eigvalsh; an indefinite K pays for one, which names its exact lambda_min."""
     import solvers.problem as problem_module
 
@@ -521,13 +521,14 @@ def test_a_full_rank_k_is_certified_by_the_unpivoted_cholesky_and_anything_else_
     calls.clear()
     G, g = random_gradients(6, 60, 100, False)
     G[1] = G[0] + 1e-7 * G[2]  # positive definite in float64, but a pivot of about 1e-14 max K_ii
-    assert make_problem(G @ G.T, G @ g, gamma=0.1).rank == 59 == spectrum_rank(0.5 * (G @ G.T + (G @ G.T).T))
+    assert make_problem(G @ G.T, G @ g, gamma=0.1).rank == 59 == spectrum_rank(G @ G.T)
     assert calls == ["dpotrf", "dpstrf"]
 
 
 def test_pivoted_cholesky_validation_records_the_rank_and_refuses_indefinite_k(monkeypatch):
-    """Above EIGVALSH_MAX_N validation takes a pivoted Cholesky alone: the same rank, PSD-ness certified by the
-    Schur complement's norm, and a clear refusal with LOBPCG's lambda_min when K is indefinite."""
+    """Above EIGVALSH_MAX_N validation takes the Cholesky factors alone: the same rank, PSD-ness certified by the
+    factor (the pivoted one: its Schur complement's norm), and a clear refusal with LOBPCG's lambda_min when K is
+    indefinite."""
     import solvers.problem as problem_module
 
     monkeypatch.setattr(problem_module, "EIGVALSH_MAX_N", 10)  # the 3000 < N <= 8000 branch at a test's size

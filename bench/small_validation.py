@@ -48,7 +48,7 @@ def eigvalsh_facts(K: np.ndarray, tol: float, rank_bound: int | None = None) -> 
 #: each version as the solvers.problem attributes it swaps in (bench-only; restored after every call)
 VERSIONS = {
     "now": {},
-    "pivoted_first": {"_plain_facts": lambda K: None},
+    "pivoted_first": {"_plain_facts": lambda K, floor: None},
     "eigvalsh": {"_spectrum_facts": eigvalsh_facts},
 }
 
@@ -131,17 +131,16 @@ def main() -> None:
     if any(n > problem_module.EIGVALSH_MAX_N for n, _ in args.cases):
         ap.error(f"this bench compares the versions up to N = {problem_module.EIGVALSH_MAX_N}")
 
-    problems = []  # (name, K, beta, rank bound)
+    problems, deficient = [], None  # (name, K, beta, rank bound); the first rank-deficient case
     for n, p in args.cases:
         K, beta, _, _ = clustered_gram(n, p)
         problems.append((f"{n}x{p}", K, beta, None))
         if p < n:
             problems.append((f"{n}x{p} bound", K, beta, p))
+            deficient = deficient or problems[-2]
     # the noise turns a rank-deficient K's zero eigenvalues into a cluster of about +-noise sqrt(N): indefinite
-    deficient = [i for i, (name, _, _, bound) in enumerate(problems) if bound is None and
-                 case(name)[1] < case(name)[0]]
     if deficient:
-        name0, K0, beta0, _ = problems[deficient[0]]
+        name0, K0, beta0, _ = deficient
         M = np.random.default_rng(1).standard_normal(K0.shape) * args.noise
         problems.append((f"{name0}+noise", K0 + 0.5 * (M + M.T), beta0, None))
         del M
@@ -149,14 +148,13 @@ def main() -> None:
     warm = np.random.default_rng(0).standard_normal((8, 4))
     for v in VERSIONS:  # imports and first-call costs out of the timings
         outcome(v, warm @ warm.T, warm @ warm[0], None)
-    rows, same = [], True
+    rows, same, names = [], True, list(VERSIONS)
     print(f"{'case':<16} {'check now':>16} {'pivoted 1st':>16} {'eigvalsh':>16}   {'make_problem now':>16} "
           f"{'pivoted 1st':>16} {'eigvalsh':>16}  {'x piv':>6} {'x eig':>6}  verdict")
     for name, K, beta, bound in problems:
         tol = 1e-6 * float(np.abs(K).max())
         t = {f"{kind}_{v}": [] for kind in ("check", "make") for v in VERSIONS}
         verdicts = set()
-        names = list(VERSIONS)
         for r in range(args.rounds):
             for v in names[r % len(names):] + names[:r % len(names)]:  # each round starts with another version
                 t[f"check_{v}"].append(check(v, K, tol, bound))

@@ -43,8 +43,8 @@ class KMMProblem:
     costs c default to 1 (the paper's ||w||_1); with prices it is the marketplace's cost-weighted budget.
     rank is K's numerical rank when validation computed it (a Cholesky factor up to N = 8000 and beyond where the
     caller's rank_bound makes it affordable: unpivoted for a full-rank K, else pivoted; eigvalsh up to N = 3000
-    where no factor certifies K), capped by that
-    bound; otherwise the caller's rank_bound (an upper bound), else None (unknown).
+    where no factor certifies K), capped by that bound; otherwise the caller's rank_bound (an upper bound), else
+    None (unknown).
     """
 
     K: np.ndarray
@@ -108,7 +108,7 @@ ESTIMATE_BLOCK = 16
 ESTIMATE_ITERS = 40
 
 
-def _pivoted_facts(K: np.ndarray, tol: float) -> tuple[float, int] | None:
+def _pivoted_facts(K: np.ndarray, tol: float, floor: float) -> tuple[float, int] | None:
     """(a lower bound >= -tol on lambda_min(K), K's numerical rank) from a pivoted Cholesky, or None when it
     cannot certify K PSD within tol.
 
@@ -118,7 +118,7 @@ def _pivoted_facts(K: np.ndarray, tol: float) -> tuple[float, int] | None:
     N^2 rank for the factor and (N - rank)^2 rank for S (0.6 + 0.6 s at N = 5000, rank 1000, where the Cholesky
     of K + tol I it replaced took 2.2 s).
     """
-    c, piv, rank, info = sla.lapack.dpstrf(K, tol=RANK_RTOL * float(np.max(np.diag(K))), lower=1)
+    c, piv, rank, info = sla.lapack.dpstrf(K, tol=floor, lower=1)
     if info < 0:
         return None
     rest, L21 = piv[rank:] - 1, c[rank:, :rank]
@@ -130,9 +130,9 @@ def _pivoted_facts(K: np.ndarray, tol: float) -> tuple[float, int] | None:
     return (-bound, int(rank)) if bound <= tol else None
 
 
-def _plain_facts(K: np.ndarray) -> tuple[float, int] | None:
-    """(0.0, N) when an unpivoted Cholesky of K succeeds with every pivot above RANK_RTOL max K_ii (K positive
-    definite, of full numerical rank), else None.
+def _plain_facts(K: np.ndarray, floor: float) -> tuple[float, int] | None:
+    """(0.0, N) when an unpivoted Cholesky of K succeeds with every pivot above floor (K positive definite, of full
+    numerical rank), else None.
 
     Cholesky is backward stable: success factors K + E with ||E|| of K's round-off, far inside any PSD tolerance.
     A rank-deficient K fails at about the step past its rank, which is paid for before the pivoted Cholesky runs.
@@ -140,8 +140,7 @@ def _plain_facts(K: np.ndarray) -> tuple[float, int] | None:
     c, info = sla.lapack.dpotrf(K, lower=1, clean=0)
     if info != 0:
         return None
-    pivots = np.diag(c) ** 2
-    return (0.0, K.shape[0]) if float(pivots.min()) > RANK_RTOL * float(np.max(np.diag(K))) else None
+    return (0.0, K.shape[0]) if float(np.min(np.diag(c) ** 2)) > floor else None
 
 
 def ritz_floor(K: np.ndarray) -> float:
@@ -166,12 +165,12 @@ def _spectrum_facts(K: np.ndarray, tol: float, rank_bound: int | None = None) ->
     """(lambda_min(K), or any value >= -tol when K is PSD within tol; K's numerical rank, or None when unknown,
     which is exactly when the first is only an upper bound on lambda_min).
 
-    N <= PIVOTED_MAX_N, or beyond when the caller's rank bound makes it affordable (PIVOTED_MAX_WORK): a plain
-    Cholesky certifies a full-rank K unless the caller's rank bound is below N, else a pivoted Cholesky certifies
-    PSD-ness and gives the rank (one BLAS thread up to N = 2000, as the solve runs). Where it
-    does not certify K: up to N = EIGVALSH_MAX_N, a dense eigvalsh gives the exact lambda_min (for the error
-    message) and rank; beyond, a fixed-cost LOBPCG estimate, whose Ritz value never lies below lambda_min (a PSD K
-    always passes; an indefinite one can slip through), and the rank stays unknown.
+    N <= PIVOTED_MAX_N, or beyond when the caller's rank bound makes it affordable (PIVOTED_MAX_WORK): an unpivoted
+    Cholesky certifies a full-rank K (tried unless the caller's rank bound is below N), else a pivoted Cholesky
+    certifies PSD-ness and gives the rank (one BLAS thread up to N = 2000, as the solve runs). Where neither
+    certifies K: up to N = EIGVALSH_MAX_N, a dense eigvalsh gives the exact lambda_min (for the error message) and
+    rank; beyond, a fixed-cost LOBPCG estimate, whose Ritz value never lies below lambda_min (a PSD K always passes;
+    an indefinite one can slip through), and the rank stays unknown.
     The Cholesky factors go first at every size since they cost a fraction of eigvalsh. bench/small_validation.py
     (N = 1000 and 3000, four runs): the unpivoted one first makes make_problem 1.14-1.17x (N = 1000) and 1.39-1.48x
     (3000) faster than the pivoted one first on a full-rank K, 0.71-0.79x on a rank-deficient K with no bound,
@@ -181,11 +180,12 @@ def _spectrum_facts(K: np.ndarray, tol: float, rank_bound: int | None = None) ->
     n = K.shape[0]
     bounded = rank_bound is not None and 2.0 * n * n * min(int(rank_bound), n) <= PIVOTED_MAX_WORK
     if n <= PIVOTED_MAX_N or bounded:
+        floor = RANK_RTOL * float(np.max(np.diag(K)))  # a pivot L_jj^2 at or below this adds nothing to the rank
         with blas_threads(n):
             # a K that may have full rank (no bound below N) tries the cheaper unpivoted Cholesky first
-            facts = _plain_facts(K) if rank_bound is None or int(rank_bound) >= n else None
+            facts = _plain_facts(K, floor) if rank_bound is None or int(rank_bound) >= n else None
             if facts is None:
-                facts = _pivoted_facts(K, tol)
+                facts = _pivoted_facts(K, tol, floor)
         if facts is not None:
             return facts
     if n <= EIGVALSH_MAX_N:

@@ -58,6 +58,13 @@ def test_solver_bench_runs_and_ends_with_json():
         assert r["validate_s"] > 0 and r["speedup_end_to_end_vs_cvxpy"] <= r["speedup_vs_cvxpy"]
 
 
+def test_gradient_space_bench_runs_and_ends_with_json():
+    figures = bench_json("gradient_space.py", "--n", "800", "--p", "1000", "--rounds", "3")
+    assert figures["bench"] == "gradient_space" and figures["same_support"] and figures["active"] >= 256
+    assert max(figures["kkt"].values()) <= 1e-6 and figures["speedup_vs_before"] > 0
+    assert all(len(figures[f"{v}_s"]) == 3 for v in ("now", "no_reuse", "before"))
+
+
 def test_rank_deficient_bench_runs_and_ends_with_json():
     figures = bench_json("rank_deficient.py", "--cases", "120x40", "--cap", "10")
     assert figures["bench"] == "rank_deficient" and len(figures["results"]) == 2

@@ -382,6 +382,81 @@ def test_gram_operator_support_solve_float32_gather_matches_float64(keep_copy, m
         assert np.array_equal(op.float32_copy(), op.K.astype(np.float32))
 
 
+def test_gradient_operator_float32_paths_give_float64_answers(monkeypatch):
+    """GradientOperator's large supports factor G_A G_A^T formed in float32 and refine to float64 accuracy (1-D and
+    2-D right-hand sides); a support float32 cannot resolve (a near-duplicate pair) takes the float64 matrix; the
+    shifted solver's float32 factor approximates (G G^T + rho I)^-1 to ADMM's needs."""
+    from solvers import operators
+    from solvers.linalg import MIXED_MIN_N
+
+    rng = np.random.default_rng(17)
+    X = rng.normal(size=(400, 900)) / np.sqrt(900)
+    op = operators.GradientOperator(X, rng.normal(size=900))
+    A = np.sort(rng.choice(400, size=MIXED_MIN_N + 40, replace=False))
+    Kaa = X[A] @ X[A].T
+    rhs = rng.normal(size=(A.size, 2))
+    x = op.solve_support(A, rhs)
+    assert x.shape == rhs.shape and np.linalg.norm(Kaa @ x - rhs) <= 1e-12 * np.linalg.norm(rhs)
+    assert np.allclose(op.solve_support(A, rhs[:, 0]), x[:, 0], rtol=0, atol=1e-12 * np.abs(x).max())
+    assert op.float32_copy().dtype == np.float32 and op.float32_copy() is op.float32_copy()  # made once
+    b = rng.normal(size=400)
+    y = op.shifted_solver(0.5)(b)
+    assert np.linalg.norm((X @ X.T + 0.5 * np.eye(400)) @ y - b) <= 1e-4 * np.linalg.norm(b)
+
+    calls = []
+    real = operators.solve_dense
+    monkeypatch.setattr(operators, "solve_dense", lambda K, b, **kw: calls.append(kw) or real(K, b, **kw))
+    Y = X.copy()
+    Y[A[1]] = Y[A[0]] * (1 + 1e-9)  # singular in float32 on A: the float64 matrix and its least squares
+    dup = operators.GradientOperator(Y, rng.normal(size=900))
+    r = rng.normal(size=A.size)
+    r[1] = r[0] * (1 + 1e-9)  # a consistent right-hand side for the near-duplicate pair
+    z = dup.solve_support(A, r)
+    assert calls == [{"try_mixed": False}]
+    assert np.linalg.norm(Y[A] @ (Y[A].T @ z) - r) <= 1e-8 * np.linalg.norm(r)
+
+
+@pytest.mark.parametrize("rho", [1e-3, 1e-2])
+def test_gradient_shifted_solver_takes_float64_where_float32_loses_the_answer(rho):
+    """Near-parallel gradients (G^T G's top eigenvalue about N against rho): the float32 factor's residual on its
+    seeded vector is far above SHIFTED32_RTOL, so the float64 factor answers (float32 could not reach 1e-8)."""
+    from solvers.operators import GradientOperator
+
+    rng = np.random.default_rng(23)
+    G = 1.0 + 0.02 * rng.normal(size=(600, 800))
+    G /= np.linalg.norm(G, axis=1, keepdims=True)
+    op = GradientOperator(G, G[:3].mean(axis=0))
+    b = rng.normal(size=600)
+    x = op.shifted_solver(rho)(b)
+    assert np.linalg.norm(G @ (G.T @ x) + rho * x - b) <= 1e-8 * np.linalg.norm(b)
+
+
+def test_gradient_operator_reuses_the_last_support_matrix():
+    """support_gram32 copies the block a support shares with the last one (at least half of it) and computes only
+    the new candidates' rows, in the support's own order; the array it returns is the caller's to overwrite (the
+    float32 factor works in place); a support sharing less is computed afresh."""
+    from solvers.operators import GradientOperator
+
+    rng = np.random.default_rng(19)
+    X = rng.normal(size=(500, 700)) / np.sqrt(700)
+    g = rng.normal(size=700)
+    op = GradientOperator(X, g)
+    A = np.sort(rng.choice(500, size=300, replace=False))
+    first = op.support_gram32(A)
+    first[:] = 0.0  # as spotrf overwrites it: the kept copy must not change
+    op._last32[1][:] += np.float32(1.0)  # a mark on the kept matrix: the reused block carries it
+    out = np.setdiff1d(np.arange(500), A)
+    B = rng.permutation(np.concatenate([A[10:], rng.choice(out, size=12, replace=False)]))
+    K = op.support_gram32(B)
+    shared = np.isin(B, A)
+    exact = (X[B] @ X[B].T).astype(np.float32)
+    assert np.array_equal(K, K.T)
+    assert np.allclose(K[np.ix_(shared, shared)], exact[np.ix_(shared, shared)] + 1.0, rtol=0, atol=1e-5)
+    assert np.allclose(K[~shared], exact[~shared], rtol=0, atol=1e-5)  # the new rows (and columns): products
+    C = np.sort(rng.choice(out, size=150, replace=False))  # shares nothing with B: computed afresh, no mark
+    assert np.allclose(op.support_gram32(C), (X[C] @ X[C].T).astype(np.float32), rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("n_support", [40, 300])  # the float64 factor, and the refined float32 one
 def test_support_solve_residual_is_the_residual_of_its_solution(n_support):
     """solve_support_residual's r is K w - beta at the padded solution, for both operators; on the refined

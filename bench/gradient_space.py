@@ -37,8 +37,16 @@ from solvers.penalised import solve_penalised  # noqa: E402
 from solvers.problem import objective_from_residual  # noqa: E402
 
 
+def plain_sub(op: GradientOperator, A: np.ndarray) -> np.ndarray:
+    """G_A G_A^T as sub() formed it before it kept its last matrix."""
+    GA = op.G[A]
+    return GA @ GA.T
+
+
 class FormerGradientOperator(GradientOperator):
     """The operator before the float32 copy of G: its two matrices formed in float64 (the baseline)."""
+
+    sub = plain_sub
 
     def solve_support(self, A: np.ndarray, rhs: np.ndarray) -> np.ndarray:
         return solve_dense(self.sub(A), rhs)
@@ -51,7 +59,9 @@ class FormerGradientOperator(GradientOperator):
 
 
 class NoReuseGradientOperator(GradientOperator):
-    """Now's float32 paths, every support matrix a fresh float32 product (no block copied from the last one)."""
+    """Now's float32 paths, every support matrix a fresh product (no block copied from the last one)."""
+
+    sub = plain_sub
 
     def support_gram32(self, A: np.ndarray) -> np.ndarray:
         GA32 = self.float32_copy()[A]

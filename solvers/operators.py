@@ -9,6 +9,8 @@ from solvers.linalg import MIXED_MIN_N, cholesky_solve, mixed_precision_solve, s
 from solvers.problem import gram_times
 
 FLOAT32_COPY_MAX_N = 8192  # a kept float32 copy of K costs 4 N^2 bytes: 256 MiB here
+#: GradientOperator.sub keeps matrices up to this size (72 MB): the NNLS polish's sets are never larger
+SUB_KEEP_MAX_N = 3000
 #: GradientOperator's float32 shifted factor is kept where its relative residual on a seeded vector is at most this
 #: (bench/gradient_space.py's case, N = 20000, p = 4096: 6.5e-5 at ADMM's rho 0.099, 8.6e-4 at 0.01)
 SHIFTED32_RTOL = 1e-4
@@ -17,6 +19,29 @@ SHIFTED32_RTOL = 1e-4
 def _principal(M: np.ndarray, A: np.ndarray) -> np.ndarray:
     """M[A, A] by two contiguous gathers: ~2x faster than np.ix_ (3.5 vs 7.2 ms, 800 of 1000)."""
     return M.take(A, axis=0).take(A, axis=1)
+
+
+def _gram_reusing(G: np.ndarray, A: np.ndarray, last: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
+    """G[A] G[A]^T as a new array; where last = (B, G[B] G[B]^T) shares at least half of A, the shared block is
+    copied from it and only the new candidates' rows are products."""
+    GA = G[A]
+    if last is not None:
+        B, KBB = last
+        where = np.full(G.shape[0], -1)
+        where[B] = np.arange(B.size)
+        loc = where[A]
+        shared, fresh = np.flatnonzero(loc >= 0), np.flatnonzero(loc < 0)
+        if 2 * shared.size >= A.size:
+            K = np.empty((A.size, A.size), dtype=G.dtype)
+            K[np.ix_(shared, shared)] = _principal(KBB, loc[shared])
+            if fresh.size:
+                Gf = GA[fresh]
+                rows = Gf @ GA.T
+                rows[:, fresh] = Gf @ Gf.T  # numpy's a @ a.T is exactly symmetric, as the whole matrix stays
+                K[fresh] = rows
+                K[:, fresh] = rows.T
+            return K
+    return GA @ GA.T
 
 
 class GramOperator:
@@ -109,9 +134,9 @@ class GradientOperator:
 
     Dense solutions (ADMM, large supports) also read a float32 copy of G, made on first use (half of G's bytes
     again), and keep the last large support's float32 matrix (4 |A|^2 bytes): float32 products cost half the time
-    of float64 ones, and each answer is refined or certified in float64. bench/gradient_space.py (gamma = 5e-4,
-    p = 4096, two runs): 1.67-1.85x faster than with both matrices in float64 at N = 20000 (1.14-1.22x of it from
-    the kept matrix), 1.85x at N = 5000 (1.01x).
+    of float64 ones, and each answer is refined or certified in float64; sub() keeps a float64 matrix likewise.
+    bench/gradient_space.py (gamma = 5e-4, p = 4096, two runs): 1.67-1.85x faster than with both matrices in
+    float64 at N = 20000 (1.14-1.22x of it from the kept matrix), 1.85x at N = 5000 (1.01x).
     """
 
     def __init__(self, G: np.ndarray, g_tar: np.ndarray):
@@ -123,6 +148,7 @@ class GradientOperator:
         self.rank_bound = min(self.G.shape)  # a support larger than this has a singular K_AA
         self._G32: np.ndarray | None = None
         self._last32: tuple[np.ndarray, np.ndarray] | None = None  # (A, G_A G_A^T in float32): the last large support
+        self._last64: tuple[np.ndarray, np.ndarray] | None = None  # (A, G_A G_A^T): sub()'s kept matrix
 
     def float32_copy(self) -> np.ndarray:
         """G in float32, made once."""
@@ -131,9 +157,14 @@ class GradientOperator:
         return self._G32
 
     def sub(self, A: np.ndarray) -> np.ndarray:
-        """G_A G_A^T."""
-        GA = self.G[A]
-        return GA @ GA.T
+        """G_A G_A^T (float64, a new array), reusing the kept matrix where the two share at least half of A: the
+        NNLS polish asks for nested equicorrelation sets, and for about the same ones at every failed polish. A set
+        under half the kept one's size does not replace it (the small supports solved between two polishes), nor does
+        one above SUB_KEEP_MAX_N (the NNLS polish's largest set)."""
+        K = _gram_reusing(self.G, A, self._last64)
+        if A.size <= SUB_KEEP_MAX_N and (self._last64 is None or 2 * A.size >= self._last64[0].size):
+            self._last64 = (np.array(A, copy=True), K.copy())
+        return K
 
     def solve_support(self, A: np.ndarray, rhs: np.ndarray) -> np.ndarray:
         """x with G_A G_A^T x = rhs (rhs: |A| or |A| x k).
@@ -151,28 +182,9 @@ class GradientOperator:
         return solve_dense(self.sub(A), rhs)
 
     def support_gram32(self, A: np.ndarray) -> np.ndarray:
-        """G_A G_A^T in float32, a new array (the caller may overwrite it): where A shares at least half of its
-        candidates with the last large support, the shared block is copied from that one's matrix and only the
-        new candidates' rows are products (successive polishes and PDAS steps move a few candidates).
-        """
-        GA32 = self.float32_copy()[A]
-        reuse = None
-        if self._last32 is not None:
-            B, KBB = self._last32
-            where = np.full(self.n, -1)
-            where[B] = np.arange(B.size)
-            loc = where[A]
-            shared, fresh = np.flatnonzero(loc >= 0), np.flatnonzero(loc < 0)
-            if 2 * shared.size >= A.size:
-                reuse = np.empty((A.size, A.size), dtype=np.float32)
-                reuse[np.ix_(shared, shared)] = _principal(KBB, loc[shared])
-                if fresh.size:
-                    Gf = GA32[fresh]
-                    rows = Gf @ GA32.T
-                    rows[:, fresh] = Gf @ Gf.T  # numpy's a @ a.T is exactly symmetric, as the whole matrix stays
-                    reuse[fresh] = rows
-                    reuse[:, fresh] = rows.T
-        K = reuse if reuse is not None else GA32 @ GA32.T
+        """G_A G_A^T in float32, a new array (the caller may overwrite it), reusing the last large support's matrix
+        where the two share at least half of A (successive polishes and PDAS steps move a few candidates)."""
+        K = _gram_reusing(self.float32_copy(), A, self._last32)
         self._last32 = (np.array(A, copy=True), K.copy())
         return K
 

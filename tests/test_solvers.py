@@ -688,6 +688,31 @@ def test_n_above_p_takes_the_homotopy_and_is_exact(gamma_ratio):
     assert grad.objective == pytest.approx(sol.objective, rel=1e-9, abs=1e-12)
 
 
+def test_gradient_form_homotopy_falls_back_to_the_gram_form_when_its_lars_ends_off_the_path():
+    """N = 1000 > p = 200 (50 clusters of 20) at gamma = 1e-3 max|beta|: LARS on X = G^T ends off the path (KKT
+    1.2e-5 here; on bench/synthetic.py's data two PDAS steps did not mend it and ADMM then crawled for 35 s); the
+    Gram-form LARS on K = G G^T, formed once, is exact."""
+    from solvers import solve_kmm_gradients
+    from solvers.active_set import kkt_from, residual
+    from solvers.homotopy import lars
+    from solvers.operators import GradientOperator
+
+    rng = np.random.default_rng(0)
+    centers = rng.normal(size=(50, 200))
+    G = centers[np.repeat(np.arange(50), 20)] + 0.35 * rng.normal(size=(1000, 200))
+    G /= np.linalg.norm(G, axis=1, keepdims=True)
+    g = centers[:3].sum(axis=0) / np.linalg.norm(centers[:3].sum(axis=0))
+    K, beta = G @ G.T, G @ g
+    gamma = 1e-3 * float(np.abs(beta).max())
+    op = GradientOperator(G, g)
+    w_x = lars(op, gamma, return_path=False)[1][-1]
+    assert kkt_from(w_x, residual(op, w_x), gamma) > 1e-6  # the X form alone is not exact here
+    sol = solve_kmm_gradients(G, g, gamma=gamma)
+    assert sol.info["strategy"] == "homotopy" and sol.kkt <= 1e-10
+    ref = solve_kmm(K, beta, gamma=gamma)
+    assert sol.objective == pytest.approx(ref.objective, rel=1e-9, abs=1e-12)
+
+
 def test_duplicates_are_solved_once_and_keep_the_weight_on_one_copy():
     from solvers.homotopy import representatives
     from solvers.operators import GradientOperator, GramOperator

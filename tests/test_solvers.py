@@ -416,6 +416,32 @@ def test_gradient_operator_float32_paths_give_float64_answers(monkeypatch):
     assert np.linalg.norm(Y[A] @ (Y[A].T @ z) - r) <= 1e-8 * np.linalg.norm(r)
 
 
+def test_gradient_operator_sub_keeps_the_larger_sets(monkeypatch):
+    """sub() is exact and a new array each call; a set under half the kept one's size, or above SUB_KEEP_MAX_N,
+    leaves the kept matrix as it was, and a set sharing half of it reuses it (a mark on the kept matrix shows)."""
+    from solvers import operators
+
+    monkeypatch.setattr(operators, "SUB_KEEP_MAX_N", 350)
+    rng = np.random.default_rng(29)
+    X = rng.normal(size=(500, 300))
+    op = operators.GradientOperator(X, rng.normal(size=300))
+    E = np.sort(rng.choice(500, size=300, replace=False))
+    first = op.sub(E)
+    assert np.allclose(first, X[E] @ X[E].T, rtol=0, atol=1e-12)
+    first[:] = 0.0  # the caller's array: the kept one is a copy
+    kept = op._last64
+    small = E[:40]
+    assert np.allclose(op.sub(small), X[small] @ X[small].T, rtol=0, atol=1e-12) and op._last64 is kept
+    big = np.arange(400)
+    op.sub(big)
+    assert op._last64 is kept  # above SUB_KEEP_MAX_N: not kept
+    kept[1][:] += 1.0  # a mark: the next set, E plus a few, copies its shared block
+    more = np.concatenate([E, np.setdiff1d(np.arange(500), E)[:10]])
+    M = op.sub(more)
+    assert np.allclose(M[:300, :300], X[E] @ X[E].T + 1.0, rtol=0, atol=1e-12)
+    assert np.allclose(M[300:], X[more[300:]] @ X[more].T, rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize("rho", [1e-3, 1e-2])
 def test_gradient_shifted_solver_takes_float64_where_float32_loses_the_answer(rho):
     """Near-parallel gradients (G^T G's top eigenvalue about N against rho): the float32 factor's residual on its

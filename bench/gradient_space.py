@@ -2,10 +2,10 @@
 
 Now: ADMM's shifted solver factors rho I + G^T G formed from a float32 copy of G (float32 Cholesky; the products
 G (.) and G^T (.) stay float64), and support systems of at least MIXED_MIN_N candidates factor G_A G_A^T formed
-in float32, refined with float64 products, copying the block a support shares with the last one. "no reuse":
-the same without that copy (every support matrix a fresh float32 product). Before (up to d874697): both
-matrices formed and factored in float64 (the support system cast to float32 for its factor after the float64
-product). Clustered synthetic unit-norm gradients (bench/synthetic.py), the solver bench's case N = 20000,
+in float32, refined with float64 products, copying the block a support shares with the last one (sub(), the
+float64 matrices of small supports and of the NNLS polish, likewise). "no reuse": the same without those copies
+(every support matrix a fresh product). Before (up to d874697): both matrices formed and factored in float64 (the
+support system cast to float32 for its factor after the float64 product), sub() a fresh product. Clustered synthetic unit-norm gradients (bench/synthetic.py), the solver bench's case N = 20000,
 p = 4096, gamma = 5e-4 (about 3,300 candidates active) by default. Each round starts with the next version in
 turn; prints each solve's time, iterations and support, checks that all reach the same support and objective
 with KKT <= 1e-6, and ends with one JSON line.

@@ -11,9 +11,6 @@ from solvers.problem import gram_times
 FLOAT32_COPY_MAX_N = 8192  # a kept float32 copy of K costs 4 N^2 bytes: 256 MiB here
 #: GradientOperator.sub keeps matrices up to this size (72 MB): the NNLS polish's sets are never larger
 SUB_KEEP_MAX_N = 3000
-#: GradientOperator's float32 shifted factor is kept where its relative residual on a seeded vector is at most this
-#: (bench/gradient_space.py's case, N = 20000, p = 4096: 6.5e-5 at ADMM's rho 0.099, 8.6e-4 at 0.01)
-SHIFTED32_RTOL = 1e-4
 
 
 def _principal(M: np.ndarray, A: np.ndarray) -> np.ndarray:
@@ -132,11 +129,9 @@ class GramOperator:
 class GradientOperator:
     """G (N x p rows = candidate gradients) and g_tar; K = G G^T is only ever formed on the active set.
 
-    Dense solutions (ADMM, large supports) also read a float32 copy of G, made on first use (half of G's bytes
-    again), and keep the last large support's float32 matrix (4 |A|^2 bytes): float32 products cost half the time
-    of float64 ones, and each answer is refined or certified in float64; sub() keeps a float64 matrix likewise.
-    bench/gradient_space.py (gamma = 5e-4, p = 4096, two runs): 1.67-1.85x faster than with both matrices in
-    float64 at N = 20000 (1.14-1.22x of it from the kept matrix), 1.85x at N = 5000 (1.01x).
+    Large support systems read a float32 copy of G, made on first use (half of G's bytes again), and keep the last
+    large support's float32 matrix (4 |A|^2 bytes): a float32 product costs half a float64 one, and the solve is
+    refined to float64 accuracy; sub() keeps a float64 matrix likewise. bench/gradient_space.py: see README.
     """
 
     def __init__(self, G: np.ndarray, g_tar: np.ndarray):
@@ -204,25 +199,14 @@ class GradientOperator:
         return self.G @ (w_A @ self.G[A])
 
     def shifted_solver(self, rho: float):
-        """b -> (G G^T + rho I)^-1 b, approximately, by Woodbury: one Cholesky factor of the p x p matrix
-        rho I + G^T G, in float32 (formed from the float32 G) where that is accurate enough, else in float64; the
-        products G (.) and G^T (.) stay float64.
+        """b -> (G G^T + rho I)^-1 b by Woodbury: one Cholesky factor of the p x p matrix rho I + G^T G.
 
-        As GramOperator's: only ADMM uses it, to locate the support, and the exact polish certifies. The float32
-        factor is tried on one seeded vector (one product with G G^T): where G^T G's largest eigenvalues dwarf rho
-        (strongly correlated gradients) float32 loses the answer (relative residual 9.4 at rho = 1e-3, N = 3000
-        near-parallel unit rows), and the float64 factor is used. With float32 products too, ADMM took 141
-        iterations instead of 80 (N = 20000, p = 4096, gamma = 5e-4) and the solve was slower.
+        It stays float64. A float32 factor formed from the float32 G (tried in c854da0, kept where its residual on
+        a seeded vector was <= 1e-4) cost ADMM 2224 iterations instead of 457 on near-parallel gradients (N = 300,
+        p = 400, bench/gradient_space.py --data near-parallel: 0.21x), though it saved a quarter of the N = 20000
+        clustered solve; no residual threshold told the two apart (N = 5000 clustered needed the same one).
         """
+        p = self.G.shape[1]
+        c = sla.cho_factor(rho * np.eye(p) + self.G.T @ self.G, lower=True, check_finite=False)
         G = self.G
-        G32 = self.float32_copy()
-        M = G32.T @ G32
-        M[np.diag_indices(M.shape[0])] += np.float32(rho)
-        c, info = sla.lapack.spotrf(M.T, lower=1, clean=0, overwrite_a=1)  # symmetric: .T is its Fortran view
-        if info == 0:
-            b = np.random.default_rng(0).standard_normal(self.n)
-            x = (b - G @ cholesky_solve(c, G.T @ b)) / rho
-            if np.linalg.norm(G @ (G.T @ x) + rho * x - b) <= SHIFTED32_RTOL * np.linalg.norm(b):
-                return lambda b: (b - G @ cholesky_solve(c, G.T @ b)) / rho
-        c64 = sla.cho_factor(rho * np.eye(G.shape[1]) + G.T @ G, lower=True, check_finite=False)
-        return lambda b: (b - G @ sla.cho_solve(c64, G.T @ b, check_finite=False)) / rho
+        return lambda b: (b - G @ sla.cho_solve(c, G.T @ b, check_finite=False)) / rho

@@ -385,7 +385,7 @@ def test_gram_operator_support_solve_float32_gather_matches_float64(keep_copy, m
 def test_gradient_operator_float32_paths_give_float64_answers(monkeypatch):
     """GradientOperator's large supports factor G_A G_A^T formed in float32 and refine to float64 accuracy (1-D and
     2-D right-hand sides); a support float32 cannot resolve (a near-duplicate pair) takes the float64 matrix; the
-    shifted solver's float32 factor approximates (G G^T + rho I)^-1 to ADMM's needs."""
+    shifted solver approximates (G G^T + rho I)^-1 at least to ADMM's needs."""
     from solvers import operators
     from solvers.linalg import MIXED_MIN_N
 
@@ -444,8 +444,8 @@ def test_gradient_operator_sub_keeps_the_larger_sets(monkeypatch):
 
 @pytest.mark.parametrize("rho", [1e-3, 1e-2])
 def test_gradient_shifted_solver_takes_float64_where_float32_loses_the_answer(rho):
-    """Near-parallel gradients (G^T G's top eigenvalue about N against rho): the float32 factor's residual on its
-    seeded vector is far above SHIFTED32_RTOL, so the float64 factor answers (float32 could not reach 1e-8)."""
+    """Near-parallel gradients (G^T G's top eigenvalue about N against rho): the shifted solver's float64 factor
+    answers to 1e-8, which a float32 factor of rho I + G^T G could not reach."""
     from solvers.operators import GradientOperator
 
     rng = np.random.default_rng(23)

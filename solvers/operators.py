@@ -203,7 +203,7 @@ class GradientOperator:
 
         It stays float64. A float32 factor formed from the float32 G (tried in c854da0, kept where its residual on
         a seeded vector was <= 1e-4) cost ADMM 2224 iterations instead of 457 on near-parallel gradients (N = 300,
-        p = 400, bench/gradient_space.py --data near-parallel: 0.21x), though it saved a quarter of the N = 20000
+        p = 400, bench/gradient_space.py --data near-parallel: 0.21x), though it saved about 30 % of the N = 20000
         clustered solve; no residual threshold told the two apart (N = 5000 clustered needed the same one).
         """
         p = self.G.shape[1]

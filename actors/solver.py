@@ -28,7 +28,7 @@ class SolverActor:
         return resample_run(examples, names, run, samples, seed, first)
 
     def solve_gradients(self, G: np.ndarray, g_tar: np.ndarray, settings: dict) -> KMMSolution:
-        """Solve from the vectors (K never formed) with settings {gamma | budget, costs, normalize}."""
+        """Solve from the vectors (no Gram reduced or written) with settings {gamma | budget, costs, normalize}."""
         return solve_vectors(G, g_tar, settings)
 
 

@@ -269,7 +269,8 @@ class SolverConfig:
         "(tight tolerances); `cvxpy_paper`: CVXPY + OSQP called as the paper does.")
     space: Literal["auto", "gram", "gradients"] = opt(
         "auto", "`gram`: form K = G G^T (written to gram.npy); `gradients`: solve from the stored vectors, K formed only "
-        "on the active set (for pools whose N x N Gram does not fit in memory); `auto`: `gradients` above "
+        "on the active set (for pools whose N x N Gram does not fit in memory; whole and in memory at a dense "
+        "gamma with N <= p, where it is no larger than the vectors), no gram.npy; `auto`: `gradients` above "
         "20,000 candidates.")
     normalize: Literal["none", "cosine"] = opt(
         "none", "`cosine` divides K_ij by sqrt(K_ii K_jj) and beta_i by sqrt(K_ii), removing gradient norms.")

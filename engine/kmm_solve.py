@@ -16,6 +16,6 @@ def solve_gram(K: np.ndarray, beta: np.ndarray, settings: dict) -> KMMSolution:
 
 
 def solve_vectors(G: np.ndarray, g_tar: np.ndarray, settings: dict) -> KMMSolution:
-    """solve_kmm_gradients from the vectors (K never formed) with the run's settings (method is the active set)."""
+    """solve_kmm_gradients from the vectors (no Gram reduced or written) with the run's settings (the active set)."""
     return solve_kmm_gradients(G, g_tar, gamma=settings.get("gamma"), budget=settings.get("budget"),
                                costs=settings.get("costs"), normalize=settings.get("normalize") or "none")

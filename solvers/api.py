@@ -1,4 +1,4 @@
-"""Public entry points: solve_kmm (from K), solve_kmm_gradients (from G, K never formed), and the certified result."""
+"""Public entry points: solve_kmm (from K), solve_kmm_gradients (from G, K formed on active sets), the certified result."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from solvers.budget import solve_budget
 from solvers.homotopy import deduplicated, expand
 from solvers.kkt import certify
 from solvers.operators import GradientOperator, GramOperator
-from solvers.penalised import solve_penalised
+from solvers.penalised import prefers_gram_form, solve_penalised
 from solvers.problem import (
     KMMInputError,
     KMMProblem,
@@ -62,7 +62,7 @@ class KMMSolution:
             "time_s": self.time_s,
             "nnz": int(np.count_nonzero(self.w)),
             "l1": float(np.abs(self.w).sum()),
-        } | {k: v for k, v in self.info.items() if k in ("fallback", "multiplier", "binding")}
+        } | {k: v for k, v in self.info.items() if k in ("fallback", "multiplier", "binding", "gram_formed")}
 
 
 def _scaled(op, c: np.ndarray | None):
@@ -81,8 +81,11 @@ def _active_set(op, problem_like: KMMProblem) -> tuple[np.ndarray, dict, object]
     distinct, keep = deduplicated(inner)  # one candidate per duplicate group for the homotopy; the rest get 0
     with blas_threads(inner.n):
         if problem_like.gamma is not None:
-            v, info = solve_penalised(distinct, problem_like.gamma)
+            gram_formed = prefers_gram_form(distinct, problem_like.gamma)
+            v, info = solve_penalised(distinct.gram() if gram_formed else distinct, problem_like.gamma)
             info["multiplier"] = problem_like.gamma
+            if gram_formed:
+                info["gram_formed"] = True
         else:
             v, info = solve_budget(distinct, problem_like.budget)
             info["multiplier"] = info["gamma"]
@@ -156,6 +159,9 @@ def solve_kmm_gradients(
 ) -> KMMSolution:
     """Solve KMM from the gradients themselves (N x p rows): K = G G^T is formed only on the active set.
 
+    The exception: at a dense gamma (below 1 % of max|beta|) with N <= p, where K is no larger than G, K is formed
+    once and the Gram form solves (solvers.penalised.prefers_gram_form); the solution's info says "gram_formed".
+
     normalize="cosine" divides every row by its norm: K_ij / sqrt(K_ii K_jj) and beta_i / sqrt(K_ii), as in
     make_problem.
     """
@@ -171,7 +177,7 @@ def solve_kmm_gradients(
     check_norms(op.diag, 0.0)
     if normalize == "cosine":
         op = GradientOperator(G / np.sqrt(op.diag)[:, None], g_tar)
-    # K is never formed: the shell carries settings, beta and costs (for .l1 and .form)
+    # no K here: the shell carries settings, beta and costs (for .l1 and .form)
     shell = KMMProblem(K=np.empty((0, 0)), beta=op.beta, gamma=gamma, budget=budget,
                        costs=check_costs(costs, op.n))
     t0 = time.perf_counter()

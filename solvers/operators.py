@@ -1,4 +1,4 @@
-"""The two views of the KMM quadratic: the Gram matrix K, or the gradients G themselves (K never formed)."""
+"""The two views of the KMM quadratic: the Gram matrix K, or the gradients G themselves (K formed on active sets)."""
 
 from __future__ import annotations
 
@@ -187,6 +187,10 @@ class GradientOperator:
         """(x, r): x with G_A G_A^T x = rhs (a vector) and r = K w - beta for w = x on A, 0 elsewhere."""
         x = self.solve_support(A, rhs)
         return x, self.apply(A, x) - self.beta
+
+    def gram(self) -> GramOperator:
+        """The same problem in the Gram form: K = G G^T formed (N^2 p flops, exactly symmetric), the same beta."""
+        return GramOperator(self.G @ self.G.T, self.beta, rank=self.rank_bound)
 
     def restricted(self, A: np.ndarray) -> GradientOperator:
         """The operator of the candidates A only (their gradients G_A, the same g_tar)."""

@@ -24,7 +24,6 @@ import numpy as np
 from solvers import active_set, admm, working_set
 from solvers.active_set import kkt_from, past_deadline, residual
 from solvers.homotopy import affordable, deficient, lars
-from solvers.operators import GramOperator
 
 #: on a rank-deficient K small enough for the full homotopy, the working set still goes first for sparse solutions
 #: (gamma >= WORKING_SET_FIRST_RATIO * max|beta|) of at least WORKING_SET_FIRST_MIN_N candidates: scikit-learn's
@@ -38,6 +37,20 @@ WORKING_SET_FIRST_RATIO = 0.03
 def prefers_working_set(n: int, gamma: float, gmax: float) -> bool:
     """True where the working set goes before the full homotopy on an affordable rank-deficient K (gmax: max|beta|)."""
     return n >= WORKING_SET_FIRST_MIN_N and gamma >= WORKING_SET_FIRST_RATIO * gmax
+
+
+#: solutions at gamma below this fraction of max|beta| are dense: ADMM + polish goes first (unless warm-started)
+DENSE_RATIO = 0.01
+
+
+def prefers_gram_form(op, gamma: float) -> bool:
+    """True for a gradient-form operator with N <= p at a dense gamma, which is faster solved on K = G G^T formed once.
+
+    There ADMM would form and factor the p x p matrix rho I + G^T G (N p^2 + p^3 / 3 flops, p^2 floats) where K costs
+    N^2 p flops and N^2 floats, and every support system would be a product G_A G_A^T where the Gram form gathers
+    it. bench/gradient_form.py: see README.
+    """
+    return not hasattr(op, "K") and op.n <= op.G.shape[1] and gamma < DENSE_RATIO * float(np.abs(op.beta).max())
 
 
 #: in the gradient form, the Gram-form homotopy on K = G G^T formed once is the fallback up to this N (K: 512 MB)
@@ -55,15 +68,14 @@ def _homotopy(op, gamma: float, scale: float) -> tuple[np.ndarray, int, bool]:
     _, W, steps = lars(op, gamma, return_path=False)
     wp, k, ok = active_set.pdas_plain(op, gamma, W[-1], 2, scale)  # w itself, after 0 steps, when it certifies
     if not ok and not hasattr(op, "K") and op.n <= GRAM_HOMOTOPY_MAX_N:
-        gram = GramOperator(op.G @ op.G.T, op.beta, rank=op.rank_bound)
-        _, W, more = lars(gram, gamma, return_path=False)
+        _, W, more = lars(op.gram(), gamma, return_path=False)
         wp, k2, ok = active_set.pdas_plain(op, gamma, W[-1], 2, scale)
         steps, k = steps + more, k + k2
     return wp, steps + k, ok
 
 
 def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: float = 0.25,
-                    max_iter: int = 200, dense_ratio: float = 0.01, admm_max_n: int = 20000,
+                    max_iter: int = 200, dense_ratio: float = DENSE_RATIO, admm_max_n: int = 20000,
                     tol: float = 1e-10, max_seconds: float | None = None) -> tuple[np.ndarray, dict]:
     """argmin 0.5 w'Kw - beta'w + gamma ||w||_1 through the operator; (w, info).
 

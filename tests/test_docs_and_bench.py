@@ -58,6 +58,12 @@ def test_solver_bench_runs_and_ends_with_json():
         assert r["validate_s"] > 0 and r["speedup_end_to_end_vs_cvxpy"] <= r["speedup_vs_cvxpy"]
 
 
+def test_gradient_form_bench_forms_the_gram_and_agrees_and_ends_with_json():
+    figures = bench_json("gradient_form.py", "--cases", "near:120x160", "clustered:200x300", "--rounds", "1")
+    assert figures["bench"] == "gradient_form" and len(figures["cases"]) == 2
+    assert all(c["gram_formed"] and c["same_support"] and c["kkt"] <= 1e-6 for c in figures["cases"])
+
+
 def test_gradient_space_bench_runs_and_ends_with_json():
     figures = bench_json("gradient_space.py", "--n", "800", "--p", "1000", "--rounds", "3")
     assert figures["bench"] == "gradient_space" and figures["same_support"] and figures["active"] >= 256

@@ -579,7 +579,8 @@ def test_a_run_folder_in_use_is_refused_and_left_untouched(first_run, tmp_path):
 
 
 def test_gradient_space_run_matches_the_gram_space_solution_and_resolves(first_run):
-    """solver.space: gradients never forms K; its scores equal the Gram-space solution, and it re-solves."""
+    """solver.space: gradients reduces and writes no Gram (gram.npy); its scores equal the Gram-space solution, and it
+    re-solves."""
     tmp, data, _ = first_run
     cfg = data | {"name": "gs", "finetune": {"enabled": False}, "solver": data["solver"] | {"space": "gradients"}}
     summary = run(config_from_dict(cfg))

@@ -25,14 +25,13 @@ import numpy as np
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 sys.path.append(str(Path(__file__).resolve().parent))
 
+import certificate  # noqa: E402
 from synthetic import case, clustered_gradients, near_parallel_gradients  # noqa: E402
 from timing import timed  # noqa: E402
 
 from solvers import solve_kmm_gradients  # noqa: E402
-from solvers.active_set import kkt_from, residual  # noqa: E402
 from solvers.operators import GradientOperator  # noqa: E402
 from solvers.penalised import solve_penalised  # noqa: E402
-from solvers.problem import objective_from_residual  # noqa: E402
 from solvers.threads import blas_threads  # noqa: E402
 
 DEFAULT_CASES = ["clustered:800x1000", "clustered:1000x4096", "clustered:3000x4096", "near:300x400", "near:800x1500"]
@@ -88,9 +87,7 @@ def main() -> None:
         for r in range(args.rounds):
             for name in list(versions)[r % 2:] + list(versions)[:r % 2]:
                 t, (w, info) = timed(versions[name], G, g, gamma)
-                res = residual(op, w)
-                results[name] = (w, info, kkt_from(w, res, gamma),
-                                 objective_from_residual(w, res, op.beta, gamma * float(np.abs(w).sum())))
+                results[name] = (w, info, *certificate.penalised(op, gamma, w))
                 times[name].append(t)
                 print(f"{kind} {n}x{p} round {r + 1} {name:<6} {t:8.3f} s  {info['strategy']}, "
                       f"{np.count_nonzero(w)} active, KKT {results[name][2]:.1e}", flush=True)

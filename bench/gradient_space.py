@@ -8,8 +8,11 @@ product. ADMM's shifted factor is float64 in all three.
 Data: clustered synthetic unit-norm gradients (bench/synthetic.py), the solver bench's case N = 20000, p = 4096,
 gamma = 5e-4 (about 3,300 candidates active) by default; `--data near-parallel` (rows 1 + 0.02 noise, gamma a
 fraction of max|beta|, N = 1500 suggested) is where ADMM does not settle and the NNLS polish, which asks sub() for
-its sets, finishes. Each round starts with the next version in turn; prints each solve's time, iterations and
-support, checks that all reach the same support and objective with KKT <= 1e-6, and ends with one JSON line.
+its sets, finishes. The working-set probe solve_penalised tries first on a rank-deficient problem (N > p) is off
+in all three versions (solvers.penalised.SPARSE_PROBE_MAX = 0): this bench measures the support-matrix paths
+behind ADMM and its polishes. Each round starts with the next version in turn; prints each
+solve's time, iterations and support, checks that all reach the same support and objective with KKT <= 1e-6, and
+ends with one JSON line.
 
     .venv/bin/python bench/gradient_space.py [--n 20000] [--p 4096] [--gamma 5e-4] [--rounds 3]
     .venv/bin/python bench/gradient_space.py --data near-parallel --n 1500 --gamma-ratio 1e-3 --rounds 1
@@ -28,14 +31,14 @@ import numpy as np
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 sys.path.append(str(Path(__file__).resolve().parent))
 
+import certificate  # noqa: E402
 from synthetic import clustered_gradients, near_parallel_gradients  # noqa: E402
 from timing import timed  # noqa: E402
 
-from solvers.active_set import kkt_from, residual  # noqa: E402
+import solvers.penalised  # noqa: E402
 from solvers.linalg import solve_dense  # noqa: E402
 from solvers.operators import GradientOperator  # noqa: E402
 from solvers.penalised import solve_penalised  # noqa: E402
-from solvers.problem import objective_from_residual  # noqa: E402
 
 
 def plain_sub(op: GradientOperator, A: np.ndarray) -> np.ndarray:
@@ -74,6 +77,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
+    solvers.penalised.SPARSE_PROBE_MAX = 0  # the operator's paths behind ADMM, not the chain's shortcut
     data = clustered_gradients if args.data == "clustered" else near_parallel_gradients
     G, g = data(args.n, args.p, seed=args.seed)
     gamma = args.gamma if args.gamma_ratio is None else args.gamma_ratio * float(np.abs(G @ g).max())
@@ -85,9 +89,7 @@ def main() -> None:
         for name in names[r % len(names):] + names[:r % len(names)]:
             op = versions[name](G, g)  # a fresh operator: the float32 copy of G is made inside the timed solve
             t, (w, info) = timed(solve_penalised, op, gamma)
-            res = residual(op, w)
-            results[name] = (w, info, kkt_from(w, res, gamma),
-                             objective_from_residual(w, res, op.beta, gamma * float(np.abs(w).sum())))
+            results[name] = (w, info, *certificate.penalised(op, gamma, w))
             times[name].append(t)
             print(f"round {r + 1} {name:<8} {t:8.2f} s  {info['strategy']}, {info['iterations']} iterations, "
                   f"{np.count_nonzero(w)} active, KKT {results[name][2]:.1e}, objective {results[name][3]:.9f}",

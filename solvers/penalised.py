@@ -6,8 +6,9 @@ gamma / K_ii), d = beta - K w) straight at gamma (stopped when it cycles or dive
 continuation and orthant-projected Newton; where N > p or in the gradient form, the LARS homotopy on a
 working set of candidates grown by KKT violators goes first. Dense solutions: ADMM with K + rho I
 factored once in float32 (rho in proportion to gamma / max|beta|), polished by an exact solve on the ADMM
-iterate's support and signs once they hold still. Large support systems factor in float32 and are refined
-to float64 accuracy (solvers.linalg).
+iterate's support and signs once they hold still; where K is rank-deficient, a working set of at most
+SPARSE_PROBE_MAX candidates is tried first (a gamma dense by its ratio can have a sparse solution).
+Large support systems factor in float32 and are refined to float64 accuracy (solvers.linalg).
 Rank-deficient K of known rank (N > p), where supports larger than the rank are singular: the LARS-lasso
 homotopy (solvers.homotopy) when affordable, after the working set for sparse solutions of many candidates.
 Other degenerate cases (duplicated candidates): an NNLS polish on the equicorrelation set, then the CVXPY
@@ -53,6 +54,14 @@ def prefers_gram_form(op, gamma: float) -> bool:
     return not hasattr(op, "K") and op.n <= op.G.shape[1] and gamma < DENSE_RATIO * float(np.abs(op.beta).max())
 
 
+#: a gamma dense by DENSE_RATIO can still have a sparse solution (near-parallel gradients: 5 of 5000 candidates
+#: active at 1e-3 max|beta|), where ADMM on a rank-deficient K crawls (60-451 s, bench/sparse_probe.py). There the
+#: working-set homotopy is tried first, from SPARSE_PROBE_START candidates up to SPARSE_PROBE_MAX (0: never; both
+#: read at call time): 4-7 ms where it gives up (clustered N = 1300-5000), 38-42 ms with (128, 256)
+SPARSE_PROBE_START = 32
+SPARSE_PROBE_MAX = 64
+
+
 #: in the gradient form, the Gram-form homotopy on K = G G^T formed once is the fallback up to this N (K: 512 MB)
 GRAM_HOMOTOPY_MAX_N = 8000
 
@@ -85,7 +94,7 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
     start goes first; for sparse solutions (gamma >= dense_ratio * max|beta|) plain PDAS from zero, then PDAS
     with continuation, then the working-set homotopy (which goes first where N > p or in the gradient form);
     dense solutions start with ADMM + polish
-    (N <= admm_max_n). Whatever has not converged goes on to orthant-projected Newton, and coordinate descent
+    (N <= admm_max_n), after a capped working-set homotopy where K is rank-deficient. Whatever has not converged goes on to orthant-projected Newton, and coordinate descent
     is the last resort.
     """
     gmax = float(np.abs(op.beta).max())
@@ -132,6 +141,9 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
                  else [direct, stepped, grown])
     else:
         chain = [("admm_polish", run_admm)]
+        if SPARSE_PROBE_MAX > 0 and deficient(op):
+            chain.insert(0, ("working_set_homotopy", lambda: working_set.working_set_homotopy(
+                op, gamma, scale, deadline, start=SPARSE_PROBE_START, max_size=SPARSE_PROBE_MAX)))
     chain += [(n, f) for n, f in (stepped, ("admm_polish", run_admm))
               if (n != "admm_polish" or can_admm) and n not in {c[0] for c in chain}]
     iters, best = 0, None

@@ -16,7 +16,7 @@ WORKING_SET_MAX = 1024
 
 
 def working_set_homotopy(op, gamma: float, scale: float, deadline: float | None = None, *,
-                         start: int | None = None) -> tuple[np.ndarray, int, bool]:
+                         start: int | None = None, max_size: int | None = None) -> tuple[np.ndarray, int, bool]:
     """The homotopy on a working set W grown by the candidates that violate KKT outside it; (w, steps, converged).
 
     For sparse solutions where PDAS's supports can exceed the rank (N > p), so that plain PDAS stops at once and
@@ -24,11 +24,12 @@ def working_set_homotopy(op, gamma: float, scale: float, deadline: float | None 
     s^2 p to form: LARS on the few candidates of W (one of each duplicate group) is exact, and w is optimal
     once no candidate outside W has |r_i| > gamma. Each round adds the worst violators,
     at most doubling W; past WORKING_SET_MAX candidates it gives up and the chain goes on. start: the size of the
-    first W (WORKING_SET_START when None, read at call time like WORKING_SET_MAX).
+    first W (WORKING_SET_START when None, read at call time like WORKING_SET_MAX); max_size: the largest W
+    (WORKING_SET_MAX when None).
     """
     n = op.n
     start = WORKING_SET_START if start is None else start
-    cap = min(n, WORKING_SET_MAX)
+    cap = min(n, WORKING_SET_MAX if max_size is None else max_size)
     W = np.sort(np.argsort(-np.abs(op.beta), kind="stable")[:min(cap, start)])
     w, steps = np.zeros(n), 0
     while not past_deadline(deadline):

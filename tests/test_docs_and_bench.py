@@ -64,6 +64,15 @@ def test_gradient_form_bench_forms_the_gram_and_agrees_and_ends_with_json():
     assert all(c["gram_formed"] and c["same_support"] and c["kkt"] <= 1e-6 for c in figures["cases"])
 
 
+def test_sparse_probe_bench_agrees_with_the_chain_without_it_and_ends_with_json():
+    figures = bench_json("sparse_probe.py", "--cases", "near:1300x1250", "clustered:1300x1250", "--forms", "gram")
+    assert figures["bench"] == "sparse_probe" and figures["probe_max"] > 0
+    near, clustered = figures["cases"]
+    assert near["strategy_now"] == "working_set_homotopy" and near["strategy_before"] != near["strategy_now"]
+    assert clustered["strategy_now"] == clustered["strategy_before"] == "admm_polish"  # the probe gave up
+    assert near["kkt"] <= 1e-6 and clustered["kkt"] <= 1e-6 and clustered["probe_s"] > 0
+
+
 def test_gradient_space_bench_runs_and_ends_with_json():
     figures = bench_json("gradient_space.py", "--n", "800", "--p", "1000", "--rounds", "3")
     assert figures["bench"] == "gradient_space" and figures["same_support"] and figures["active"] >= 256

@@ -1,0 +1,14 @@
+"""The benches' check of an answer: the penalised problem's KKT violation and objective at w, through the operator."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from solvers.active_set import kkt_from, residual
+from solvers.problem import objective_from_residual
+
+
+def penalised(op, gamma: float, w: np.ndarray) -> tuple[float, float]:
+    """(largest KKT violation, objective 0.5 w'Kw - beta'w + gamma ||w||_1) at w, from one product K w."""
+    r = residual(op, w)
+    return kkt_from(w, r, gamma), objective_from_residual(w, r, op.beta, gamma * float(np.abs(w).sum()))

@@ -8,7 +8,7 @@ product. ADMM's shifted factor is float64 in all three.
 Data: clustered synthetic unit-norm gradients (bench/synthetic.py), the solver bench's case N = 20000, p = 4096,
 gamma = 5e-4 (about 3,300 candidates active) by default; `--data near-parallel` (rows 1 + 0.02 noise, gamma a
 fraction of max|beta|, N = 1500 suggested) is where ADMM does not settle and the NNLS polish, which asks sub() for
-its sets, finishes. The working-set probe solve_penalised tries first on a rank-deficient problem (N > p) is off
+its sets, finishes. The working-set probe solve_penalised tries first on a rank-deficient or large problem is off
 in all three versions (solvers.penalised.SPARSE_PROBE_MAX = 0): this bench measures the support-matrix paths
 behind ADMM and its polishes. Each round starts with the next version in turn; prints each
 solve's time, iterations and support, checks that all reach the same support and objective with KKT <= 1e-6, and

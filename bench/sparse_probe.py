@@ -2,11 +2,11 @@
 
 solve_penalised calls a gamma below 1 % of max|beta| dense and starts with ADMM. On near-parallel gradients (rows
 1 + 0.02 noise, bench/synthetic.py) the solution at 1e-3 max|beta| has 5 active candidates, and where ADMM is costly
-(a rank-deficient K, N > p, in the Gram or the gradient form) it crawls and its polishes fail for thousands of
-steps. Now, there, the working-set homotopy is tried first on at most solvers.penalised.SPARSE_PROBE_MAX candidates;
-"before" sets that to 0 (the chain as it was). Cases `near:NxP` (gamma = 1e-3 max|beta|) show the gain, `clustered:NxP` (gamma = 5e-4,
+(a rank-deficient K, N > p, in the Gram or the gradient form, or N of a few thousand) it crawls and its polishes
+fail for thousands of steps. Now, there, the working-set homotopy is tried first on at most
+solvers.penalised.SPARSE_PROBE_MAX candidates; "before" sets that to 0 (the chain as it was). Cases `near:NxP` (gamma = 1e-3 max|beta|) show the gain, `clustered:NxP` (gamma = 5e-4,
 hundreds to thousands active, where the probe gives up) its cost; each in the Gram form (K = G G^T with rank p) and
-the gradient form. The probe runs where K is rank-deficient: give N > p. Prints time, strategy and KKT of both and
+the gradient form. The probe runs where K is rank-deficient or N >= SPARSE_PROBE_MIN_N: give such a case. Prints time, strategy and KKT of both and
 the probe's own time (the ADMM solves above N = 2000 run on two BLAS threads and vary by 20 % on this host, more
 than the probe costs), checks that both certify (KKT <= 1e-6) with the same objective, and ends with one JSON line.
 
@@ -46,8 +46,9 @@ def data_case(text: str) -> tuple[str, int, int]:
     if kind not in ("near", "clustered"):
         raise argparse.ArgumentTypeError(f"a case is near:NxP or clustered:NxP, got {text!r}")
     n, p = case(size)
-    if n <= p:
-        raise argparse.ArgumentTypeError(f"the probe runs where K is rank-deficient, N > p: got {text!r}")
+    if n <= p and n < solvers.penalised.SPARSE_PROBE_MIN_N:
+        raise argparse.ArgumentTypeError(f"the probe runs where K is rank-deficient (N > p) or N >= "
+                                         f"{solvers.penalised.SPARSE_PROBE_MIN_N}: got {text!r}")
     return kind, n, p
 
 

@@ -6,7 +6,7 @@ gamma / K_ii), d = beta - K w) straight at gamma (stopped when it cycles or dive
 continuation and orthant-projected Newton; where N > p or in the gradient form, the LARS homotopy on a
 working set of candidates grown by KKT violators goes first. Dense solutions: ADMM with K + rho I
 factored once in float32 (rho in proportion to gamma / max|beta|), polished by an exact solve on the ADMM
-iterate's support and signs once they hold still; where K is rank-deficient, a working set of at most
+iterate's support and signs once they hold still; where K is rank-deficient or large, a working set of at most
 SPARSE_PROBE_MAX candidates is tried first (a gamma dense by its ratio can have a sparse solution).
 Large support systems factor in float32 and are refined to float64 accuracy (solvers.linalg).
 Rank-deficient K of known rank (N > p), where supports larger than the rank are singular: the LARS-lasso
@@ -55,11 +55,13 @@ def prefers_gram_form(op, gamma: float) -> bool:
 
 
 #: a gamma dense by DENSE_RATIO can still have a sparse solution (near-parallel gradients: 5 of 5000 candidates
-#: active at 1e-3 max|beta|), where ADMM on a rank-deficient K crawls (60-451 s, bench/sparse_probe.py). There the
-#: working-set homotopy is tried first, from SPARSE_PROBE_START candidates up to SPARSE_PROBE_MAX (0: never; both
-#: read at call time): 4-7 ms where it gives up (clustered N = 1300-5000), 38-42 ms with (128, 256)
+#: active at 1e-3 max|beta|), where ADMM crawls (3.4-451 s, bench/sparse_probe.py). Where K is rank-deficient, or
+#: has at least SPARSE_PROBE_MIN_N candidates, the working-set homotopy is tried first, from SPARSE_PROBE_START
+#: candidates up to SPARSE_PROBE_MAX (0: never; all read at call time): 4-7 ms where it gives up (clustered data,
+#: N = 1000-5000; 38-42 ms with (128, 256)), against a dense solve of 7 ms at N = 1000, 41 ms at 2000, 164 ms at 3000
 SPARSE_PROBE_START = 32
 SPARSE_PROBE_MAX = 64
+SPARSE_PROBE_MIN_N = 2000
 
 
 #: in the gradient form, the Gram-form homotopy on K = G G^T formed once is the fallback up to this N (K: 512 MB)
@@ -94,7 +96,7 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
     start goes first; for sparse solutions (gamma >= dense_ratio * max|beta|) plain PDAS from zero, then PDAS
     with continuation, then the working-set homotopy (which goes first where N > p or in the gradient form);
     dense solutions start with ADMM + polish
-    (N <= admm_max_n), after a capped working-set homotopy where K is rank-deficient. Whatever has not converged goes on to orthant-projected Newton, and coordinate descent
+    (N <= admm_max_n), after a capped working-set homotopy where K is rank-deficient or N >= SPARSE_PROBE_MIN_N. Whatever has not converged goes on to orthant-projected Newton, and coordinate descent
     is the last resort.
     """
     gmax = float(np.abs(op.beta).max())
@@ -141,7 +143,7 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
                  else [direct, stepped, grown])
     else:
         chain = [("admm_polish", run_admm)]
-        if SPARSE_PROBE_MAX > 0 and deficient(op):
+        if SPARSE_PROBE_MAX > 0 and (deficient(op) or op.n >= SPARSE_PROBE_MIN_N):
             chain.insert(0, ("working_set_homotopy", lambda: working_set.working_set_homotopy(
                 op, gamma, scale, deadline, start=SPARSE_PROBE_START, max_size=SPARSE_PROBE_MAX)))
     chain += [(n, f) for n, f in (stepped, ("admm_polish", run_admm))

@@ -765,7 +765,8 @@ def test_gradient_form_with_n_at_most_p_solves_dense_gammas_on_the_gram():
 def test_a_dense_gamma_with_a_sparse_solution_is_certified_by_the_working_set_probe():
     """Near-parallel gradients, N = 3000 > p = 1000 (past the full homotopy's work limit), gamma = 1e-3 max|beta|:
     dense by the ratio, 5 candidates active. The working-set probe certifies at once in both forms, where the chain
-    without it took 451 s in the Gram form and 64 s in the gradient form (bench/sparse_probe.py)."""
+    without it took 451 s in the Gram form and 64 s in the gradient form (bench/sparse_probe.py); on a full-rank K
+    only from N = 2000."""
     from solvers import solve_kmm_gradients
     from solvers.homotopy import affordable
     from solvers.operators import GramOperator
@@ -784,6 +785,16 @@ def test_a_dense_gamma_with_a_sparse_solution_is_certified_by_the_working_set_pr
         assert sol.kkt <= 1e-10 and 0 < np.count_nonzero(sol.w) <= 64
     assert grad.objective == pytest.approx(gram.objective, rel=1e-9, abs=1e-12)
     np.testing.assert_allclose(grad.w, gram.w, rtol=0, atol=1e-8)
+    # a full-rank K of N = 2000 (p = 2200): there too (ADMM took 3.4 s at p = 4096); below 2000 ADMM goes first
+    G = 1.0 + 0.02 * rng.normal(size=(2000, 2200))
+    G /= np.linalg.norm(G, axis=1, keepdims=True)
+    g = G[:5].mean(axis=0)
+    K, beta = G @ G.T, G @ g
+    gamma = 1e-3 * float(np.abs(beta).max())
+    full = solve_kmm(K, beta, gamma=gamma)
+    assert full.info["strategy"] == "working_set_homotopy" and full.kkt <= 1e-10
+    small = solve_kmm(K[:600, :600], beta[:600], gamma=gamma)
+    assert small.info["strategy"] == "admm_polish" and small.kkt <= 1e-10
 
 def test_duplicates_are_solved_once_and_keep_the_weight_on_one_copy():
     from solvers.homotopy import representatives

@@ -4,11 +4,12 @@ solve_penalised calls a gamma below 1 % of max|beta| dense and starts with ADMM.
 1 + 0.02 noise, bench/synthetic.py) the solution at 1e-3 max|beta| has 5 active candidates, and where ADMM is costly
 (a rank-deficient K, N > p, in the Gram or the gradient form, or N of a few thousand) it crawls and its polishes
 fail for thousands of steps. Now, there, the working-set homotopy is tried first on at most
-solvers.penalised.SPARSE_PROBE_MAX candidates; "before" sets that to 0 (the chain as it was). Cases `near:NxP` (gamma = 1e-3 max|beta|) show the gain, `clustered:NxP` (gamma = 5e-4,
-hundreds to thousands active, where the probe gives up) its cost; each in the Gram form (K = G G^T with rank p) and
-the gradient form. The probe runs where K is rank-deficient or N >= SPARSE_PROBE_MIN_N: give such a case. Prints time, strategy and KKT of both and
-the probe's own time (the ADMM solves above N = 2000 run on two BLAS threads and vary by 20 % on this host, more
-than the probe costs), checks that both certify (KKT <= 1e-6) with the same objective, and ends with one JSON line.
+solvers.penalised.SPARSE_PROBE_MAX candidates; "before" sets that to 0 (the chain as it was). Cases `near:NxP`
+(gamma = 1e-3 max|beta|) show the gain, `clustered:NxP` (gamma = 5e-4, hundreds to thousands active, where the
+probe gives up) its cost; each in the Gram form (K = G G^T with rank p) and the gradient form. The probe runs where
+K is rank-deficient or N >= SPARSE_PROBE_MIN_N: give such a case. Prints time, strategy and KKT of both and the
+probe's own time (the ADMM solves above N = 2000 run on two BLAS threads and vary by 20 % on this host, more than
+the probe costs), checks that both certify (KKT <= 1e-6) with the same objective, and ends with one JSON line.
 
     .venv/bin/python bench/sparse_probe.py [--cases near:5000x1024 clustered:5000x1024] [--rounds 1]   # 2-3 min
     .venv/bin/python bench/sparse_probe.py --cases near:3000x1000      # before: 451 s in the Gram form

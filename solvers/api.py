@@ -1,4 +1,4 @@
-"""Public entry points: solve_kmm (from K), solve_kmm_gradients (from G, K formed on active sets), the certified result."""
+"""Public entry points: solve_kmm (from K), solve_kmm_gradients (from G; K formed on active sets), the result."""
 
 from __future__ import annotations
 

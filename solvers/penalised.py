@@ -95,9 +95,9 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
     homotopy for sparse solutions of many candidates. Otherwise a warm
     start goes first; for sparse solutions (gamma >= dense_ratio * max|beta|) plain PDAS from zero, then PDAS
     with continuation, then the working-set homotopy (which goes first where N > p or in the gradient form);
-    dense solutions start with ADMM + polish
-    (N <= admm_max_n), after a capped working-set homotopy where K is rank-deficient or N >= SPARSE_PROBE_MIN_N. Whatever has not converged goes on to orthant-projected Newton, and coordinate descent
-    is the last resort.
+    dense solutions start with ADMM + polish (N <= admm_max_n), after a capped working-set homotopy where K is
+    rank-deficient or N >= SPARSE_PROBE_MIN_N. Whatever has not converged goes on to orthant-projected Newton, and
+    coordinate descent is the last resort.
     """
     gmax = float(np.abs(op.beta).max())
     if gamma >= gmax:

@@ -125,6 +125,10 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
 
     stepped = ("pdas_continuation", lambda: active_set.continuation(op, gamma, factor, max_iter, deadline))
     grown = ("working_set_homotopy", lambda: working_set.working_set_homotopy(op, gamma, scale, deadline))
+    probe = ("working_set_homotopy", lambda: working_set.working_set_homotopy(
+        op, gamma, scale, deadline, start=SPARSE_PROBE_START, max_size=SPARSE_PROBE_MAX))
+    probing = SPARSE_PROBE_MAX > 0 and (deficient(op) or op.n >= SPARSE_PROBE_MIN_N)
+    sparse = gamma >= dense_ratio * gmax
     if affordable(op):
         # PDAS would jump to singular supports larger than the rank and ADMM crawls (bench/rank_deficient.py)
         chain = [("homotopy", lambda: _homotopy(op, gamma, scale))]
@@ -132,7 +136,16 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
             chain.insert(0, grown)
     elif w0 is not None:
         chain = [("warm_pdas", lambda: active_set.pdas(op, gamma, w0, max_iter, deadline=deadline))]
-    elif gamma >= dense_ratio * gmax or not can_admm:
+        if deficient(op) or not hasattr(op, "K"):
+            # what a cold start tries first goes before warm PDAS, which can jump to supports past the rank (a warm
+            # start does not help the homotopy): the budget form's gamma grid on near-parallel gradients, N = 3000 >
+            # p = 1000, spent 48 and 94 s at 0.25 and 0.625 max|beta| with 5 candidates active, warm PDAS and
+            # continuation failing and ADMM finishing; now 0.5 s in all (bench/RESULTS.md)
+            if sparse:
+                chain.insert(0, grown)
+            elif probing:
+                chain.insert(0, probe)
+    elif sparse or not can_admm:
         # sparse solutions on a full-rank Gram: plain PDAS straight at gamma usually lands in a few Newton steps
         # (measured: 0.5 vs 1.5 ms at N = 100), and continuation from gamma_max is fast where it stops. Where N > p
         # (PDAS's first support, every |beta_i| > gamma, can exceed the rank) or in the gradient form (a support
@@ -142,10 +155,7 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
         chain = ([grown, direct, stepped] if deficient(op) or not hasattr(op, "K")
                  else [direct, stepped, grown])
     else:
-        chain = [("admm_polish", run_admm)]
-        if SPARSE_PROBE_MAX > 0 and (deficient(op) or op.n >= SPARSE_PROBE_MIN_N):
-            chain.insert(0, ("working_set_homotopy", lambda: working_set.working_set_homotopy(
-                op, gamma, scale, deadline, start=SPARSE_PROBE_START, max_size=SPARSE_PROBE_MAX)))
+        chain = [probe, ("admm_polish", run_admm)] if probing else [("admm_polish", run_admm)]
     chain += [(n, f) for n, f in (stepped, ("admm_polish", run_admm))
               if (n != "admm_polish" or can_admm) and n not in {c[0] for c in chain}]
     iters, best = 0, None

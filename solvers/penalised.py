@@ -141,10 +141,12 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
             # start does not help the homotopy): the budget form's gamma grid on near-parallel gradients, N = 3000 >
             # p = 1000, spent 48 and 94 s at 0.25 and 0.625 max|beta| with 5 candidates active, warm PDAS and
             # continuation failing and ADMM finishing; now 0.5 s in all (bench/RESULTS.md)
+            # at a dense gamma ADMM (which starts from zero) goes before warm PDAS too: clustered N = 3000 > p = 1000
+            # at 9.8e-4 max|beta| (768 active), warm PDAS from the grid's last 338 ran past 200 s, ADMM cold 1.45 s
             if sparse:
                 chain.insert(0, grown)
-            elif probing:
-                chain.insert(0, probe)
+            else:
+                chain[:0] = ([probe] if probing else []) + ([("admm_polish", run_admm)] if can_admm else [])
     elif sparse or not can_admm:
         # sparse solutions on a full-rank Gram: plain PDAS straight at gamma usually lands in a few Newton steps
         # (measured: 0.5 vs 1.5 ms at N = 100), and continuation from gamma_max is fast where it stops. Where N > p

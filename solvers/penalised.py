@@ -127,8 +127,11 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
     grown = ("working_set_homotopy", lambda: working_set.working_set_homotopy(op, gamma, scale, deadline))
     probe = ("working_set_homotopy", lambda: working_set.working_set_homotopy(
         op, gamma, scale, deadline, start=SPARSE_PROBE_START, max_size=SPARSE_PROBE_MAX))
+    admm_link = ("admm_polish", run_admm)
     probing = SPARSE_PROBE_MAX > 0 and (deficient(op) or op.n >= SPARSE_PROBE_MIN_N)
+    dense_head = ([probe] if probing else []) + ([admm_link] if can_admm else [])  # a cold dense start
     sparse = gamma >= dense_ratio * gmax
+    grown_first = deficient(op) or not hasattr(op, "K")  # supports can outgrow the rank, or cost s^2 p to form
     if affordable(op):
         # PDAS would jump to singular supports larger than the rank and ADMM crawls (bench/rank_deficient.py)
         chain = [("homotopy", lambda: _homotopy(op, gamma, scale))]
@@ -136,17 +139,14 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
             chain.insert(0, grown)
     elif w0 is not None:
         chain = [("warm_pdas", lambda: active_set.pdas(op, gamma, w0, max_iter, deadline=deadline))]
-        if deficient(op) or not hasattr(op, "K"):
+        if grown_first:
             # what a cold start tries first goes before warm PDAS, which can jump to supports past the rank (a warm
             # start does not help the homotopy): the budget form's gamma grid on near-parallel gradients, N = 3000 >
             # p = 1000, spent 48 and 94 s at 0.25 and 0.625 max|beta| with 5 candidates active, warm PDAS and
             # continuation failing and ADMM finishing; now 0.5 s in all (bench/RESULTS.md)
             # at a dense gamma ADMM (which starts from zero) goes before warm PDAS too: clustered N = 3000 > p = 1000
             # at 9.8e-4 max|beta| (768 active), warm PDAS from the grid's last 338 ran past 200 s, ADMM cold 1.45 s
-            if sparse:
-                chain.insert(0, grown)
-            else:
-                chain[:0] = ([probe] if probing else []) + ([("admm_polish", run_admm)] if can_admm else [])
+            chain[:0] = [grown] if sparse else dense_head
     elif sparse or not can_admm:
         # sparse solutions on a full-rank Gram: plain PDAS straight at gamma usually lands in a few Newton steps
         # (measured: 0.5 vs 1.5 ms at N = 100), and continuation from gamma_max is fast where it stops. Where N > p
@@ -154,11 +154,10 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
         # of s candidates costs s^2 p to form), the working-set homotopy goes first: its systems stay small
         # (bench/sparse_chain.py)
         direct = ("pdas_direct", lambda: active_set.pdas_plain(op, gamma, np.zeros(op.n), 15, scale, deadline))
-        chain = ([grown, direct, stepped] if deficient(op) or not hasattr(op, "K")
-                 else [direct, stepped, grown])
+        chain = [grown, direct, stepped] if grown_first else [direct, stepped, grown]
     else:
-        chain = [probe, ("admm_polish", run_admm)] if probing else [("admm_polish", run_admm)]
-    chain += [(n, f) for n, f in (stepped, ("admm_polish", run_admm))
+        chain = dense_head
+    chain += [(n, f) for n, f in (stepped, admm_link)
               if (n != "admm_polish" or can_admm) and n not in {c[0] for c in chain}]
     iters, best = 0, None
     for name, run in chain:

@@ -12,3 +12,9 @@ def penalised(op, gamma: float, w: np.ndarray) -> tuple[float, float]:
     """(largest KKT violation, objective 0.5 w'Kw - beta'w + gamma ||w||_1) at w, from one product K w."""
     r = residual(op, w)
     return kkt_from(w, r, gamma), objective_from_residual(w, r, op.beta, gamma * float(np.abs(w).sum()))
+
+
+def budget(op, multiplier: float, w: np.ndarray) -> tuple[float, float]:
+    """(largest KKT violation of the penalised problem at the budget's multiplier, objective 0.5 w'Kw - beta'w)."""
+    r = residual(op, w)
+    return kkt_from(w, r, multiplier), objective_from_residual(w, r, op.beta, 0.0)

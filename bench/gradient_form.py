@@ -8,8 +8,13 @@ ADMM does not settle on its own). Each round starts with the other version; prin
 of --rounds per case, checks that both reach the same support and objective with KKT <= 1e-6, and ends with one JSON
 line.
 
+With --budgets, each case is solved in the budget form (||w||_1 <= B) at each B instead: now, solve_budget forms K
+when its gamma grid first reaches a dense gamma (info "gram_formed"); before, it kept the gradient form throughout
+(solvers.budget.prefers_gram_form answering False). Both are certified at the budget's multiplier.
+
     .venv/bin/python bench/gradient_form.py [--cases clustered:1000x4096 near:800x1500 ...] [--rounds 3]
     .venv/bin/python bench/gradient_form.py --cases near:1500x4096 --rounds 1     # the gradient form: about 100 s
+    .venv/bin/python bench/gradient_form.py --cases clustered:1000x4096 --budgets 3 6   # before: about 20 s each
 """
 
 from __future__ import annotations
@@ -27,8 +32,9 @@ sys.path.append(str(Path(__file__).resolve().parent))
 
 import certificate  # noqa: E402
 from synthetic import case, clustered_gradients, near_parallel_gradients  # noqa: E402
-from timing import timed  # noqa: E402
+from timing import swapped, timed  # noqa: E402
 
+import solvers.budget  # noqa: E402
 from solvers import solve_kmm_gradients  # noqa: E402
 from solvers.operators import GradientOperator  # noqa: E402
 from solvers.penalised import solve_penalised  # noqa: E402
@@ -61,17 +67,34 @@ def before(G: np.ndarray, g: np.ndarray, gamma: float) -> tuple[np.ndarray, dict
         return solve_penalised(op, gamma)
 
 
+def budget_now(G: np.ndarray, g: np.ndarray, budget: float) -> tuple[np.ndarray, dict]:
+    """The budget form through the public entry point as it runs now."""
+    sol = solve_kmm_gradients(G, g, budget=budget)
+    return sol.w, sol.info
+
+
+def budget_before(G: np.ndarray, g: np.ndarray, budget: float) -> tuple[np.ndarray, dict]:
+    """The budget form with the gradient form kept throughout, as solve_budget ran it before."""
+    with swapped(solvers.budget, "prefers_gram_form", lambda op, gamma: False):
+        return budget_now(G, g, budget)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", type=data_case, nargs="+", default=[data_case(c) for c in DEFAULT_CASES])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--budgets", type=float, nargs="+", default=None,
+                    help="solve the budget form at each of these l1 budgets instead of the penalised form")
     args = ap.parse_args()
+    if args.budgets is not None and min(args.budgets) <= 0:
+        ap.error(f"--budgets must be positive, got {args.budgets}")
 
-    versions = {"now": now, "before": before}
+    form = "penalised" if args.budgets is None else "budget"
+    versions = {"now": now, "before": before} if form == "penalised" else {"now": budget_now, "before": budget_before}
     warm_G, warm_g = near_parallel_gradients(40, 60, seed=1)
     for fn in versions.values():  # import and first-call costs out of the timings
-        fn(warm_G, warm_g, 1e-3 * float(np.abs(warm_G @ warm_g).max()))
+        fn(warm_G, warm_g, 1e-3 * float(np.abs(warm_G @ warm_g).max()) if form == "penalised" else 0.5)
     rows = []
     for kind, n, p in args.cases:
         if kind == "clustered":
@@ -82,31 +105,43 @@ def main() -> None:
             G, g = near_parallel_gradients(n, p, seed=args.seed)
             gamma = 1e-3 * float(np.abs(G @ g).max())
         op = GradientOperator(G, g)  # to certify both answers the same way
-        times: dict[str, list[float]] = {v: [] for v in versions}
-        results = {}
-        for r in range(args.rounds):
-            for name in list(versions)[r % 2:] + list(versions)[:r % 2]:
-                t, (w, info) = timed(versions[name], G, g, gamma)
-                results[name] = (w, info, *certificate.penalised(op, gamma, w))
-                times[name].append(t)
-                print(f"{kind} {n}x{p} round {r + 1} {name:<6} {t:8.3f} s  {info['strategy']}, "
-                      f"{np.count_nonzero(w)} active, KKT {results[name][2]:.1e}", flush=True)
-        (w_now, info_now, kkt_now, obj_now), (w_before, _, kkt_before, obj_before) = results["now"], results["before"]
-        same_support = bool(np.array_equal(np.flatnonzero(w_now), np.flatnonzero(w_before)))
-        if not (max(kkt_now, kkt_before) <= 1e-6 and same_support
-                and abs(obj_now - obj_before) <= 1e-9 * max(1.0, abs(obj_now))):
-            sys.exit(f"bench/gradient_form.py: {kind} {n}x{p}: the versions disagree (same support: {same_support}, "
-                     f"KKT {kkt_now:.1e} / {kkt_before:.1e}, objectives {obj_now!r} / {obj_before!r})")
-        best = {v: min(t) for v, t in times.items()}
-        ratio = best["before"] / best["now"]
-        print(f"{kind} {n}x{p}, gamma = {gamma:g}: now {best['now']:.3f} s (Gram formed: "
-              f"{bool(info_now.get('gram_formed'))}), before {best['before']:.3f} s: {ratio:.2f}x; same support "
-              f"({np.count_nonzero(w_now)} active) and objective", flush=True)
-        rows.append({"data": kind, "N": n, "p": p, "gamma": gamma, "now_s": [round(t, 4) for t in times["now"]],
-                     "before_s": [round(t, 4) for t in times["before"]], "speedup": round(ratio, 2),
-                     "gram_formed": bool(info_now.get("gram_formed")), "active": int(np.count_nonzero(w_now)),
-                     "kkt": max(kkt_now, kkt_before), "same_support": same_support})
-    print(json.dumps({"bench": "gradient_form", "rounds": args.rounds, "cases": rows}))
+        for setting in ([gamma] if form == "penalised" else args.budgets):
+            rows.append(compare(versions, G, g, op, kind, setting, form, args.rounds))
+    print(json.dumps({"bench": "gradient_form", "form": form, "rounds": args.rounds, "cases": rows}))
+
+
+def compare(versions: dict, G: np.ndarray, g: np.ndarray, op, kind: str, setting: float, form: str,
+            rounds: int) -> dict:
+    """Time both versions at one gamma (or budget), check that they agree, print the case; its JSON row."""
+    n, p = G.shape
+    name_of = "gamma" if form == "penalised" else "budget"
+    times: dict[str, list[float]] = {v: [] for v in versions}
+    results = {}
+    for r in range(rounds):
+        for name in list(versions)[r % 2:] + list(versions)[:r % 2]:
+            t, (w, info) = timed(versions[name], G, g, setting)
+            if form == "penalised":
+                results[name] = (w, info, *certificate.penalised(op, setting, w))
+            else:
+                results[name] = (w, info, *certificate.budget(op, info["multiplier"], w))
+            times[name].append(t)
+            print(f"{kind} {n}x{p} round {r + 1} {name:<6} {t:8.3f} s  {info['strategy']}, "
+                  f"{np.count_nonzero(w)} active, KKT {results[name][2]:.1e}", flush=True)
+    (w_now, info_now, kkt_now, obj_now), (w_before, _, kkt_before, obj_before) = results["now"], results["before"]
+    same_support = bool(np.array_equal(np.flatnonzero(w_now), np.flatnonzero(w_before)))
+    if not (max(kkt_now, kkt_before) <= 1e-6 and same_support
+            and abs(obj_now - obj_before) <= 1e-9 * max(1.0, abs(obj_now))):
+        sys.exit(f"bench/gradient_form.py: {kind} {n}x{p}: the versions disagree (same support: {same_support}, "
+                 f"KKT {kkt_now:.1e} / {kkt_before:.1e}, objectives {obj_now!r} / {obj_before!r})")
+    best = {v: min(t) for v, t in times.items()}
+    ratio = best["before"] / best["now"]
+    print(f"{kind} {n}x{p}, {name_of} = {setting:g}: now {best['now']:.3f} s (Gram formed: "
+          f"{bool(info_now.get('gram_formed'))}), before {best['before']:.3f} s: {ratio:.2f}x; same support "
+          f"({np.count_nonzero(w_now)} active) and objective", flush=True)
+    return {"data": kind, "N": n, "p": p, name_of: setting, "now_s": [round(t, 4) for t in times["now"]],
+            "before_s": [round(t, 4) for t in times["before"]], "speedup": round(ratio, 2),
+            "gram_formed": bool(info_now.get("gram_formed")), "active": int(np.count_nonzero(w_now)),
+            "kkt": max(kkt_now, kkt_before), "same_support": same_support}
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ sys.path.append(str(Path(__file__).resolve().parent))
 
 import certificate  # noqa: E402
 from synthetic import case, clustered_gradients, near_parallel_gradients  # noqa: E402
+from timing import swapped  # noqa: E402
 
 import solvers.penalised  # noqa: E402
 from solvers.operators import GradientOperator, GramOperator  # noqa: E402
@@ -55,15 +56,10 @@ def data_case(text: str) -> tuple[str, int, int]:
 
 def solve(op, gamma: float, probe_max: int) -> tuple[float, np.ndarray, dict]:
     """(seconds, w, info) of solve_penalised with SPARSE_PROBE_MAX = probe_max, under solve_kmm's BLAS limit."""
-    kept = solvers.penalised.SPARSE_PROBE_MAX
-    solvers.penalised.SPARSE_PROBE_MAX = probe_max
-    try:
-        with blas_threads(op.n):
-            t0 = time.perf_counter()
-            w, info = solvers.penalised.solve_penalised(op, gamma)
-            return time.perf_counter() - t0, w, info
-    finally:
-        solvers.penalised.SPARSE_PROBE_MAX = kept
+    with swapped(solvers.penalised, "SPARSE_PROBE_MAX", probe_max), blas_threads(op.n):
+        t0 = time.perf_counter()
+        w, info = solvers.penalised.solve_penalised(op, gamma)
+        return time.perf_counter() - t0, w, info
 
 
 def probe_alone(op, gamma: float, probe_max: int) -> float:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 def timed(fn, *args, repeat: int = 1, **kwargs):
@@ -13,3 +15,14 @@ def timed(fn, *args, repeat: int = 1, **kwargs):
         out = fn(*args, **kwargs)
         best = min(best, time.perf_counter() - t0)
     return best, out
+
+
+@contextmanager
+def swapped(module, name: str, value) -> Iterator[None]:
+    """module.name set to value inside the block: a bench's "before", where the solver reads that constant at call time."""
+    kept = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, kept)

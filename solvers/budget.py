@@ -5,8 +5,22 @@ from __future__ import annotations
 import numpy as np
 
 from solvers.active_set import kkt_from, residual
-from solvers.homotopy import affordable, lars, path_at
-from solvers.penalised import solve_penalised
+from solvers.homotopy import affordable, deficient, lars, path_at
+from solvers.penalised import prefers_gram_form, solve_penalised
+from solvers.working_set import working_set_budget
+
+#: the budget form's working set (solvers.working_set.working_set_budget) grows to at most this many candidates
+#: before the gamma grid takes over (0: never tried; read at call time). It is tried where K is rank-deficient
+#: (N > p) or has at least BUDGET_WORKING_SET_MIN_N candidates, where the grid's warm solves are slow:
+#: bench/budget_form.py, see README. Clustered candidates can need twice as many in W as are active to certify
+#: (494 active: over 1024 in W), hence twice the penalised form's cap: at 1024 it gave up on 400-1000 active (0.6-0.86x
+#: where it did). On a full-rank K of N = 1000 the grid's PDAS solves were faster (0.78-0.83x)
+BUDGET_WORKING_SET_MAX = 2048
+BUDGET_WORKING_SET_MIN_N = 2000
+#: ... and gives up where W's path heads for more active candidates than this (solvers.working_set.working_set_budget):
+#: a full-rank K of N = 2000, p = 4096, budget 10 (1593 active) took 21 s on the working set, 5 s on the grid, and
+#: the largest success (900 active, N = 3000 > p = 1000) read 1041 on the way
+BUDGET_WORKING_SET_ACTIVE = 1280
 
 
 def _budget_on_homotopy(op, budget: float, gmax: float) -> tuple[np.ndarray, dict] | None:
@@ -31,27 +45,44 @@ def solve_budget(op, budget: float, *, max_iter: int = 100) -> tuple[np.ndarray,
 
     ||w(gamma)||_1 is non-increasing in gamma and, where the support and signs are constant,
     w(gamma) is affine; read the budget off the homotopy's breakpoints when it is affordable, else
-    bracket it on a gamma grid; then interpolate exactly.
+    bracket it on a gamma grid; then interpolate exactly. In the gradient form with N <= p, K is formed once when
+    the grid first reaches a dense gamma, and the rest of the grid solves the Gram form (info "gram_formed"; as
+    solvers.api does for the penalised form, and for the same reason: bench/gradient_form.py --budget).
     """
     gmax = float(np.abs(op.beta).max())
     if affordable(op):
         found = _budget_on_homotopy(op, budget, gmax)
         if found is not None:
             return found
+    if BUDGET_WORKING_SET_MAX > 0 and (deficient(op) or op.n >= BUDGET_WORKING_SET_MIN_N):
+        w, g, steps, ok = working_set_budget(op, budget, 1e-10 * max(1.0, gmax), max_size=BUDGET_WORKING_SET_MAX,
+                                             max_active=BUDGET_WORKING_SET_ACTIVE)
+        if ok:
+            return w, {"iterations": steps, "gamma": g, "binding": True, "converged": True,
+                       "strategy": "working_set_homotopy"}
+    grid = {"strategy": "gamma_grid"}
+
+    def penalised(g: float, w0: np.ndarray) -> tuple[np.ndarray, dict]:
+        nonlocal op
+        if prefers_gram_form(op, g):
+            op = op.gram()
+            grid["gram_formed"] = True
+        return solve_penalised(op, g, w0=w0, max_iter=max_iter)
+
     hi_g, hi_w = gmax, np.zeros(op.n)
     g, w, iters = gmax, np.zeros(op.n), 0
     lo = None
     floor = gmax * 1e-12
     while g > floor:
         g = max(g * 0.25, floor)
-        w, info = solve_penalised(op, g, w0=w, max_iter=max_iter)
+        w, info = penalised(g, w)
         iters += info["iterations"]
         if np.abs(w).sum() >= budget:
             lo = (g, w)
             break
         hi_g, hi_w = g, w
     if lo is None:  # the budget never binds: the (min-l1) unconstrained optimum
-        return w, {"iterations": iters, "gamma": 0.0, "binding": False, "converged": True}
+        return w, {"iterations": iters, "gamma": 0.0, "binding": False, "converged": True} | grid
     lo_g, lo_w = lo
 
     def pattern(x: np.ndarray) -> bytes:
@@ -64,7 +95,7 @@ def solve_budget(op, budget: float, *, max_iter: int = 100) -> tuple[np.ndarray,
         t = (budget - l_hi) / (l_lo - l_hi) if l_lo > l_hi else 1.0
         if pattern(hi_w) == pattern(lo_w):
             w = hi_w + t * (lo_w - hi_w)
-            return w, {"iterations": iters, "gamma": hi_g + t * (lo_g - hi_g), "binding": True, "converged": True}
+            return w, {"iterations": iters, "gamma": hi_g + t * (lo_g - hi_g), "binding": True, "converged": True} | grid
         g_mid = None
         A = np.flatnonzero(hi_w)
         if A.size:
@@ -78,15 +109,15 @@ def solve_budget(op, budget: float, *, max_iter: int = 100) -> tuple[np.ndarray,
                     w_c = np.zeros(op.n)
                     w_c[A] = x - g_c * y
                     if np.all(np.sign(w_c[A]) == sA) and kkt_from(w_c, residual(op, w_c), g_c) <= scale:
-                        return w_c, {"iterations": iters + it, "gamma": g_c, "binding": True, "converged": True}
+                        return w_c, {"iterations": iters + it, "gamma": g_c, "binding": True, "converged": True} | grid
                     g_mid = g_c
         if g_mid is None or it % 2:  # alternate with bisection so neither end stagnates
             g_mid = 0.5 * (hi_g + lo_g)
-        w_mid, info = solve_penalised(op, g_mid, w0=lo_w, max_iter=max_iter)
+        w_mid, info = penalised(g_mid, lo_w)
         iters += info["iterations"]
         l_mid = np.abs(w_mid).sum()
         if abs(l_mid - budget) <= 1e-13 * max(1.0, budget):
-            return w_mid, {"iterations": iters, "gamma": g_mid, "binding": True, "converged": True}
+            return w_mid, {"iterations": iters, "gamma": g_mid, "binding": True, "converged": True} | grid
         if l_mid < budget:
             hi_g, hi_w = g_mid, w_mid
         else:
@@ -97,4 +128,4 @@ def solve_budget(op, budget: float, *, max_iter: int = 100) -> tuple[np.ndarray,
     l_hi, l_lo = np.abs(hi_w).sum(), np.abs(lo_w).sum()
     t = (budget - l_hi) / (l_lo - l_hi) if l_lo > l_hi else 1.0
     w = hi_w + t * (lo_w - hi_w)
-    return w, {"iterations": iters, "gamma": hi_g + t * (lo_g - hi_g), "binding": True, "converged": True}
+    return w, {"iterations": iters, "gamma": hi_g + t * (lo_g - hi_g), "binding": True, "converged": True} | grid

@@ -1,11 +1,12 @@
-"""The LARS homotopy on a working set of candidates grown by KKT violators: exact, with small systems."""
+"""The LARS homotopy on a working set of candidates grown by KKT violators: exact, with small systems (penalised and
+budget forms)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from solvers.active_set import past_deadline, pdas_plain, residual
-from solvers.homotopy import distinct, expand, lars
+from solvers.homotopy import distinct, expand, lars, path_at
 from solvers.operators import GramOperator
 
 #: the working-set homotopy's first set (the largest |beta|) and its largest set (LARS costs about |W|^3 on it).
@@ -27,29 +28,93 @@ def working_set_homotopy(op, gamma: float, scale: float, deadline: float | None 
     first W (WORKING_SET_START when None, read at call time like WORKING_SET_MAX); max_size: the largest W
     (WORKING_SET_MAX when None).
     """
+    def at_gamma(sub) -> tuple[float, np.ndarray, int, bool]:
+        _, path, k = lars(sub, gamma, return_path=False)
+        return gamma, path[-1], k, True
+
+    w, _, steps, ok = _grown(op, at_gamma, scale, deadline, start, max_size)
+    return w, steps, ok
+
+
+def working_set_budget(op, budget: float, scale: float, *, start: int | None = None, max_size: int | None = None,
+                       max_active: int | None = None) -> tuple[np.ndarray, float, int, bool]:
+    """The budget form (||w||_1 <= budget) on a working set grown like working_set_homotopy's; (w, gamma, steps,
+    converged), gamma the budget's multiplier.
+
+    On W the homotopy's path is followed down to a stopping gamma: where its l1 reaches the budget there, the point
+    and its gamma are exact (w and ||w||_1 are affine between breakpoints), and w is optimal for all candidates once
+    none outside W has |r_i| > gamma. Where it falls short, W grows by the violators at the stopping gamma, or, with
+    none (W's point is then the full path's), the stopping gamma halves; LARS's cost grows with the path's length, so
+    no path is followed much further than the budget needs. It gives up where the budget does not bind on W's whole
+    path and nothing violates at its end (the gamma grid decides that case), past max_size candidates, or where W's
+    path, short of the budget, heads for more than max_active (WORKING_SET_MAX when None) active candidates, read as
+    its active count times budget / l1: LARS's steps cost about |W| times the active count each, so a dense budget
+    costs it more than the grid (bench/budget_form.py; that reading came within 0.88-1.10x of the final count in
+    seven cases of 407-1593 active).
+    """
+    gmax = float(np.abs(op.beta).max())
+    floor = gmax * 1e-12
+    stop = 0.25 * gmax
+    most = WORKING_SET_MAX if max_active is None else max_active
+
+    def at_budget(sub) -> tuple[float, np.ndarray, int, bool] | None:
+        gammas, path, k = lars(sub, stop, return_path=True)
+        l1 = np.abs(path).sum(axis=1)  # non-decreasing along the path
+        if l1[-1] >= budget:
+            g = float(np.interp(budget, l1, gammas))
+            return g, path_at(gammas, path, g)[0], k, True
+        if np.count_nonzero(path[-1]) * budget > most * l1[-1]:
+            return None
+        return float(gammas[-1]), path[-1], k, False
+
+    def deeper() -> bool:
+        nonlocal stop
+        if stop <= floor:
+            return False
+        stop = max(0.5 * stop, floor)
+        return True
+
+    return _grown(op, at_budget, scale, None, start, max_size, deeper)
+
+
+def _grown(op, solve_on, scale: float, deadline: float | None, start: int | None, max_size: int | None,
+           deeper=None) -> tuple[np.ndarray, float, int, bool]:
+    """(w, gamma, steps, converged) on a working set W of the largest |beta| grown by the worst KKT violators outside
+    it until none is left. solve_on(the Gram operator of W) -> (gamma, w on W, steps, final), or None to give up: a
+    point with final False and no violators is not the form's answer yet: deeper() (None: never) moves solve_on on,
+    False if it cannot."""
     n = op.n
     start = WORKING_SET_START if start is None else start
     cap = min(n, WORKING_SET_MAX if max_size is None else max_size)
     W = np.sort(np.argsort(-np.abs(op.beta), kind="stable")[:min(cap, start)])
-    w, steps = np.zeros(n), 0
+    w, steps, gamma, sub = np.zeros(n), 0, float("nan"), None
     while not past_deadline(deadline):
-        # the Gram form of W for both operators (scikit-learn's LARS on the gradients stops early on small
-        # residues), one candidate of each duplicate group (LARS ends at a wrong point on exact ties)
-        sub, keep = distinct(GramOperator(op.sub(W), op.beta[W]))
-        _, path, k = lars(sub, gamma, return_path=False)
+        if sub is None:
+            # the Gram form of W for both operators (scikit-learn's LARS on the gradients stops early on small
+            # residues), one candidate of each duplicate group (LARS ends at a wrong point on exact ties)
+            sub, keep = distinct(GramOperator(op.sub(W), op.beta[W]))
+        found = solve_on(sub)
+        if found is None:
+            break
+        gamma, v, k, final = found
         steps += k
         w = np.zeros(n)
-        w[W] = expand(path[-1], keep, W.size)
+        w[W] = expand(v, keep, W.size)
         r = residual(op, w)
         violates = np.abs(r) > gamma + scale
         violates[W] = False  # only candidates outside W can grow it
         violators = np.flatnonzero(violates)
-        if violators.size == 0:  # w itself when it certifies, else two PDAS steps (round-off in LARS)
+        if violators.size == 0 and final:  # w itself when it certifies, else two PDAS steps (round-off in LARS)
             wp, k, ok = pdas_plain(op, gamma, w, 2, scale, r=r)
-            return wp, steps + k, ok
+            return wp, gamma, steps + k, ok
+        if violators.size == 0:
+            if deeper is None or not deeper():
+                break
+            continue
         room = cap - W.size
         if room <= 0:
             break
         worst = violators[np.argsort(-np.abs(r[violators]), kind="stable")]
         W = np.union1d(W, worst[:min(room, max(W.size, 32))])
-    return w, steps, False
+        sub = None
+    return w, gamma, steps, False

@@ -217,3 +217,18 @@ def test_store_reads_bench_reads_less_for_the_same_results_and_ends_with_json():
 def test_cluster_samples_bench_prints_the_same_text_and_ends_with_json():
     figures = bench_json("cluster_samples.py", "--examples", "500", "--clusters", "20", "--named", "4", "--repeat", "1")
     assert figures["bench"] == "cluster_samples" and figures["same_text"] and figures["named"] == 4
+
+
+def test_budget_form_bench_reads_the_budget_off_the_working_set_and_ends_with_json():
+    figures = bench_json("budget_form.py", "--cases", "near:3000x1000:0.5", "clustered:2000x2100:1", "--forms", "gram")
+    assert figures["bench"] == "budget_form" and figures["working_set_max"] > 0 and len(figures["cases"]) == 2
+    for c in figures["cases"]:  # one rank-deficient K past the full homotopy, one full-rank K of N = 2000
+        assert c["strategy_now"] == "working_set_homotopy" and c["strategy_before"] == "gamma_grid"
+        assert c["kkt"] <= 1e-6 and c["active"] > 0
+
+
+def test_gradient_form_bench_in_the_budget_form_forms_the_gram_at_a_dense_budget():
+    figures = bench_json("gradient_form.py", "--cases", "clustered:200x300", "--budgets", "4", "--rounds", "1")
+    assert figures["bench"] == "gradient_form" and figures["form"] == "budget"
+    (c,) = figures["cases"]
+    assert c["budget"] == 4 and c["gram_formed"] and c["same_support"] and c["kkt"] <= 1e-6

@@ -816,6 +816,83 @@ def test_budget_past_the_homotopy_limit_warm_starts_admm_before_pdas_at_dense_ga
         assert sol.status == "optimal" and sol.kkt <= 1e-9 and np.abs(sol.w).sum() <= 3.87 * (1 + 1e-9)
     assert grad.objective == pytest.approx(gram.objective, rel=1e-9, abs=1e-12)
 
+
+def test_gradient_form_budget_with_n_at_most_p_forms_the_gram_once_the_grid_is_dense():
+    """solve_budget's gamma grid in the gradient form with N <= p forms K = G G^T when it first reaches a dense gamma
+    (as the penalised form does: bench/gradient_form.py --budgets, 21-23 s before at 1000 x 4096), not for a sparse
+    budget; both agree with the Gram form and the reference."""
+    from solvers import solve_kmm_gradients
+
+    G, g = _clustered(200, 300, seed=5)
+    K, beta = G @ G.T, G @ g
+    gmax = float(np.abs(beta).max())
+    for ratio, formed in ((0.003, True), (0.1, False)):
+        budget = float(np.abs(solve_kmm(K, beta, gamma=ratio * gmax).w).sum())
+        grad = solve_kmm_gradients(G, g, budget=budget)
+        assert grad.info["strategy"] == "gamma_grid" and bool(grad.info.get("gram_formed")) is formed
+        assert grad.summary().get("gram_formed", False) is formed
+        assert grad.status == "optimal" and grad.kkt <= 1e-9 and np.abs(grad.w).sum() <= budget * (1 + 1e-9)
+        ref = solve_kmm(K, beta, budget=budget, method="cvxpy")
+        assert grad.objective <= ref.objective + 1e-9 * max(1.0, abs(ref.objective))
+        assert grad.objective == pytest.approx(solve_kmm(K, beta, budget=budget).objective, rel=1e-9, abs=1e-12)
+
+
+def test_budget_past_the_full_homotopy_is_read_off_a_working_set_exactly(monkeypatch):
+    """N > p past the full homotopy's work limit (patched to this size): the budget is read off the homotopy's path on
+    a working set, exactly, in both forms; with the working set off, or capped below what it needs, the gamma grid
+    answers the same."""
+    import solvers.budget as budget_module
+    import solvers.homotopy as homotopy_module
+    from solvers import solve_kmm_gradients
+
+    monkeypatch.setattr(homotopy_module, "HOMOTOPY_MAX_WORK", 0.0)
+    G, g = _clustered(400, 60, seed=6)
+    K, beta = G @ G.T, G @ g
+    gmax = float(np.abs(beta).max())
+    for ratio in (0.05, 0.005):
+        budget = 0.9 * float(np.abs(solve_kmm(K, beta, gamma=ratio * gmax, rank_bound=60).w).sum())
+        sol = solve_kmm(K, beta, budget=budget, rank_bound=60)
+        grad = solve_kmm_gradients(G, g, budget=budget)
+        for s in (sol, grad):
+            assert s.info["strategy"] == "working_set_homotopy" and s.info["binding"]
+            assert s.status == "optimal" and s.kkt <= 1e-9
+            assert np.abs(s.w).sum() == pytest.approx(budget, rel=1e-9)
+        ref = solve_kmm(K, beta, budget=budget, method="cvxpy")
+        assert sol.objective <= ref.objective + 1e-9 * max(1.0, abs(ref.objective))
+        assert grad.objective == pytest.approx(sol.objective, rel=1e-9, abs=1e-12)
+        for cap in (0, 16):  # off; and a W too small to certify, where it gives up
+            monkeypatch.setattr(budget_module, "BUDGET_WORKING_SET_MAX", cap)
+            grid = solve_kmm(K, beta, budget=budget, rank_bound=60)
+            assert grid.info["strategy"] == "gamma_grid" and grid.kkt <= 1e-9
+            assert grid.objective == pytest.approx(sol.objective, rel=1e-9, abs=1e-12)
+        monkeypatch.undo()
+        monkeypatch.setattr(homotopy_module, "HOMOTOPY_MAX_WORK", 0.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31), n=st.integers(2, 14), p=st.integers(1, 6), dup=st.booleans(),
+       budget=st.floats(0.05, 3.0))
+def test_working_set_budget_certifies_every_binding_budget(seed, n, p, dup, budget):
+    """The budget form on a working set from two candidates (duplicates and N > p included): where the budget binds
+    it certifies, spends the budget and matches the independent formulation; where it gives up, the budget does not
+    bind."""
+    from solvers.operators import GramOperator
+    from solvers.working_set import working_set_budget
+
+    K, beta = random_problem(seed, n, p, dup)
+    gmax = float(np.abs(beta).max())
+    w, gamma, _, ok = working_set_budget(GramOperator(K, beta, rank=min(n, p)), budget, 1e-10 * max(1.0, gmax),
+                                         start=2)
+    binding = solve_kmm(K, beta, budget=budget).info["binding"]
+    assert ok == binding
+    if ok:
+        assert np.abs(w).sum() == pytest.approx(budget, rel=1e-9) and 0 < gamma <= gmax
+        prob = make_problem(K, beta, gamma=gamma)
+        assert kkt_violation(prob, w) <= 1e-8 * max(1.0, gmax)
+        ref = make_problem(K, beta, budget=budget)
+        assert ref.objective(w) <= ref.objective(scipy_budget(K, beta, budget)) + 1e-6 * max(1.0, gmax)
+
+
 def test_duplicates_are_solved_once_and_keep_the_weight_on_one_copy():
     from solvers.homotopy import representatives
     from solvers.operators import GradientOperator, GramOperator

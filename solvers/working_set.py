@@ -54,10 +54,11 @@ def working_set_budget(op, budget: float, scale: float, *, start: int | None = N
     """
     gmax = float(np.abs(op.beta).max())
     floor = gmax * 1e-12
-    stop = 0.25 * gmax
+    stop, ended = 0.25 * gmax, False
     most = WORKING_SET_MAX if max_active is None else max_active
 
     def at_budget(sub) -> tuple[float, np.ndarray, int, bool] | None:
+        nonlocal ended
         gammas, path, k = lars(sub, stop, return_path=True)
         l1 = np.abs(path).sum(axis=1)  # non-decreasing along the path
         if l1[-1] >= budget:
@@ -65,11 +66,12 @@ def working_set_budget(op, budget: float, scale: float, *, start: int | None = N
             return g, path_at(gammas, path, g)[0], k, True
         if np.count_nonzero(path[-1]) * budget > most * l1[-1]:
             return None
+        ended = bool(gammas[-1] != stop)  # W's path ended before the stopping gamma (all of W active): no deeper
         return float(gammas[-1]), path[-1], k, False
 
     def deeper() -> bool:
         nonlocal stop
-        if stop <= floor:
+        if stop <= floor or ended:
             return False
         stop = max(0.5 * stop, floor)
         return True

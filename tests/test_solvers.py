@@ -867,6 +867,13 @@ def test_budget_past_the_full_homotopy_is_read_off_a_working_set_exactly(monkeyp
             assert grid.objective == pytest.approx(sol.objective, rel=1e-9, abs=1e-12)
         monkeypatch.undo()
         monkeypatch.setattr(homotopy_module, "HOMOTOPY_MAX_WORK", 0.0)
+    # a priced budget (sum_i c_i |w_i| <= B) runs the same way on the unit-cost problem in v = c * w
+    costs = np.random.default_rng(7).uniform(0.5, 2.0, size=len(beta))
+    priced = solve_kmm(K, beta, budget=1.5, costs=costs, rank_bound=60)
+    assert priced.info["strategy"] == "working_set_homotopy" and priced.kkt <= 1e-9
+    assert (costs * np.abs(priced.w)).sum() == pytest.approx(1.5, rel=1e-9)
+    ref = solve_kmm(K, beta, budget=1.5, costs=costs, method="cvxpy")
+    assert priced.objective <= ref.objective + 1e-9 * max(1.0, abs(ref.objective))
 
 
 @settings(max_examples=40, deadline=None)

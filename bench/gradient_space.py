@@ -8,9 +8,9 @@ product. ADMM's shifted factor is float64 in all three.
 Data: clustered synthetic unit-norm gradients (bench/synthetic.py), the solver bench's case N = 20000, p = 4096,
 gamma = 5e-4 (about 3,300 candidates active) by default; `--data near-parallel` (rows 1 + 0.02 noise, gamma a
 fraction of max|beta|, N = 1500 suggested) is where ADMM does not settle and the NNLS polish, which asks sub() for
-its sets, finishes. The working-set probe solve_penalised tries first on a rank-deficient or large problem is off
-in all three versions (solvers.penalised.SPARSE_PROBE_MAX = 0): this bench measures the support-matrix paths
-behind ADMM and its polishes. Each round starts with the next version in turn; prints each
+its sets, finishes. The working-set shortcuts of solve_penalised's dense chain (the probe before ADMM, the working
+set after ADMM's first steps) are off in all three versions (solvers.penalised.SPARSE_PROBE_MAX = ADMM_FIRST_STEPS
+= 0): this bench measures the support-matrix paths behind ADMM and its polishes. Each round starts with the next version in turn; prints each
 solve's time, iterations and support, checks that all reach the same support and objective with KKT <= 1e-6, and
 ends with one JSON line.
 
@@ -77,7 +77,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
-    solvers.penalised.SPARSE_PROBE_MAX = 0  # the operator's paths behind ADMM, not the chain's shortcut
+    solvers.penalised.SPARSE_PROBE_MAX = 0  # the operator's paths behind ADMM, not the chain's shortcuts
+    solvers.penalised.ADMM_FIRST_STEPS = 0
     data = clustered_gradients if args.data == "clustered" else near_parallel_gradients
     G, g = data(args.n, args.p, seed=args.seed)
     gamma = args.gamma if args.gamma_ratio is None else args.gamma_ratio * float(np.abs(G @ g).max())

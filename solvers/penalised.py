@@ -64,6 +64,13 @@ SPARSE_PROBE_MAX = 64
 SPARSE_PROBE_MIN_N = 2000
 
 
+#: a gamma dense by DENSE_RATIO whose solution has more active candidates than the probe's cap but a few hundred at
+#: most (near-parallel gradients, the target a mix of 30-100 of them): ADMM fails there at all three rho (36, 199
+#: and 20 s at N = 3000 > p = 1000, 312 active) and continuation takes minutes, where the working-set homotopy
+#: certifies in 0.26 s. So ADMM's first rho runs this many steps first (on clustered data it converges in under
+#: 100), then the working set (up to WORKING_SET_MAX), then ADMM in full (0: ADMM in full at once; read at call time)
+ADMM_FIRST_STEPS = 200
+
 #: in the gradient form, the Gram-form homotopy on K = G G^T formed once is the fallback up to this N (K: 512 MB)
 GRAM_HOMOTOPY_MAX_N = 8000
 
@@ -109,13 +116,14 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
     # 6.7 s exact, where the chain stopped at its 120 s cap with KKT 6.6e-3
     can_admm = hasattr(op, "shifted_solver") and (op.n <= admm_max_n or not hasattr(op, "K"))
 
-    def run_admm() -> tuple[np.ndarray, int, bool]:
-        # ADMM's speed depends on rho; degenerate (rank-deficient) problems may need another scale
+    def run_admm(first: int = 0) -> tuple[np.ndarray, int, bool]:
+        # ADMM's speed depends on rho; degenerate (rank-deficient) problems may need another scale. first > 0: only
+        # the first rho, for that many steps
         total, best = 0, np.zeros(op.n)
-        for rho in (admm.admm_rho(gamma, gmax), 3.0, 0.03):
+        for rho in (admm.admm_rho(gamma, gmax),) if first else (admm.admm_rho(gamma, gmax), 3.0, 0.03):
             if past_deadline(deadline):
                 break
-            w, it, ok = admm.admm_polish(op, gamma, np.zeros(op.n), scale, rho=rho, max_iter=1000,
+            w, it, ok = admm.admm_polish(op, gamma, np.zeros(op.n), scale, rho=rho, max_iter=first or 1000,
                                           deadline=deadline)
             total += it
             if ok:
@@ -128,8 +136,9 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
     probe = ("working_set_homotopy", lambda: working_set.working_set_homotopy(
         op, gamma, scale, deadline, start=SPARSE_PROBE_START, max_size=SPARSE_PROBE_MAX))
     admm_link = ("admm_polish", run_admm)
+    admm_first = [("admm_polish", lambda: run_admm(ADMM_FIRST_STEPS)), grown] if ADMM_FIRST_STEPS > 0 else []
     probing = SPARSE_PROBE_MAX > 0 and (deficient(op) or op.n >= SPARSE_PROBE_MIN_N)
-    dense_head = ([probe] if probing else []) + ([admm_link] if can_admm else [])  # a cold dense start
+    dense_head = ([probe] if probing else []) + (admm_first + [admm_link] if can_admm else [])  # a cold dense start
     sparse = gamma >= dense_ratio * gmax
     grown_first = deficient(op) or not hasattr(op, "K")  # supports can outgrow the rank, or cost s^2 p to form
     if affordable(op):

@@ -65,12 +65,15 @@ def test_gradient_form_bench_forms_the_gram_and_agrees_and_ends_with_json():
 
 
 def test_sparse_probe_bench_agrees_with_the_chain_without_it_and_ends_with_json():
-    figures = bench_json("sparse_probe.py", "--cases", "near:1300x1250", "clustered:1300x1250", "--forms", "gram")
-    assert figures["bench"] == "sparse_probe" and figures["probe_max"] > 0
-    near, clustered = figures["cases"]
+    figures = bench_json("sparse_probe.py", "--cases", "near:1300x1250", "clustered:1300x1250", "near60:400x800",
+                         "--forms", "gram", "--max-seconds", "60")
+    assert figures["bench"] == "sparse_probe" and figures["probe_max"] > 0 and figures["admm_first_steps"] > 0
+    near, clustered, mixed = figures["cases"]
     assert near["strategy_now"] == "working_set_homotopy" and near["strategy_before"] != near["strategy_now"]
     assert clustered["strategy_now"] == clustered["strategy_before"] == "admm_polish"  # the probe gave up
-    assert near["kkt"] <= 1e-6 and clustered["kkt"] <= 1e-6 and clustered["probe_s"] > 0
+    # 109 active, past the probe: the working set after ADMM's first steps
+    assert mixed["strategy_now"] == "working_set_homotopy" and mixed["active"] > figures["probe_max"]
+    assert all(c["kkt"] <= 1e-6 and c["before_certified"] for c in figures["cases"]) and clustered["probe_s"] > 0
 
 
 def test_gradient_space_bench_runs_and_ends_with_json():

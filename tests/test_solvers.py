@@ -767,6 +767,7 @@ def test_a_dense_gamma_with_a_sparse_solution_is_certified_by_the_working_set_pr
     dense by the ratio, 5 candidates active. The working-set probe certifies at once in both forms, where the chain
     without it took 451 s in the Gram form and 64 s in the gradient form (bench/sparse_probe.py); on a full-rank K
     only from N = 2000."""
+    import solvers.penalised as penalised_module
     from solvers import solve_kmm_gradients
     from solvers.homotopy import affordable
     from solvers.operators import GramOperator
@@ -796,9 +797,33 @@ def test_a_dense_gamma_with_a_sparse_solution_is_certified_by_the_working_set_pr
     K, beta = G @ G.T, G @ g
     gamma = 1e-3 * float(np.abs(beta).max())
     full = solve_kmm(K, beta, gamma=gamma)
-    assert full.info["strategy"] == "working_set_homotopy" and full.kkt <= 1e-10
+    first = penalised_module.ADMM_FIRST_STEPS
+    assert full.info["strategy"] == "working_set_homotopy" and full.kkt <= 1e-10 and full.info["iterations"] < first
+    # below, ADMM's first steps go first (here they do not settle, and the working set after them certifies)
     small = solve_kmm(K[:600, :600], beta[:600], gamma=gamma)
-    assert small.info["strategy"] == "admm_polish" and small.kkt <= 1e-10
+    assert small.info["iterations"] >= first and small.kkt <= 1e-10
+
+
+
+def test_dense_gamma_with_a_hundred_active_takes_the_working_set_after_admm_first_steps():
+    """Near-parallel gradients, the target a mix of 60 of them, gamma = 1e-3 max|beta| (dense by its ratio): about
+    100 candidates are active, past the probe's cap (which does not run at this N either), and ADMM does not settle
+    (the chain without the shortcut took 3.1 s at N = 1000 and over 120 s at N = 2000 with 100 rows mixed,
+    bench/sparse_probe.py); after ADMM's first ADMM_FIRST_STEPS steps the full working set certifies it."""
+    import solvers.penalised as penalised_module
+
+    rng = np.random.default_rng(41)
+    G = 1.0 + 0.02 * rng.normal(size=(400, 800))
+    G /= np.linalg.norm(G, axis=1, keepdims=True)
+    g = G[:60].mean(axis=0)
+    K, beta = G @ G.T, G @ g
+    gamma = 1e-3 * float(np.abs(beta).max())
+    assert gamma < penalised_module.DENSE_RATIO * float(np.abs(beta).max()) and penalised_module.ADMM_FIRST_STEPS > 0
+    sol = solve_kmm(K, beta, gamma=gamma)
+    assert sol.info["strategy"] == "working_set_homotopy" and sol.info["fallback"] is None
+    assert sol.kkt <= 1e-10 * max(1.0, float(np.abs(beta).max())) and np.count_nonzero(sol.w) > 64
+    ref = solve_kmm(K, beta, gamma=gamma, method="cvxpy")
+    assert sol.objective <= ref.objective + 1e-9 * max(1.0, abs(ref.objective))
 
 
 def test_budget_past_the_homotopy_limit_warm_starts_admm_before_pdas_at_dense_gammas():
@@ -989,6 +1014,7 @@ def test_an_unconverged_solve_returns_the_closest_iterate_any_strategy_reached(m
     import solvers.active_set as AS
     import solvers.admm as admm_module
     import solvers.reference as ref_module
+    import solvers.working_set as WS
     from solvers.operators import GramOperator
     from solvers.penalised import solve_penalised
 
@@ -1007,8 +1033,9 @@ def test_an_unconverged_solve_returns_the_closest_iterate_any_strategy_reached(m
     monkeypatch.setattr(AS, "nnls_polish", lambda op, gamma, w, scale, deadline=None: (w, False))
     monkeypatch.setattr(AS, "coordinate_descent", lambda op, gamma, w, **k: (w, 0))
     monkeypatch.setattr(ref_module, "solve_cvxpy", lambda problem, tolerance: (np.zeros(problem.n), {}))
+    monkeypatch.setattr(WS, "working_set_homotopy", lambda op, *a, **k: (np.zeros(op.n), 0, False))
     w, info = solve_penalised(GramOperator(K, beta), gamma)  # rank unknown: the ADMM chain
-    assert len(calls) == 3 and not info["converged"]
+    assert len(calls) == 4 and not info["converged"]  # ADMM's first steps, then its three rho in full
     assert np.array_equal(w, good)
 
 

@@ -449,9 +449,8 @@ def test_gradient_shifted_solver_takes_float64_where_float32_loses_the_answer(rh
     from solvers.operators import GradientOperator
 
     rng = np.random.default_rng(23)
-    G = 1.0 + 0.02 * rng.normal(size=(600, 800))
-    G /= np.linalg.norm(G, axis=1, keepdims=True)
-    op = GradientOperator(G, G[:3].mean(axis=0))
+    G, g = _near_parallel(rng, 600, 800, 3)
+    op = GradientOperator(G, g)
     b = rng.normal(size=600)
     x = op.shifted_solver(rho)(b)
     assert np.linalg.norm(G @ (G.T @ x) + rho * x - b) <= 1e-8 * np.linalg.norm(b)
@@ -531,6 +530,13 @@ def test_dense_solve_is_scale_free_and_its_admm_rho_follows_gamma():
     assert a.info["strategy"] == b.info["strategy"] == "admm_polish"
     assert a.iterations == b.iterations <= 22  # 18 measured
     assert np.allclose(a.w, b.w, rtol=0, atol=1e-10 * np.abs(a.w).max())
+
+
+def _near_parallel(rng: np.random.Generator, n: int, p: int, mix: int = 5) -> tuple[np.ndarray, np.ndarray]:
+    """Unit rows 1 + 0.02 noise (K has one eigenvalue near n) and a target the mean of the first `mix` of them."""
+    G = 1.0 + 0.02 * rng.normal(size=(n, p))
+    G /= np.linalg.norm(G, axis=1, keepdims=True)
+    return G, G[:mix].mean(axis=0)
 
 
 def _clustered(n: int, p: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -747,9 +753,7 @@ def test_gradient_form_with_n_at_most_p_solves_dense_gammas_on_the_gram():
     from solvers import solve_kmm_gradients
 
     rng = np.random.default_rng(29)
-    G = 1.0 + 0.02 * rng.normal(size=(300, 400))
-    G /= np.linalg.norm(G, axis=1, keepdims=True)
-    g = G[:5].mean(axis=0)
+    G, g = _near_parallel(rng, 300, 400)
     K, beta = G @ G.T, G @ g
     costs = rng.uniform(0.5, 2.0, size=300)
     for gamma, kw, formed in ((1e-3, {}, True), (1e-3, {"costs": costs}, True), (0.3, {}, False)):
@@ -773,9 +777,7 @@ def test_a_dense_gamma_with_a_sparse_solution_is_certified_by_the_working_set_pr
     from solvers.operators import GramOperator
 
     rng = np.random.default_rng(31)
-    G = 1.0 + 0.02 * rng.normal(size=(3000, 1000))
-    G /= np.linalg.norm(G, axis=1, keepdims=True)
-    g = G[:5].mean(axis=0)
+    G, g = _near_parallel(rng, 3000, 1000)
     K, beta = G @ G.T, G @ g
     gamma = 1e-3 * float(np.abs(beta).max())
     assert not affordable(GramOperator(K, beta, rank=1000))
@@ -791,9 +793,7 @@ def test_a_dense_gamma_with_a_sparse_solution_is_certified_by_the_working_set_pr
     for sol in (solve_kmm_gradients(G, g, budget=budget), solve_kmm(K, beta, budget=budget, rank_bound=1000)):
         assert sol.status == "optimal" and sol.kkt <= 1e-9 and np.abs(sol.w).sum() <= budget * (1 + 1e-9)
     # a full-rank K of N = 2000 (p = 2200): there too (ADMM took 3.4 s at p = 4096); below 2000 ADMM goes first
-    G = 1.0 + 0.02 * rng.normal(size=(2000, 2200))
-    G /= np.linalg.norm(G, axis=1, keepdims=True)
-    g = G[:5].mean(axis=0)
+    G, g = _near_parallel(rng, 2000, 2200)
     K, beta = G @ G.T, G @ g
     gamma = 1e-3 * float(np.abs(beta).max())
     full = solve_kmm(K, beta, gamma=gamma)
@@ -813,9 +813,7 @@ def test_dense_gamma_with_a_hundred_active_takes_the_working_set_after_admm_firs
     import solvers.penalised as penalised_module
 
     rng = np.random.default_rng(41)
-    G = 1.0 + 0.02 * rng.normal(size=(400, 800))
-    G /= np.linalg.norm(G, axis=1, keepdims=True)
-    g = G[:60].mean(axis=0)
+    G, g = _near_parallel(rng, 400, 800, 60)
     K, beta = G @ G.T, G @ g
     gamma = 1e-3 * float(np.abs(beta).max())
     assert gamma < penalised_module.DENSE_RATIO * float(np.abs(beta).max()) and penalised_module.ADMM_FIRST_STEPS > 0

@@ -68,8 +68,12 @@ SPARSE_PROBE_MIN_N = 2000
 #: most (near-parallel gradients, the target a mix of 30-100 of them): ADMM fails there at all three rho (36, 199
 #: and 20 s at N = 3000 > p = 1000, 312 active) and continuation takes minutes, where the working-set homotopy
 #: certifies in 0.26 s. So ADMM's first rho runs this many steps first (on clustered data it converges in under
-#: 100), then the working set (up to WORKING_SET_MAX), then ADMM in full (0: ADMM in full at once; read at call time)
+#: 100), then the working set, then ADMM in full (0: ADMM in full at once; read at call time)
 ADMM_FIRST_STEPS = 200
+#: ... that working set grows to twice the usual cap (as the budget form's does): a mix of 300 such rows at
+#: N = 3000 > p = 1000 (781 active) needed more than 1024 in W to certify (4.7 s to give up, then ADMM past 60 s) and
+#: took 11.2 s with 2048; at 2000 x 4096 (653 active) 1.6 s where 1024 gave up after 1.0 s
+ADMM_FIRST_WORKING_SET_MAX = 2048
 
 #: in the gradient form, the Gram-form homotopy on K = G G^T formed once is the fallback up to this N (K: 512 MB)
 GRAM_HOMOTOPY_MAX_N = 8000
@@ -136,7 +140,9 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
     probe = ("working_set_homotopy", lambda: working_set.working_set_homotopy(
         op, gamma, scale, deadline, start=SPARSE_PROBE_START, max_size=SPARSE_PROBE_MAX))
     admm_link = ("admm_polish", run_admm)
-    admm_first = [("admm_polish", lambda: run_admm(ADMM_FIRST_STEPS)), grown] if ADMM_FIRST_STEPS > 0 else []
+    wide = ("working_set_homotopy", lambda: working_set.working_set_homotopy(
+        op, gamma, scale, deadline, max_size=ADMM_FIRST_WORKING_SET_MAX))
+    admm_first = [("admm_polish", lambda: run_admm(ADMM_FIRST_STEPS)), wide] if ADMM_FIRST_STEPS > 0 else []
     probing = SPARSE_PROBE_MAX > 0 and (deficient(op) or op.n >= SPARSE_PROBE_MIN_N)
     dense_head = ([probe] if probing else []) + (admm_first + [admm_link] if can_admm else [])  # a cold dense start
     sparse = gamma >= dense_ratio * gmax

@@ -48,9 +48,10 @@ def deficient(op) -> bool:
     return op.rank_bound < op.n
 
 
-def affordable(op) -> bool:
-    """True for a rank-deficient problem small enough for the homotopy (N * rank^2 <= HOMOTOPY_MAX_WORK)."""
-    return deficient(op) and op.n * float(op.rank_bound) ** 2 <= HOMOTOPY_MAX_WORK
+def affordable(op, work: float | None = None) -> bool:
+    """True for a rank-deficient problem small enough for the homotopy (N * rank^2 <= work, HOMOTOPY_MAX_WORK when
+    None)."""
+    return deficient(op) and op.n * float(op.rank_bound) ** 2 <= (HOMOTOPY_MAX_WORK if work is None else work)
 
 
 #: the most candidate pairs checked exactly; beyond (many near-equal projections), only sorted neighbours are

@@ -24,7 +24,7 @@ import numpy as np
 
 from solvers import active_set, admm, working_set
 from solvers.active_set import kkt_from, past_deadline, residual
-from solvers.homotopy import affordable, deficient, lars
+from solvers.homotopy import affordable, deficient, distinct, expand, lars
 
 #: on a rank-deficient K small enough for the full homotopy, the working set still goes first for sparse solutions
 #: (gamma >= WORKING_SET_FIRST_RATIO * max|beta|) of at least WORKING_SET_FIRST_MIN_N candidates: scikit-learn's
@@ -74,6 +74,10 @@ ADMM_FIRST_STEPS = 200
 #: N = 3000 > p = 1000 (781 active) needed more than 1024 in W to certify (4.7 s to give up, then ADMM past 60 s) and
 #: took 11.2 s with 2048; at 2000 x 4096 (653 active) 1.6 s where 1024 gave up after 1.0 s
 ADMM_FIRST_WORKING_SET_MAX = 2048
+#: ... and where that gives up too on a rank-deficient K of N * rank^2 up to this (past the homotopy's usual limit,
+#: solvers.homotopy.HOMOTOPY_MAX_WORK), the full homotopy goes before ADMM in full: near-parallel N = 3000 > p = 1000
+#: with 973 of the rank's 1000 active took it 6.1 s, exact, where the chain was uncertified past 60 s
+HOMOTOPY_FALLBACK_WORK = 8e9
 
 #: in the gradient form, the Gram-form homotopy on K = G G^T formed once is the fallback up to this N (K: 512 MB)
 GRAM_HOMOTOPY_MAX_N = 8000
@@ -94,6 +98,14 @@ def _homotopy(op, gamma: float, scale: float) -> tuple[np.ndarray, int, bool]:
         wp, k2, ok = active_set.pdas_plain(op, gamma, W[-1], 2, scale)
         steps, k = steps + more, k + k2
     return wp, steps + k, ok
+
+
+def _distinct_homotopy(op, gamma: float, scale: float) -> tuple[np.ndarray, int, bool]:
+    """_homotopy on one candidate of every duplicate group (what the entry points do for an affordable problem), put
+    back on all candidates."""
+    sub, keep = distinct(op)
+    w, k, ok = _homotopy(sub, gamma, scale)
+    return expand(w, keep, op.n), k, ok
 
 
 def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: float = 0.25,
@@ -143,6 +155,8 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
     wide = ("working_set_homotopy", lambda: working_set.working_set_homotopy(
         op, gamma, scale, deadline, max_size=ADMM_FIRST_WORKING_SET_MAX))
     admm_first = [("admm_polish", lambda: run_admm(ADMM_FIRST_STEPS)), wide] if ADMM_FIRST_STEPS > 0 else []
+    if admm_first and not affordable(op) and affordable(op, HOMOTOPY_FALLBACK_WORK):
+        admm_first.append(("homotopy", lambda: _distinct_homotopy(op, gamma, scale)))
     probing = SPARSE_PROBE_MAX > 0 and (deficient(op) or op.n >= SPARSE_PROBE_MIN_N)
     dense_head = ([probe] if probing else []) + (admm_first + [admm_link] if can_admm else [])  # a cold dense start
     sparse = gamma >= dense_ratio * gmax

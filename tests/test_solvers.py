@@ -824,6 +824,32 @@ def test_dense_gamma_with_a_hundred_active_takes_the_working_set_after_admm_firs
     assert sol.objective <= ref.objective + 1e-9 * max(1.0, abs(ref.objective))
 
 
+
+def test_past_the_homotopy_limit_the_full_homotopy_follows_when_admm_and_the_working_set_give_up(monkeypatch):
+    """A rank-deficient K past HOMOTOPY_MAX_WORK (patched to 0 here) but within HOMOTOPY_FALLBACK_WORK, where ADMM's
+    first steps and the working set after them both give up (patched to 1 step and 8 candidates; at N = 3000 > p =
+    1000, 973 of the rank's 1000 active, they did by themselves): the full homotopy, on one candidate of each
+    duplicate group, certifies before ADMM runs in full."""
+    import solvers.homotopy as homotopy_module
+    import solvers.penalised as penalised_module
+
+    monkeypatch.setattr(homotopy_module, "HOMOTOPY_MAX_WORK", 0.0)
+    monkeypatch.setattr(penalised_module, "ADMM_FIRST_STEPS", 1)
+    monkeypatch.setattr(penalised_module, "ADMM_FIRST_WORKING_SET_MAX", 8)
+    G, g = _near_parallel(np.random.default_rng(43), 300, 100, 300)
+    G = np.vstack([G, G[:5]])  # exact copies, which the homotopy must not see twice
+    K, beta = G @ G.T, G @ g
+    gamma = 1e-3 * float(np.abs(beta).max())
+    sol = solve_kmm(K, beta, gamma=gamma, rank_bound=100)
+    assert sol.info["strategy"] == "homotopy" and sol.info["fallback"] is None
+    assert sol.kkt <= 1e-10 * max(1.0, float(np.abs(beta).max())) and np.count_nonzero(sol.w) > 64
+    assert np.count_nonzero(sol.w[:5] * sol.w[300:]) == 0  # never both copies of a pair
+    monkeypatch.undo()  # affordable again: the full homotopy goes first, the same optimum
+    first = solve_kmm(K, beta, gamma=gamma, rank_bound=100)
+    assert first.info["strategy"] == "homotopy"
+    assert sol.objective == pytest.approx(first.objective, rel=1e-9, abs=1e-12)
+
+
 def test_budget_past_the_homotopy_limit_warm_starts_admm_before_pdas_at_dense_gammas():
     """Clustered N = 3000 > p = 1000 (past the full homotopy's work limit), a budget met at 0.7 % of max|beta| (349
     active here): the gamma grid reaches dense gammas, where warm PDAS from the last grid point ran past 200 s (on

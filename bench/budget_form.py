@@ -32,11 +32,12 @@ sys.path.append(str(Path(__file__).resolve().parent))
 
 import certificate  # noqa: E402
 from synthetic import case, clustered_gradients, near_parallel_gradients  # noqa: E402
-from timing import swapped  # noqa: E402
+from timing import interleaved, swapped  # noqa: E402
 
 import solvers.budget  # noqa: E402
 from solvers.operators import GradientOperator, GramOperator  # noqa: E402
 from solvers.threads import blas_threads  # noqa: E402
+from solvers.working_set import working_set_budget  # noqa: E402
 
 DEFAULT_CASES = ["clustered:3000x1000:3.87", "clustered:3000x1000:6", "near:3000x1000:0.5", "clustered:5000x1024:2",
                  "clustered:5000x1024:4", "clustered:2000x4096:4", "clustered:2000x4096:10"]
@@ -74,9 +75,10 @@ def main() -> None:
     args = ap.parse_args()
 
     cap = solvers.budget.BUDGET_WORKING_SET_MAX
-    G0, g0 = near_parallel_gradients(40, 60, seed=1)
+    G0, g0 = near_parallel_gradients(40, 20, seed=1)
     for c in (cap, 0):  # imports and first calls (scikit-learn's LARS) out of the timings
-        solve(GramOperator(G0 @ G0.T, G0 @ g0, rank=40), 0.5, c)
+        solve(GramOperator(G0 @ G0.T, G0 @ g0, rank=20), 0.5, c)
+    working_set_budget(GramOperator(G0 @ G0.T, G0 @ g0, rank=20), 0.5, 1e-10)  # the path "now" takes past the homotopy
     rows = []
     for kind, n, p, budget in args.cases:
         if kind == "near":
@@ -88,13 +90,12 @@ def main() -> None:
             op = GradientOperator(G, g) if form == "gradients" else GramOperator(G @ G.T, G @ g, rank=min(n, p))
             times: dict[str, list[float]] = {"now": [], "before": []}
             out = {}
-            for r in range(args.rounds):
-                for name in ("now", "before")[r % 2:] + ("now", "before")[:r % 2]:
-                    t, w, info = solve(op, budget, cap if name == "now" else 0)
-                    out[name] = (w, info, *certificate.budget(op, info["gamma"], w))
-                    times[name].append(t)
-                    print(f"{kind} {n}x{p} B={budget:g} {form:<9} round {r + 1} {name:<6} {t:8.3f} s  "
-                          f"{info['strategy']}, {np.count_nonzero(w)} active, KKT {out[name][2]:.1e}", flush=True)
+            for r, name in interleaved(args.rounds, times):
+                t, w, info = solve(op, budget, cap if name == "now" else 0)
+                out[name] = (w, info, *certificate.budget(op, info["gamma"], w))
+                times[name].append(t)
+                print(f"{kind} {n}x{p} B={budget:g} {form:<9} round {r + 1} {name:<6} {t:8.3f} s  "
+                      f"{info['strategy']}, {np.count_nonzero(w)} active, KKT {out[name][2]:.1e}", flush=True)
             (w_now, info_now, kkt_now, obj_now), (w_before, info_before, kkt_before, obj_before) = (
                 out["now"], out["before"])
             l1_now, l1_before = float(np.abs(w_now).sum()), float(np.abs(w_before).sum())

@@ -36,7 +36,7 @@ sys.path.append(str(Path(__file__).resolve().parent))
 
 import certificate  # noqa: E402
 from synthetic import case, clustered_gradients, near_parallel_gradients  # noqa: E402
-from timing import swapped  # noqa: E402
+from timing import interleaved, swapped  # noqa: E402
 
 import solvers.penalised  # noqa: E402
 from solvers.operators import GradientOperator, GramOperator  # noqa: E402
@@ -100,13 +100,12 @@ def main() -> None:
             op = GradientOperator(G, g) if form == "gradients" else GramOperator(G @ G.T, G @ g, rank=min(n, p))
             times: dict[str, list[float]] = {"now": [], "before": []}
             out = {}
-            for r in range(args.rounds):
-                for name in ("now", "before")[r % 2:] + ("now", "before")[:r % 2]:
-                    t, w, info = solve(op, gamma, name == "now", args.max_seconds)
-                    out[name] = (w, info, *certificate.penalised(op, gamma, w))
-                    times[name].append(t)
-                    print(f"{kind} {n}x{p} {form:<9} round {r + 1} {name:<6} {t:8.3f} s  {info['strategy']}, "
-                          f"{np.count_nonzero(w)} active, KKT {out[name][2]:.1e}", flush=True)
+            for r, name in interleaved(args.rounds, times):
+                t, w, info = solve(op, gamma, name == "now", args.max_seconds)
+                out[name] = (w, info, *certificate.penalised(op, gamma, w))
+                times[name].append(t)
+                print(f"{kind} {n}x{p} {form:<9} round {r + 1} {name:<6} {t:8.3f} s  {info['strategy']}, "
+                      f"{np.count_nonzero(w)} active, KKT {out[name][2]:.1e}", flush=True)
             kkt_now, kkt_before = out["now"][2], out["before"][2]
             obj_now, obj_before = out["now"][3], out["before"][3]
             # "before" may miss the deadline (then it is reported so, and the ratio is a lower bound); "now" may not

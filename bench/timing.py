@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 
@@ -26,3 +26,12 @@ def swapped(module, name: str, value) -> Iterator[None]:
         yield
     finally:
         setattr(module, name, kept)
+
+
+def interleaved(rounds: int, names: Iterable[str]) -> Iterator[tuple[int, str]]:
+    """(round, name) for every version in every round, each round starting with the next version in turn, so that
+    this host's drift does not favour one."""
+    names = list(names)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            yield r, name

@@ -66,7 +66,9 @@ def working_set_budget(op, budget: float, scale: float, *, start: int | None = N
             return g, path_at(gammas, path, g)[0], k, True
         if np.count_nonzero(path[-1]) * budget > most * l1[-1]:
             return None
-        ended = bool(gammas[-1] != stop)  # W's path ended before the stopping gamma (all of W active): no deeper
+        # W's path went to its end below the stopping gamma (all of W active): no deeper. LARS can also stop a hair
+        # above it (2.410683e-3 for 2.410635e-3 at N = 3000 > p = 1000, 908 in W), where going deeper still helps
+        ended = bool(gammas[-1] < stop)
         return float(gammas[-1]), path[-1], k, False
 
     def deeper() -> bool:

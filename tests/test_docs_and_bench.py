@@ -223,9 +223,12 @@ def test_cluster_samples_bench_prints_the_same_text_and_ends_with_json():
 
 
 def test_budget_form_bench_reads_the_budget_off_the_working_set_and_ends_with_json():
-    figures = bench_json("budget_form.py", "--cases", "near:3000x1000:0.5", "clustered:2000x2100:1", "--forms", "gram")
-    assert figures["bench"] == "budget_form" and figures["working_set_max"] > 0 and len(figures["cases"]) == 2
-    for c in figures["cases"]:  # one rank-deficient K past the full homotopy, one full-rank K of N = 2000
+    figures = bench_json("budget_form.py", "--cases", "near:3000x1000:0.5", "clustered:2000x2100:1",
+                         "clustered:3000x1000:3.87", "--forms", "gram")
+    assert figures["bench"] == "budget_form" and figures["working_set_max"] > 0 and len(figures["cases"]) == 3
+    # rank-deficient K past the full homotopy (the last one goes deeper after LARS stops a hair above its stopping
+    # gamma), and a full-rank K of N = 2000
+    for c in figures["cases"]:
         assert c["strategy_now"] == "working_set_homotopy" and c["strategy_before"] == "gamma_grid"
         assert c["kkt"] <= 1e-6 and c["active"] > 0
 

@@ -850,7 +850,7 @@ def test_past_the_homotopy_limit_the_full_homotopy_follows_when_admm_and_the_wor
     assert sol.objective == pytest.approx(first.objective, rel=1e-9, abs=1e-12)
 
 
-def test_budget_past_the_homotopy_limit_warm_starts_admm_before_pdas_at_dense_gammas():
+def test_budget_past_the_homotopy_limit_warm_starts_admm_before_pdas_at_dense_gammas(monkeypatch):
     """Clustered N = 3000 > p = 1000 (past the full homotopy's work limit), a budget met at 0.7 % of max|beta| (349
     active here): the gamma grid reaches dense gammas, where warm PDAS from the last grid point ran past 200 s (on
     bench/synthetic.py's data the whole solve took 349 s in gradient form, over 250 s in Gram form); ADMM now goes
@@ -864,6 +864,14 @@ def test_budget_past_the_homotopy_limit_warm_starts_admm_before_pdas_at_dense_ga
     for sol in (grad, gram):
         assert sol.status == "optimal" and sol.kkt <= 1e-9 and np.abs(sol.w).sum() <= 3.87 * (1 + 1e-9)
     assert grad.objective == pytest.approx(gram.objective, rel=1e-9, abs=1e-12)
+    # the working set now reads it off before the grid runs (bench/budget_form.py: 2.2-6.2x); the grid, forced,
+    # agrees
+    assert grad.info["strategy"] == gram.info["strategy"] == "working_set_homotopy"
+    import solvers.budget as budget_module
+
+    monkeypatch.setattr(budget_module, "BUDGET_WORKING_SET_MAX", 0)
+    grid = solve_kmm(G @ G.T, beta, budget=3.87, rank_bound=1000)
+    assert grid.info["strategy"] == "gamma_grid" and grid.objective == pytest.approx(gram.objective, rel=1e-9)
 
 
 def test_gradient_form_budget_with_n_at_most_p_forms_the_gram_once_the_grid_is_dense():

@@ -32,7 +32,7 @@ sys.path.append(str(Path(__file__).resolve().parent))
 
 import certificate  # noqa: E402
 from synthetic import case, clustered_gradients, near_parallel_gradients  # noqa: E402
-from timing import interleaved, swapped  # noqa: E402
+from timing import interleaved, swapped, versus  # noqa: E402
 
 import solvers.budget  # noqa: E402
 from solvers.operators import GradientOperator, GramOperator  # noqa: E402
@@ -99,18 +99,15 @@ def main() -> None:
             (w_now, info_now, kkt_now, obj_now), (w_before, info_before, kkt_before, obj_before) = (
                 out["now"], out["before"])
             l1_now, l1_before = float(np.abs(w_now).sum()), float(np.abs(w_before).sum())
-            if not (max(kkt_now, kkt_before) <= 1e-6 and abs(obj_now - obj_before) <= 1e-9 * max(1.0, abs(obj_now))
+            if not (max(kkt_now, kkt_before) <= 1e-6 and certificate.same_objective(obj_now, obj_before)
                     and max(l1_now, l1_before) <= budget * (1 + 1e-9)):
                 sys.exit(f"bench/budget_form.py: {kind} {n}x{p} B={budget:g} {form}: KKT {kkt_now:.1e} / "
                          f"{kkt_before:.1e}, objectives {obj_now!r} / {obj_before!r}, l1 {l1_now!r} / {l1_before!r}")
-            best = {v: min(t) for v, t in times.items()}
-            ratio = best["before"] / best["now"]
+            best, ratio, timed_fields = versus(times)
             print(f"{kind} {n}x{p} B={budget:g} {form}: now {best['now']:.3f} s ({info_now['strategy']}), before "
                   f"{best['before']:.3f} s ({info_before['strategy']}): {ratio:.2f}x; "
                   f"{np.count_nonzero(w_now)} active, the same objective", flush=True)
-            rows.append({"data": kind, "N": n, "p": p, "budget": budget, "form": form,
-                         "now_s": [round(t, 4) for t in times["now"]],
-                         "before_s": [round(t, 4) for t in times["before"]], "speedup": round(ratio, 2),
+            rows.append({"data": kind, "N": n, "p": p, "budget": budget, "form": form} | timed_fields | {
                          "strategy_now": info_now["strategy"], "strategy_before": info_before["strategy"],
                          "active": int(np.count_nonzero(w_now)), "kkt": max(kkt_now, kkt_before)})
     print(json.dumps({"bench": "budget_form", "working_set_max": cap, "rounds": args.rounds, "cases": rows}))

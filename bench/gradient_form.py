@@ -32,7 +32,7 @@ sys.path.append(str(Path(__file__).resolve().parent))
 
 import certificate  # noqa: E402
 from synthetic import case, clustered_gradients, near_parallel_gradients  # noqa: E402
-from timing import interleaved, swapped, timed  # noqa: E402
+from timing import interleaved, swapped, timed, versus  # noqa: E402
 
 import solvers.budget  # noqa: E402
 from solvers import solve_kmm_gradients  # noqa: E402
@@ -128,17 +128,14 @@ def compare(versions: dict, G: np.ndarray, g: np.ndarray, op, kind: str, setting
               f"{np.count_nonzero(w)} active, KKT {results[name][2]:.1e}", flush=True)
     (w_now, info_now, kkt_now, obj_now), (w_before, _, kkt_before, obj_before) = results["now"], results["before"]
     same_support = bool(np.array_equal(np.flatnonzero(w_now), np.flatnonzero(w_before)))
-    if not (max(kkt_now, kkt_before) <= 1e-6 and same_support
-            and abs(obj_now - obj_before) <= 1e-9 * max(1.0, abs(obj_now))):
+    if not (max(kkt_now, kkt_before) <= 1e-6 and same_support and certificate.same_objective(obj_now, obj_before)):
         sys.exit(f"bench/gradient_form.py: {kind} {n}x{p}: the versions disagree (same support: {same_support}, "
                  f"KKT {kkt_now:.1e} / {kkt_before:.1e}, objectives {obj_now!r} / {obj_before!r})")
-    best = {v: min(t) for v, t in times.items()}
-    ratio = best["before"] / best["now"]
+    best, ratio, timed_fields = versus(times)
     print(f"{kind} {n}x{p}, {name_of} = {setting:g}: now {best['now']:.3f} s (Gram formed: "
           f"{bool(info_now.get('gram_formed'))}), before {best['before']:.3f} s: {ratio:.2f}x; same support "
           f"({np.count_nonzero(w_now)} active) and objective", flush=True)
-    return {"data": kind, "N": n, "p": p, name_of: setting, "now_s": [round(t, 4) for t in times["now"]],
-            "before_s": [round(t, 4) for t in times["before"]], "speedup": round(ratio, 2),
+    return {"data": kind, "N": n, "p": p, name_of: setting} | timed_fields | {
             "gram_formed": bool(info_now.get("gram_formed")), "active": int(np.count_nonzero(w_now)),
             "kkt": max(kkt_now, kkt_before), "same_support": same_support}
 

@@ -36,7 +36,7 @@ sys.path.append(str(Path(__file__).resolve().parent))
 
 import certificate  # noqa: E402
 from synthetic import case, clustered_gradients, near_parallel_gradients  # noqa: E402
-from timing import interleaved, swapped  # noqa: E402
+from timing import interleaved, swapped, versus  # noqa: E402
 
 import solvers.penalised  # noqa: E402
 from solvers.operators import GradientOperator, GramOperator  # noqa: E402
@@ -110,12 +110,11 @@ def main() -> None:
             obj_now, obj_before = out["now"][3], out["before"][3]
             # "before" may miss the deadline (then it is reported so, and the ratio is a lower bound); "now" may not
             before_done = bool(out["before"][1]["converged"])
-            agree = not before_done or (kkt_before <= 1e-6 and abs(obj_now - obj_before) <= 1e-9 * max(1.0, abs(obj_now)))
+            agree = not before_done or (kkt_before <= 1e-6 and certificate.same_objective(obj_now, obj_before))
             if not (kkt_now <= 1e-6 and agree):
                 sys.exit(f"bench/sparse_probe.py: {kind} {n}x{p} {form}: KKT {kkt_now:.1e} / {kkt_before:.1e}, "
                          f"objectives {obj_now!r} / {obj_before!r}")
-            best = {v: min(t) for v, t in times.items()}
-            ratio = best["before"] / best["now"]
+            best, ratio, timed_fields = versus(times)
             # the probe by itself: its cost where it gives up, free of the noise of the ADMM solve that follows it
             probe_s = min(probe_alone(op, gamma, probe) for _ in range(max(args.rounds, 3)))
             missed = "" if before_done else f", not certified at the {args.max_seconds:g} s deadline (KKT " \
@@ -123,9 +122,7 @@ def main() -> None:
             print(f"{kind} {n}x{p} {form}: now {best['now']:.3f} s ({out['now'][1]['strategy']}), before "
                   f"{best['before']:.3f} s ({out['before'][1]['strategy']}{missed}): {ratio:.2f}x; the probe alone "
                   f"{1e3 * probe_s:.1f} ms", flush=True)
-            rows.append({"data": kind, "N": n, "p": p, "form": form, "gamma": gamma,
-                         "now_s": [round(t, 4) for t in times["now"]],
-                         "before_s": [round(t, 4) for t in times["before"]], "speedup": round(ratio, 2),
+            rows.append({"data": kind, "N": n, "p": p, "form": form, "gamma": gamma} | timed_fields | {
                          "probe_s": round(probe_s, 4),
                          "strategy_now": out["now"][1]["strategy"], "strategy_before": out["before"][1]["strategy"],
                          "active": int(np.count_nonzero(out["now"][0])), "kkt": kkt_now, "kkt_before": kkt_before,

@@ -35,3 +35,11 @@ def interleaved(rounds: int, names: Iterable[str]) -> Iterator[tuple[int, str]]:
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             yield r, name
+
+
+def versus(times: dict[str, list[float]]) -> tuple[dict[str, float], float, dict]:
+    """(each version's best seconds, before's best over now's, the JSON fields now_s, before_s and speedup)."""
+    best = {v: min(ts) for v, ts in times.items()}
+    ratio = best["before"] / best["now"]
+    return best, ratio, {"now_s": [round(x, 4) for x in times["now"]],
+                         "before_s": [round(x, 4) for x in times["before"]], "speedup": round(ratio, 2)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from solvers.active_set import kkt_from, residual
-from solvers.homotopy import affordable, deficient, lars, path_at
+from solvers.homotopy import affordable, budget_on_path, deficient, lars
 from solvers.penalised import prefers_gram_form, solve_penalised
 from solvers.working_set import working_set_budget
 
@@ -23,18 +23,14 @@ BUDGET_WORKING_SET_MIN_N = 2000
 BUDGET_WORKING_SET_ACTIVE = 1280
 
 
-def _budget_on_homotopy(op, budget: float, gmax: float) -> tuple[np.ndarray, dict] | None:
+def _budget_on_homotopy(op, budget: float, gmax: float, scale: float) -> tuple[np.ndarray, dict] | None:
     """The budget's solution between two breakpoints of the homotopy (w and ||w||_1 are affine there), or
     None when the interpolated point does not certify."""
-    scale = 1e-10 * max(1.0, gmax)
     gammas, W, steps = lars(op, gmax * 1e-12, return_path=True)
-    l1 = np.abs(W).sum(axis=1)  # non-decreasing along the path, affine between breakpoints
-    binding = bool(l1[-1] >= budget)
-    if binding:
-        g = float(np.interp(budget, l1, gammas))
-        w = path_at(gammas, W, g)[0]
-    else:  # the budget never binds: the (min-l1) unconstrained optimum, if the path got there
-        w, g = W[-1], 0.0
+    found = budget_on_path(gammas, W, budget)
+    binding = found is not None
+    # where the budget never binds: the (min-l1) unconstrained optimum, if the path got there
+    g, w = found if binding else (0.0, W[-1])
     if kkt_from(w, residual(op, w), g) > scale:
         return None
     return w, {"iterations": steps, "gamma": g, "binding": binding, "converged": True, "strategy": "homotopy"}
@@ -50,17 +46,21 @@ def solve_budget(op, budget: float, *, max_iter: int = 100) -> tuple[np.ndarray,
     solvers.api does for the penalised form, and for the same reason: bench/gradient_form.py --budget).
     """
     gmax = float(np.abs(op.beta).max())
+    scale = 1e-10 * max(1.0, gmax)
     if affordable(op):
-        found = _budget_on_homotopy(op, budget, gmax)
+        found = _budget_on_homotopy(op, budget, gmax, scale)
         if found is not None:
             return found
     if BUDGET_WORKING_SET_MAX > 0 and (deficient(op) or op.n >= BUDGET_WORKING_SET_MIN_N):
-        w, g, steps, ok = working_set_budget(op, budget, 1e-10 * max(1.0, gmax), max_size=BUDGET_WORKING_SET_MAX,
+        w, g, steps, ok = working_set_budget(op, budget, scale, max_size=BUDGET_WORKING_SET_MAX,
                                              max_active=BUDGET_WORKING_SET_ACTIVE)
         if ok:
             return w, {"iterations": steps, "gamma": g, "binding": True, "converged": True,
                        "strategy": "working_set_homotopy"}
     grid = {"strategy": "gamma_grid"}
+
+    def answer(w: np.ndarray, iters: int, g: float, binding: bool = True) -> tuple[np.ndarray, dict]:
+        return w, {"iterations": iters, "gamma": g, "binding": binding, "converged": True} | grid
 
     def penalised(g: float, w0: np.ndarray) -> tuple[np.ndarray, dict]:
         nonlocal op
@@ -82,20 +82,19 @@ def solve_budget(op, budget: float, *, max_iter: int = 100) -> tuple[np.ndarray,
             break
         hi_g, hi_w = g, w
     if lo is None:  # the budget never binds: the (min-l1) unconstrained optimum
-        return w, {"iterations": iters, "gamma": 0.0, "binding": False, "converged": True} | grid
+        return answer(w, iters, 0.0, binding=False)
     lo_g, lo_w = lo
 
     def pattern(x: np.ndarray) -> bytes:
         A = np.flatnonzero(x)
         return A.tobytes() + np.sign(x[A]).tobytes()
 
-    scale = 1e-10 * max(1.0, gmax)
     for it in range(200):
         l_hi, l_lo = np.abs(hi_w).sum(), np.abs(lo_w).sum()
         t = (budget - l_hi) / (l_lo - l_hi) if l_lo > l_hi else 1.0
         if pattern(hi_w) == pattern(lo_w):
             w = hi_w + t * (lo_w - hi_w)
-            return w, {"iterations": iters, "gamma": hi_g + t * (lo_g - hi_g), "binding": True, "converged": True} | grid
+            return answer(w, iters, hi_g + t * (lo_g - hi_g))
         g_mid = None
         A = np.flatnonzero(hi_w)
         if A.size:
@@ -109,7 +108,7 @@ def solve_budget(op, budget: float, *, max_iter: int = 100) -> tuple[np.ndarray,
                     w_c = np.zeros(op.n)
                     w_c[A] = x - g_c * y
                     if np.all(np.sign(w_c[A]) == sA) and kkt_from(w_c, residual(op, w_c), g_c) <= scale:
-                        return w_c, {"iterations": iters + it, "gamma": g_c, "binding": True, "converged": True} | grid
+                        return answer(w_c, iters + it, g_c)
                     g_mid = g_c
         if g_mid is None or it % 2:  # alternate with bisection so neither end stagnates
             g_mid = 0.5 * (hi_g + lo_g)
@@ -117,7 +116,7 @@ def solve_budget(op, budget: float, *, max_iter: int = 100) -> tuple[np.ndarray,
         iters += info["iterations"]
         l_mid = np.abs(w_mid).sum()
         if abs(l_mid - budget) <= 1e-13 * max(1.0, budget):
-            return w_mid, {"iterations": iters, "gamma": g_mid, "binding": True, "converged": True} | grid
+            return answer(w_mid, iters, g_mid)
         if l_mid < budget:
             hi_g, hi_w = g_mid, w_mid
         else:
@@ -128,4 +127,4 @@ def solve_budget(op, budget: float, *, max_iter: int = 100) -> tuple[np.ndarray,
     l_hi, l_lo = np.abs(hi_w).sum(), np.abs(lo_w).sum()
     t = (budget - l_hi) / (l_lo - l_hi) if l_lo > l_hi else 1.0
     w = hi_w + t * (lo_w - hi_w)
-    return w, {"iterations": iters, "gamma": hi_g + t * (lo_g - hi_g), "binding": True, "converged": True} | grid
+    return answer(w, iters, hi_g + t * (lo_g - hi_g))

@@ -141,6 +141,16 @@ def lars(op, gamma_min: float, *, return_path: bool) -> tuple[np.ndarray, np.nda
     return gammas, W, int(steps)
 
 
+def budget_on_path(breakpoints: np.ndarray, W: np.ndarray, budget: float) -> tuple[float, np.ndarray] | None:
+    """(gamma, w) where the path's l1 (non-decreasing, affine between breakpoints like w) reaches the budget, or None
+    when it stays below it to the path's last row."""
+    l1 = np.abs(W).sum(axis=1)
+    if l1[-1] < budget:
+        return None
+    g = float(np.interp(budget, l1, breakpoints))
+    return g, path_at(breakpoints, W, g)[0]
+
+
 def path_at(breakpoints: np.ndarray, W: np.ndarray, gammas: np.ndarray) -> np.ndarray:
     """Row t: the homotopy path (rows W at decreasing breakpoints, affine between them) at gammas[t]; W[0]
     above the first breakpoint, W[-1] below the last."""

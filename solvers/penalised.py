@@ -147,13 +147,14 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
             best = _closer(op, gamma, best, w)  # an unfinished run's iterate, not a later run's zero start
         return best, total, False
 
+    def working(**sizes) -> tuple[str, object]:
+        return "working_set_homotopy", lambda: working_set.working_set_homotopy(op, gamma, scale, deadline, **sizes)
+
     stepped = ("pdas_continuation", lambda: active_set.continuation(op, gamma, factor, max_iter, deadline))
-    grown = ("working_set_homotopy", lambda: working_set.working_set_homotopy(op, gamma, scale, deadline))
-    probe = ("working_set_homotopy", lambda: working_set.working_set_homotopy(
-        op, gamma, scale, deadline, start=SPARSE_PROBE_START, max_size=SPARSE_PROBE_MAX))
+    grown = working()
+    probe = working(start=SPARSE_PROBE_START, max_size=SPARSE_PROBE_MAX)
     admm_link = ("admm_polish", run_admm)
-    wide = ("working_set_homotopy", lambda: working_set.working_set_homotopy(
-        op, gamma, scale, deadline, max_size=ADMM_FIRST_WORKING_SET_MAX))
+    wide = working(max_size=ADMM_FIRST_WORKING_SET_MAX)
     admm_first = [("admm_polish", lambda: run_admm(ADMM_FIRST_STEPS)), wide] if ADMM_FIRST_STEPS > 0 else []
     if admm_first and not affordable(op) and affordable(op, HOMOTOPY_FALLBACK_WORK):
         admm_first.append(("homotopy", lambda: _distinct_homotopy(op, gamma, scale)))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from solvers.active_set import past_deadline, pdas_plain, residual
-from solvers.homotopy import distinct, expand, lars, path_at
+from solvers.homotopy import budget_on_path, distinct, expand, lars
 from solvers.operators import GramOperator
 
 #: the working-set homotopy's first set (the largest |beta|) and its largest set (LARS costs about |W|^3 on it).
@@ -60,11 +60,10 @@ def working_set_budget(op, budget: float, scale: float, *, start: int | None = N
     def at_budget(sub) -> tuple[float, np.ndarray, int, bool] | None:
         nonlocal ended
         gammas, path, k = lars(sub, stop, return_path=True)
-        l1 = np.abs(path).sum(axis=1)  # non-decreasing along the path
-        if l1[-1] >= budget:
-            g = float(np.interp(budget, l1, gammas))
-            return g, path_at(gammas, path, g)[0], k, True
-        if np.count_nonzero(path[-1]) * budget > most * l1[-1]:
+        found = budget_on_path(gammas, path, budget)
+        if found is not None:
+            return *found, k, True
+        if np.count_nonzero(path[-1]) * budget > most * np.abs(path[-1]).sum():
             return None
         # W's path went to its end below the stopping gamma (all of W active): no deeper. LARS can also stop a hair
         # above it (2.410683e-3 for 2.410635e-3 at N = 3000 > p = 1000, 908 in W), where going deeper still helps

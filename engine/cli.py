@@ -26,6 +26,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--budget", type=float, help="budget form ||w||_1 <= BUDGET")
     s.add_argument("--method", choices=["auto", "active_set", "cvxpy", "cvxpy_paper"])
     s.add_argument("--normalize", choices=["none", "cosine"])
+    s.add_argument("--tol", type=float, help="stop the penalised form at this KKT violation (as solver.tol; "
+                   "default: the run's own)")
     t = sub.add_parser("status", help="say whether a run folder is complete, failed, running or interrupted, and "
                                       "what it holds (exit 0 complete, 1 failed or interrupted, 3 running)")
     t.add_argument("run_dir")
@@ -100,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             from engine.pipeline import resolve
 
             summary = resolve(Path(args.run_dir), gamma=args.gamma, budget=args.budget, method=args.method,
-                              normalize=args.normalize)
+                              normalize=args.normalize, tol=args.tol)
             print("\n".join(summary["ranking"]))
             sol = summary["solver"]
             print(f"\nselected: {', '.join(summary['selected']) or 'none'}; solver {sol['method']} "

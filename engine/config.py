@@ -278,6 +278,10 @@ class SolverConfig:
         None, "Prices per candidate, a JSON object {group: price} or a Parquet file (group, cost): the l1 term "
         "becomes sum_i c_i |w_i| (with `budget`: the marketplace's cost-weighted budget). Every candidate needs "
         "exactly one price > 0; a group priced twice is an error.")
+    tol: float | None = opt(
+        None, "With `gamma`: the KKT violation (relative to max(1, max|beta|)) at which convalue's solver may stop "
+        "instead of polishing to round-off, in (0, 0.001]; dense solutions then finish ADMM (about 1.3x faster at "
+        "1000 candidates, 779 active). null: exact. Not with `budget` or the CVXPY methods.")
 
     def validate(self) -> None:
         if self.space == "gradients" and self.method.startswith("cvxpy"):
@@ -292,6 +296,15 @@ class SolverConfig:
             raise ConfigError("must be a finite number >= 0", field="gamma", value=self.gamma)
         if self.budget is not None and (not math.isfinite(self.budget) or self.budget <= 0):
             raise ConfigError("must be a finite number > 0", field="budget", value=self.budget)
+        if self.tol is not None:
+            if isinstance(self.tol, bool) or not math.isfinite(self.tol) or not 0 < self.tol <= 1e-3:
+                raise ConfigError("must be a number in (0, 0.001]", field="tol", value=self.tol)
+            if self.budget is not None:
+                raise ConfigError("applies to the penalised form (`gamma`) only: the budget form is solved exactly",
+                                  field="tol", value=self.tol)
+            if self.method.startswith("cvxpy"):
+                raise ConfigError(f"applies to convalue's solver, not to method {self.method!r}", field="tol",
+                                  value=self.tol)
 
 
 @dataclass(kw_only=True)

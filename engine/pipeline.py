@@ -474,7 +474,8 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> dict:
             # K = Gm Gm^T has rank <= p: the bound lets validation compute the rank beyond N = 8000 (or stands in for
             # it), and the solver needs the rank when N > p (bench/rank_deficient.py)
             settings = {"gamma": cfg.solver.gamma, "budget": cfg.solver.budget, "method": cfg.solver.method,
-                        "normalize": cfg.solver.normalize, "costs": costs, "rank_bound": int(Gm.shape[1])}
+                        "normalize": cfg.solver.normalize, "costs": costs, "rank_bound": int(Gm.shape[1]),
+                        "tol": cfg.solver.tol}
             with timer.stage("solve"):
                 solver = SolverActor.remote()
                 try:
@@ -672,17 +673,18 @@ def _saved_scores(run_dir: Path, order: list[str]) -> dict[str, dict]:
 
 
 def resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method: str | None,
-            normalize: str | None) -> dict:
+            normalize: str | None, tol: float | None = None) -> dict:
     """Re-solve a saved run (no gradients recomputed) from gram.npy/beta.npy, or from its stored vectors when
-    it was solved in gradient space; rewrites its scores. Everything is read and checked before anything is written."""
+    it was solved in gradient space; rewrites its scores. Everything is read and checked before anything is written.
+    tol: as `solver.tol`; None keeps the run's own where the form stays penalised with convalue's solver."""
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir}: not a finished run folder (no such folder)")
     with _locked(run_dir):
-        return _resolve(run_dir, gamma=gamma, budget=budget, method=method, normalize=normalize)
+        return _resolve(run_dir, gamma=gamma, budget=budget, method=method, normalize=normalize, tol=tol)
 
 
 def _resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method: str | None,
-             normalize: str | None) -> dict:
+             normalize: str | None, tol: float | None = None) -> dict:
     summary = _saved_summary(run_dir)
     names = summary["order"]  # the row order of gram.npy and beta.npy
     space = summary.get("space", "gram")
@@ -692,6 +694,8 @@ def _resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method
     if gamma is None and budget is None:
         gamma, budget = old.get("gamma"), old.get("budget")
     normalize = normalize or old.get("normalize", "none")
+    if tol is None and gamma is not None and method in (None, "auto", "active_set"):
+        tol = old.get("tol")  # the run's own stopping tolerance, where it still applies
     if space != "gram" and method not in (None, "auto", "active_set"):
         raise ConfigError(f"{run_dir} was solved in gradient space (no gram.npy); this method needs the Gram",
                           field="method", value=method)
@@ -704,7 +708,7 @@ def _resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method
                          f"{len(names)} groups")
     prev = _saved_scores(run_dir, names)
     settings = {"gamma": gamma, "budget": budget, "costs": costs, "method": method or "auto", "normalize": normalize,
-                "rank_bound": old.get("rank_bound")}
+                "rank_bound": old.get("rank_bound"), "tol": tol}
     try:
         if space == "gram":
             sol = solve_gram(arrays["gram.npy"], beta, settings)
@@ -725,7 +729,8 @@ def _resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method
     # stopped midway reads back as "resolving" (a rerun of `convalue solve` finishes it)
     status = summary["resolving"]["status"] if summary.get("status") == "resolving" else summary.get("status")
     write_json(summary | {"status": "resolving", "resolving": {
-        "status": status, "gamma": gamma, "budget": budget, "method": method or "auto", "normalize": normalize}},
+        "status": status, "gamma": gamma, "budget": budget, "method": method or "auto", "normalize": normalize}
+        | ({"tol": tol} if tol is not None else {})},
         run_dir / "summary.json")
     plot_scores(table, run_dir / "scores.png")  # first, as in a run: a failed figure leaves the scores as they were
     write_parquet(table, run_dir / "scores.parquet")

@@ -4,7 +4,26 @@ from __future__ import annotations
 
 import numpy as np
 
-from solvers.active_set import nnls_polish, past_deadline, pdas_plain
+from solvers.active_set import kkt_from, nnls_polish, past_deadline, pdas_plain, residual
+from solvers.anderson import Anderson
+
+#: with a stopping KKT (admm_polish's stop_at), ADMM goes on past the support's settling, Anderson-accelerated,
+#: instead of polishing, where the polish's factorisation would cost more: on a Gram operator whose support s has
+#: s^3 > EARLY_STOP_CUBE_RATIO * N^2 (spotrf(s) against about ten triangular-solve pairs of N; tuned on clustered
+#: N = 500-2000 against the polish: 1.2-1.7x above it, 0.99-1.04x near it) ...
+EARLY_STOP_CUBE_RATIO = 150.0
+#: ... and N at least this, below which each step's Python overhead (about 50 us) outweighs the polish it saves
+#: (bench/early_stop.py, clustered, three gammas: N = 300 0.80-0.94x, 400 1.10-1.28x, 700 1.19-1.76x)
+EARLY_STOP_MIN_N = 400
+#: each check costs a float64 product K z, so it runs where the fixed-point residual, in the KKT's units, is below
+#: the tolerance, and at least every this many steps
+EARLY_STOP_CHECK_EVERY = 8
+#: ADMM gives up (polishes) where the KKT violation fell by less than this factor over that many steps (float32's
+#: floor; Anderson's steps on clustered data cut it by 1e2-1e3 there)
+EARLY_STOP_STALL = 0.1
+#: no early stop below this relative tolerance: ADMM's float32 iterate stalls above it (its floor: KKT 1.4e-7 and
+#: 2.2e-7 at N = 1000, gamma = 1e-4 and 5e-4), and the stall cost 1.3-1.8x the exact solve before the polish
+EARLY_STOP_MIN_TOL = 3e-7
 
 
 def admm_rho(gamma: float, gmax: float) -> float:
@@ -18,31 +37,62 @@ def admm_rho(gamma: float, gmax: float) -> float:
 
 
 def admm_polish(op, gamma: float, w0: np.ndarray, scale: float, *, rho: float = 0.3, alpha: float = 1.6,
-                max_iter: int = 2000, settle: int = 3,
-                deadline: float | None = None) -> tuple[np.ndarray, int, bool]:
-    """ADMM on w = z (K + rho I factored once), polished every few iterations by an exact support solve.
+                max_iter: int = 2000, settle: int = 3, deadline: float | None = None,
+                stop_at: float | None = None) -> tuple[np.ndarray, int, bool, bool]:
+    """ADMM on w = z (K + rho I factored once), polished every few iterations by an exact support solve; (w,
+    iterations, converged, whether ADMM's own iterate met stop_at).
 
     The OSQP strategy specialised to a dense PSD K: the ADMM iterate identifies the support and
     signs, and the polish (the support solve on them, then PDAS) makes the answer exact once they are right.
     The polish runs once they have held for `settle` iterations (bench/admm_rho.py: 3 beats 1 and 2, whose
     failed early polishes cost a factorisation each), or on a geometric schedule.
+
+    stop_at: a KKT violation at which the iterate itself is returned. Where the support's factorisation would cost
+    more (EARLY_STOP_CUBE_RATIO, EARLY_STOP_MIN_N; the Gram form only), ADMM then goes on with Anderson acceleration once the signs hold, checking the
+    KKT conditions in float64 when its fixed-point residual says they can hold, and polishes only if it stalls
+    (float32's floor) first.
     """
     n = op.n
     rho = rho * float(np.mean(op.diag))
-    solve = op.shifted_solver(rho)
+    early = stop_at is not None and hasattr(op, "K") and n >= EARLY_STOP_MIN_N
+    solve = op.shifted_solver(rho, keep_copy=False) if early else op.shifted_solver(rho)
     z = np.asarray(w0, dtype=np.float64).copy()
     u = np.zeros(n)  # scaled dual variable
+    feed = z  # the z the next step reads: z itself, or Anderson's extrapolation
     it, next_polish, stable, pattern = 0, 25, 0, b""
+    accel, last_kkt, polish_now = Anderson(2 * n) if early else None, np.inf, False
+    mean_diag, checked, since = float(np.mean(op.diag)), 0, 0  # since: the start of the stall window
     while it < max_iter and not past_deadline(deadline):
-        w = solve(op.beta + rho * (z - u))
-        x = alpha * w + (1 - alpha) * z + u
+        w = solve(op.beta + rho * (feed - u))
+        x = alpha * w + (1 - alpha) * feed + u
+        state = np.concatenate([feed, u]) if early else None
         z_old = z
-        z = np.sign(x) * np.maximum(np.abs(x) - gamma / rho, 0.0)
-        u = x - z
+        u = np.clip(x, -gamma / rho, gamma / rho)  # soft-thresholding x at gamma / rho leaves z = x - u
+        z = x - u
+        feed = z
         it += 1
         signs = np.sign(z).astype(np.int8).tobytes()
         stable = stable + 1 if signs == pattern else 0
         pattern = signs
+        # past the support's settling, and where the polish would cost more (else it runs as without stop_at)
+        if early and stable >= 2 and float(np.count_nonzero(z)) ** 3 > EARLY_STOP_CUBE_RATIO * n * n:
+            # the fixed-point residual in the KKT's units (K z, rho u) says when a float64 check can pass
+            moved = max(mean_diag * float(np.abs(z - state[:n]).max()), rho * float(np.abs(u - state[n:]).max()))
+            if (moved <= stop_at and it - checked >= 2) or it - checked >= EARLY_STOP_CHECK_EVERY:
+                kkt = kkt_from(z, residual(op, z), gamma)
+                if kkt <= stop_at:
+                    return z, it, True, True
+                checked = it
+                if it - since >= EARLY_STOP_CHECK_EVERY:  # progress over the last window
+                    early = kkt <= EARLY_STOP_STALL * last_kkt
+                    polish_now, last_kkt, since = not early, kkt, it
+            if early:
+                v = accel.push(state, np.concatenate([z, u]))
+                feed, u = v[:n], v[n:]
+                continue
+        elif early:
+            accel.reset()
+            last_kkt, checked, since = np.inf, it, it
         if it % 50 == 0:
             # residual balancing (as OSQP adapts rho): keep primal and dual residuals comparable
             primal = float(np.linalg.norm(w - z))
@@ -53,19 +103,20 @@ def admm_polish(op, gamma: float, w0: np.ndarray, scale: float, *, rho: float = 
                 u /= factor
                 solve = op.shifted_solver(rho)
         # polish once the support and signs have held for a few iterations, or on a geometric schedule
-        if it == next_polish or (stable == settle and it >= 5):
+        if polish_now or it == next_polish or (stable == settle and it >= 5):
+            polish_now = False
             next_polish = max(next_polish, int(it * 1.6) + 5)
             # a support larger than the rank (N > p) is singular: its least-squares solve cost 1.1 s a time at
             # N = 3000 > p = 1000 (near-parallel gradients, 2000 in the support) and cannot be exact
             if np.count_nonzero(z) <= op.rank_bound:
                 wp, k, ok = polish_on_support(op, gamma, z, scale)
                 if ok:
-                    return wp, it + k, True
+                    return wp, it + k, True, False
             if it >= 200:  # singular supports (duplicates, N > p): polish by NNLS on the equicorrelation set
                 wp, ok = nnls_polish(op, gamma, z, scale, deadline)
                 if ok:
-                    return wp, it, True
-    return z, it, False
+                    return wp, it, True, False
+    return z, it, False, False
 
 
 def polish_on_support(op, gamma: float, z: np.ndarray, scale: float) -> tuple[np.ndarray, int, bool]:

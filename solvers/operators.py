@@ -111,13 +111,15 @@ class GramOperator:
         w[A] = w_A
         return gram_times(self.K, w)
 
-    def shifted_solver(self, rho: float):
+    def shifted_solver(self, rho: float, *, keep_copy: bool = True):
         """b -> (K + rho I)^-1 b, approximately: one float32 Cholesky factor of the N x N matrix.
 
-        Its only user is ADMM, whose iterates only locate the support; the exact polish certifies.
-        K + rho I has eigenvalues >= rho, so float32 is well conditioned enough for that.
+        Its only user is ADMM, whose iterates locate the support (the exact polish certifies) or, stopped early,
+        meet a tolerance checked in float64. K + rho I has eigenvalues >= rho, so float32 is well conditioned enough
+        for that. keep_copy=False casts K straight into the factor's buffer where no float32 copy is kept yet (one
+        pass over K instead of two; for an ADMM that expects no polish, whose support solves read that copy).
         """
-        K32 = self.float32_copy()
+        K32 = self.float32_copy() if keep_copy or self._K32 is not None else None
         shifted = K32.copy() if K32 is not None else self.K.astype(np.float32)
         shifted[np.diag_indices(self.n)] += np.float32(rho)
         c, info = sla.lapack.spotrf(shifted.T, lower=1, clean=0, overwrite_a=1)  # symmetric: .T is its Fortran view

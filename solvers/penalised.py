@@ -110,7 +110,8 @@ def _distinct_homotopy(op, gamma: float, scale: float) -> tuple[np.ndarray, int,
 
 def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: float = 0.25,
                     max_iter: int = 200, dense_ratio: float = DENSE_RATIO, admm_max_n: int = 20000,
-                    tol: float = 1e-10, max_seconds: float | None = None) -> tuple[np.ndarray, dict]:
+                    tol: float = 1e-10, early_stop: bool = False,
+                    max_seconds: float | None = None) -> tuple[np.ndarray, dict]:
     """argmin 0.5 w'Kw - beta'w + gamma ||w||_1 through the operator; (w, info).
 
     Strategy: rank-deficient problems of known rank start with the homotopy when it is affordable (a warm
@@ -121,6 +122,10 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
     dense solutions start with ADMM + polish (N <= admm_max_n), after a capped working-set homotopy where K is
     rank-deficient or N >= SPARSE_PROBE_MIN_N. Whatever has not converged goes on to orthant-projected Newton, and
     coordinate descent is the last resort.
+
+    tol: the KKT violation, relative to max(1, max|beta|), at which an answer is certified. early_stop: ADMM may
+    return its own iterate once it meets tol instead of polishing it exact (solvers.admm.EARLY_STOP_CUBE_RATIO);
+    every other method's answer is exact either way (and ADMM's below solvers.admm.EARLY_STOP_MIN_TOL).
     """
     gmax = float(np.abs(op.beta).max())
     if gamma >= gmax:
@@ -131,6 +136,8 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
     # Gram limit) that beats the PDAS chain on dense supports: bench/large_gram.py, N = 10000, p = 2048:
     # 6.7 s exact, where the chain stopped at its 120 s cap with KKT 6.6e-3
     can_admm = hasattr(op, "shifted_solver") and (op.n <= admm_max_n or not hasattr(op, "K"))
+    stop_at = scale if early_stop and tol >= admm.EARLY_STOP_MIN_TOL else None
+    early_stopped = [False]  # whether ADMM's own iterate answered (run_admm sets it)
 
     def run_admm(first: int = 0) -> tuple[np.ndarray, int, bool]:
         # ADMM's speed depends on rho; degenerate (rank-deficient) problems may need another scale. first > 0: only
@@ -139,10 +146,11 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
         for rho in (admm.admm_rho(gamma, gmax),) if first else (admm.admm_rho(gamma, gmax), 3.0, 0.03):
             if past_deadline(deadline):
                 break
-            w, it, ok = admm.admm_polish(op, gamma, np.zeros(op.n), scale, rho=rho, max_iter=first or 1000,
-                                          deadline=deadline)
+            w, it, ok, stopped = admm.admm_polish(op, gamma, np.zeros(op.n), scale, rho=rho, max_iter=first or 1000,
+                                                   deadline=deadline, stop_at=stop_at)
             total += it
             if ok:
+                early_stopped[0] = stopped
                 return w, total, True
             best = _closer(op, gamma, best, w)  # an unfinished run's iterate, not a later run's zero start
         return best, total, False
@@ -222,7 +230,8 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
         w_cd, ok = active_set.nnls_polish(op, gamma, w_cd, scale, deadline)
         w = w_cd if ok else _closer(op, gamma, w, w_cd)
         fallback = "coordinate_descent+nnls_polish"
-    return w, {"iterations": iters, "strategy": strategy, "converged": ok, "fallback": fallback}
+    info = {"iterations": iters, "strategy": strategy, "converged": ok, "fallback": fallback}
+    return w, info | ({"early_stop": True} if ok and early_stopped[0] and strategy == "admm_polish" else {})
 
 
 def _closer(op, gamma: float, a: np.ndarray, b: np.ndarray) -> np.ndarray:

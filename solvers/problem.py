@@ -203,6 +203,22 @@ def check_settings(gamma: float | None, budget: float | None) -> None:
         check_number("budget", budget, positive=True)
 
 
+#: the loosest stopping tolerance accepted (scikit-learn's Lasso defaults to 1e-4 on its duality gap)
+TOL_MAX = 1e-3
+
+
+def check_tol(tol, gamma: float | None) -> float | None:
+    """tol as a float in (0, TOL_MAX], or None; only the penalised form (gamma) stops early."""
+    if tol is None:
+        return None
+    x = check_number("tol", tol, positive=True)
+    if x > TOL_MAX:
+        raise KMMInputError(f"tol must be at most {TOL_MAX:g} (a KKT violation relative to max(1, max|beta|)), got {x!r}")
+    if gamma is None:
+        raise KMMInputError("tol applies to the penalised form (gamma) only: the budget form is always solved exactly")
+    return x
+
+
 def check_number(name: str, value, *, positive: bool) -> float:
     """value as a float when it is a finite real number > 0 (positive) or >= 0; otherwise KMMInputError naming it."""
     # strings, bools, complex values and arrays of any size are refused before float() (older numpy converts a

@@ -56,6 +56,19 @@ def test_solver_bench_runs_and_ends_with_json():
     for r in figures["results"]:
         assert r["convalue_kkt"] < 1e-6 and r["convalue_obj"] <= r["cvxpy_obj"] + 1e-6
         assert r["validate_s"] > 0 and r["speedup_end_to_end_vs_cvxpy"] <= r["speedup_vs_cvxpy"]
+        # the second row, at the accuracy: certified at tol, no worse than the reference
+        assert r["tol"] == 1e-6 and r["convalue_tol_kkt"] <= 1e-6 and r["convalue_tol_obj"] <= r["cvxpy_obj"] + 1e-6
+        assert r["speedup_tol_vs_cvxpy"] > 0
+
+
+def test_early_stop_bench_certifies_both_answers_and_ends_with_json():
+    figures = bench_json("early_stop.py", "--cases", "400x800", "--gammas", "2e-4", "2e-3", "--rounds", "1",
+                         "--repeat", "1")
+    assert figures["bench"] == "early_stop" and len(figures["cases"]) == 2
+    dense, sparser = figures["cases"]
+    assert dense["early_stop"] and 1e-12 < dense["kkt_now"] <= 1e-6 and dense["kkt_before"] <= 1e-12
+    assert not sparser["early_stop"]  # a support cheap to factor keeps the polish
+    assert all(c["speedup"] > 0 for c in figures["cases"])
 
 
 def test_gradient_form_bench_forms_the_gram_and_agrees_and_ends_with_json():

@@ -376,6 +376,22 @@ def test_resolve_with_a_budget_rewrites_scores(first_run, tmp_path):
     assert sum(abs(r["score"]) for r in table) <= 1.5 + 1e-6
 
 
+def test_resolve_with_a_tolerance_records_it_and_a_budget_drops_it(first_run, tmp_path):
+    """--tol reaches the solver (certified at it, echoed in the summary); a later re-solve keeps the run's tol in the
+    penalised form and leaves it out of the budget form, which is always exact."""
+    _, data, _ = first_run
+    run_dir = own_copy(first_run, tmp_path / "tol")
+    out = resolve(run_dir, gamma=data["solver"]["gamma"], budget=None, method=None, normalize=None, tol=1e-6)
+    beta = np.load(run_dir / "beta.npy")
+    assert out["solver"]["tol"] == 1e-6 and out["solver"]["kkt"] <= 1e-6 * max(1.0, float(np.abs(beta).max()))
+    again = resolve(run_dir, gamma=None, budget=None, method=None, normalize=None)
+    assert again["solver"]["tol"] == 1e-6
+    budget = resolve(run_dir, gamma=None, budget=1.5, method=None, normalize=None)
+    assert budget["solver"]["form"] == "budget" and "tol" not in budget["solver"]
+    with pytest.raises(KMMInputError, match="budget form is always solved exactly"):
+        resolve(run_dir, gamma=None, budget=1.5, method=None, normalize=None, tol=1e-6)
+
+
 def test_resolve_marks_fine_tunes_stale_only_while_the_selection_differs(first_run, tmp_path):
     """A re-solve that changes the selection flags the fine-tunes as stale; one back to their selection clears it."""
     _, data, first = first_run

@@ -157,6 +157,11 @@ def test_kkt_detects_a_wrong_solution():
         (np.array([[1.0, 2.0], [2.0, 1.0]]), np.ones(2), {"gamma": 0.1}, "most negative eigenvalue"),
         (np.diag([1.0, 0.0]), np.ones(2), {"gamma": 0.1}, "zero-norm"),
         (np.eye(2), np.array([1.0, np.inf]), {"gamma": 0.1}, r"beta contains NaN or inf: beta\[1\] = inf"),
+        (np.eye(3), np.ones(3), {"gamma": 0.1, "tol": 0.0}, r"tol must be a finite number > 0, got 0\.0$"),
+        (np.eye(3), np.ones(3), {"gamma": 0.1, "tol": np.nan}, "tol must be a finite number > 0"),
+        (np.eye(3), np.ones(3), {"gamma": 0.1, "tol": 1e-2}, r"tol must be at most 0\.001 .*, got 0\.01$"),
+        (np.eye(3), np.ones(3), {"budget": 1.0, "tol": 1e-6}, "penalised form .* budget form is always solved exactly"),
+        (np.eye(3), np.ones(3), {"gamma": 0.1, "tol": 1e-6, "method": "cvxpy"}, "not to method 'cvxpy'"),
     ],
 )
 def test_bad_input_is_a_clear_error(K, beta, kw, match):
@@ -530,6 +535,96 @@ def test_dense_solve_is_scale_free_and_its_admm_rho_follows_gamma():
     assert a.info["strategy"] == b.info["strategy"] == "admm_polish"
     assert a.iterations == b.iterations <= 22  # 18 measured
     assert np.allclose(a.w, b.w, rtol=0, atol=1e-10 * np.abs(a.w).max())
+
+
+def test_a_tolerance_lets_dense_admm_stop_early_and_certifies_the_stop():
+    """tol = 1e-6 (the issue's accuracy): ADMM's own iterate, Anderson-accelerated once its signs hold, where the
+    support (370 of 400) is dear to factor; certified at the tolerance, with the exact solve's support and signs."""
+    G, g = _clustered(400, 800, seed=5)
+    K, beta = G @ G.T, G @ g
+    exact = solve_kmm(K, beta, gamma=2e-4)
+    early = solve_kmm(K, beta, gamma=2e-4, tol=1e-6)
+    scale = max(1.0, float(np.abs(beta).max()))
+    assert early.status == "optimal" and early.info["strategy"] == "admm_polish" and early.info["early_stop"]
+    assert early.summary()["early_stop"] and early.summary()["tol"] == 1e-6 and "early_stop" not in exact.info
+    assert 1e-12 * scale < early.kkt <= 1e-6 * scale  # stopped at the tolerance, not polished to round-off
+    assert early.kkt == pytest.approx(kkt_violation(make_problem(K, beta, gamma=2e-4), early.w), rel=1e-9)
+    assert np.array_equal(np.sign(early.w), np.sign(exact.w)) and np.count_nonzero(exact.w) == 370
+    assert exact.objective <= early.objective <= exact.objective + 1e-10 * max(1.0, abs(exact.objective))
+    ref = solve_kmm(K, beta, gamma=2e-4, method="cvxpy")
+    assert early.objective <= ref.objective + 1e-9 * max(1.0, abs(ref.objective))
+
+
+def test_a_tolerance_keeps_the_polish_where_it_is_cheaper_or_float32_cannot_reach_it(monkeypatch):
+    """The polish with tol set: a support cheap to factor (EARLY_STOP_CUBE_RATIO), a tolerance below float32's floor
+    (EARLY_STOP_MIN_TOL: the same iterations and answer as no tol), and a stalled early stop (that floor lifted),
+    which gives up within two check windows and polishes exactly."""
+    from solvers import admm
+
+    G, g = _clustered(400, 800, seed=5)
+    K, beta = G @ G.T, G @ g
+    scale = max(1.0, float(np.abs(beta).max()))
+    # dense by its ratio, 185 of 400 active: the polish at the same step as without tol (whose support solve the
+    # looser certificate may accept one step sooner, near the optimal support)
+    sparse, sparse_exact = solve_kmm(K, beta, gamma=2e-3, tol=1e-6), solve_kmm(K, beta, gamma=2e-3)
+    assert sparse.info["strategy"] == "admm_polish" and 0 < np.count_nonzero(sparse_exact.w) ** 3 <= (
+        admm.EARLY_STOP_CUBE_RATIO * 400**2) and sparse.kkt <= 1e-6 * scale
+    assert sparse.iterations <= sparse_exact.iterations
+    exact = solve_kmm(K, beta, gamma=2e-4)
+    below = solve_kmm(K, beta, gamma=2e-4, tol=1e-7)
+    assert below.iterations == exact.iterations and np.array_equal(below.w, exact.w) and "early_stop" not in below.info
+    monkeypatch.setattr(admm, "EARLY_STOP_MIN_TOL", 0.0)
+    stalled = solve_kmm(K, beta, gamma=2e-4, tol=1e-10)
+    assert stalled.kkt <= 1e-12 * scale and np.allclose(stalled.w, exact.w, rtol=0, atol=1e-12)
+    assert "early_stop" not in stalled.info and "early_stop" not in sparse.info
+    assert exact.iterations < stalled.iterations <= exact.iterations + 2 * admm.EARLY_STOP_CHECK_EVERY + 2
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31), n=st.integers(6, 24), extra=st.integers(0, 20), log_ratio=st.floats(-4, -2.2))
+def test_early_stops_are_certified_and_match_the_independent_formulation(seed, n, extra, log_ratio):
+    """Full-rank K at gammas dense by their ratio (ADMM's side of the chain), every support counted dear to factor
+    (at these sizes none is by EARLY_STOP_CUBE_RATIO and EARLY_STOP_MIN_N): tol = 1e-6 answers are certified at it and their objectives
+    match L-BFGS-B's on the split form."""
+    from solvers import admm
+
+    G, g = random_gradients(seed, n, n + extra, False)
+    K, beta = G @ G.T, G @ g
+    gamma = 10**log_ratio * float(np.abs(beta).max())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(admm, "EARLY_STOP_CUBE_RATIO", 0.0)
+        patch.setattr(admm, "EARLY_STOP_MIN_N", 0)
+        sol = solve_kmm(K, beta, gamma=gamma, tol=1e-6)
+    scale = max(1.0, float(np.abs(beta).max()))
+    assert sol.status == "optimal" and sol.kkt <= 1e-6 * scale
+    prob = make_problem(K, beta, gamma=gamma)
+    ref = prob.objective(scipy_penalised(K, beta, gamma))
+    assert sol.objective <= ref + 1e-6 * max(1.0, abs(ref))
+
+
+def test_anderson_acceleration_finds_a_linear_maps_fixed_point_in_fewer_steps():
+    """On an affine contraction (ADMM once its signs hold) Anderson's steps reach the fixed point far sooner."""
+    from solvers.anderson import Anderson
+
+    rng = np.random.default_rng(0)
+    Q, _ = np.linalg.qr(rng.normal(size=(60, 60)))
+    A = Q @ np.diag(np.linspace(-0.95, 0.95, 60)) @ Q.T
+    b = rng.normal(size=60)
+    fixed = np.linalg.solve(np.eye(60) - A, b)
+
+    def steps(accelerated: bool) -> int:
+        acc, v = Anderson(60, memory=8), np.zeros(60)
+        for k in range(1, 2000):
+            tv = A @ v + b
+            if np.linalg.norm(tv - fixed) <= 1e-10 * np.linalg.norm(fixed):
+                return k
+            v = acc.push(v, tv) if accelerated else tv
+        return 2000
+
+    plain, fast = steps(False), steps(True)
+    assert fast * 4 <= plain < 2000
+    with pytest.raises(ValueError, match="memory must be >= 1"):
+        Anderson(3, memory=0)
 
 
 def _near_parallel(rng: np.random.Generator, n: int, p: int, mix: int = 5) -> tuple[np.ndarray, np.ndarray]:
@@ -1058,7 +1153,7 @@ def test_an_unconverged_solve_returns_the_closest_iterate_any_strategy_reached(m
 
     def admm_once(op, gamma, w0, scale, **kw):
         calls.append(kw["rho"])
-        return (good.copy() if len(calls) == 1 else np.zeros(op.n)), 10, False
+        return (good.copy() if len(calls) == 1 else np.zeros(op.n)), 10, False, False
 
     monkeypatch.setattr(admm_module, "admm_polish", admm_once)
     monkeypatch.setattr(AS, "pdas", lambda op, gamma, w, *a, **k: (np.zeros(op.n), 1, False))

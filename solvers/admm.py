@@ -48,9 +48,9 @@ def admm_polish(op, gamma: float, w0: np.ndarray, scale: float, *, rho: float = 
     failed early polishes cost a factorisation each), or on a geometric schedule.
 
     stop_at: a KKT violation at which the iterate itself is returned. Where the support's factorisation would cost
-    more (EARLY_STOP_CUBE_RATIO, EARLY_STOP_MIN_N; the Gram form only), ADMM then goes on with Anderson acceleration once the signs hold, checking the
-    KKT conditions in float64 when its fixed-point residual says they can hold, and polishes only if it stalls
-    (float32's floor) first.
+    more (EARLY_STOP_CUBE_RATIO, EARLY_STOP_MIN_N; the Gram form only), ADMM then goes on with Anderson
+    acceleration once the signs hold, checking the KKT conditions in float64 when its fixed-point residual says they
+    can hold, and polishes only if it stalls (float32's floor) first.
     """
     n = op.n
     rho = rho * float(np.mean(op.diag))

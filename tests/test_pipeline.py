@@ -390,6 +390,13 @@ def test_resolve_with_a_tolerance_records_it_and_a_budget_drops_it(first_run, tm
     assert budget["solver"]["form"] == "budget" and "tol" not in budget["solver"]
     with pytest.raises(KMMInputError, match="budget form is always solved exactly"):
         resolve(run_dir, gamma=None, budget=1.5, method=None, normalize=None, tol=1e-6)
+    from engine.cli import main
+
+    before = (run_dir / "scores.parquet").read_bytes()
+    assert main(["solve", str(run_dir), "--budget", "1.5", "--tol", "1e-6"]) == 2  # a user error, scores untouched
+    assert (run_dir / "scores.parquet").read_bytes() == before
+    assert main(["solve", str(run_dir), "--gamma", str(data["solver"]["gamma"]), "--tol", "1e-5"]) == 0
+    assert json.loads((run_dir / "summary.json").read_text())["solver"]["tol"] == 1e-5
 
 
 def test_resolve_marks_fine_tunes_stale_only_while_the_selection_differs(first_run, tmp_path):

@@ -56,16 +56,15 @@ def admm_polish(op, gamma: float, w0: np.ndarray, scale: float, *, rho: float = 
     rho = rho * float(np.mean(op.diag))
     early = stop_at is not None and hasattr(op, "K") and n >= EARLY_STOP_MIN_N
     solve = op.shifted_solver(rho, keep_copy=False) if early else op.shifted_solver(rho)
+    stopper = _EarlyStop(op, gamma, stop_at) if early else None
     z = np.asarray(w0, dtype=np.float64).copy()
     u = np.zeros(n)  # scaled dual variable
     feed = z  # the z the next step reads: z itself, or Anderson's extrapolation
-    it, next_polish, stable, pattern = 0, 25, 0, b""
-    accel, last_kkt, polish_now = Anderson(2 * n) if early else None, np.inf, False
-    mean_diag, checked, since = float(np.mean(op.diag)), 0, 0  # since: the start of the stall window
+    it, next_polish, stable, pattern, polish_now = 0, 25, 0, b"", False
     while it < max_iter and not past_deadline(deadline):
         w = solve(op.beta + rho * (feed - u))
         x = alpha * w + (1 - alpha) * feed + u
-        state = np.concatenate([feed, u]) if early else None
+        state = np.concatenate([feed, u]) if stopper is not None else None
         z_old = z
         u = np.clip(x, -gamma / rho, gamma / rho)  # soft-thresholding x at gamma / rho leaves z = x - u
         z = x - u
@@ -74,25 +73,17 @@ def admm_polish(op, gamma: float, w0: np.ndarray, scale: float, *, rho: float = 
         signs = np.sign(z).astype(np.int8).tobytes()
         stable = stable + 1 if signs == pattern else 0
         pattern = signs
-        # past the support's settling, and where the polish would cost more (else it runs as without stop_at)
-        if early and stable >= 2 and float(np.count_nonzero(z)) ** 3 > EARLY_STOP_CUBE_RATIO * n * n:
-            # the fixed-point residual in the KKT's units (K z, rho u) says when a float64 check can pass
-            moved = max(mean_diag * float(np.abs(z - state[:n]).max()), rho * float(np.abs(u - state[n:]).max()))
-            if (moved <= stop_at and it - checked >= 2) or it - checked >= EARLY_STOP_CHECK_EVERY:
-                kkt = kkt_from(z, residual(op, z), gamma)
-                if kkt <= stop_at:
+        if stopper is not None:
+            # past the support's settling, and where the polish would cost more (else it runs as without stop_at)
+            if stable >= 2 and float(np.count_nonzero(z)) ** 3 > EARLY_STOP_CUBE_RATIO * n * n:
+                verdict, feed, u = stopper.step(it, z, u, state, rho)
+                if verdict == "met":
                     return z, it, True, True
-                checked = it
-                if it - since >= EARLY_STOP_CHECK_EVERY:  # progress over the last window
-                    early = kkt <= EARLY_STOP_STALL * last_kkt
-                    polish_now, last_kkt, since = not early, kkt, it
-            if early:
-                v = accel.push(state, np.concatenate([z, u]))
-                feed, u = v[:n], v[n:]
-                continue
-        elif early:
-            accel.reset()
-            last_kkt, checked, since = np.inf, it, it
+                if verdict == "going":
+                    continue
+                stopper, polish_now = None, True  # stalled at float32's floor
+            else:
+                stopper.restart(it)
         if it % 50 == 0:
             # residual balancing (as OSQP adapts rho): keep primal and dual residuals comparable
             primal = float(np.linalg.norm(w - z))
@@ -117,6 +108,40 @@ def admm_polish(op, gamma: float, w0: np.ndarray, scale: float, *, rho: float = 
                 if ok:
                     return wp, it, True, False
     return z, it, False, False
+
+
+class _EarlyStop:
+    """ADMM's stop at a KKT violation (admm_polish's stop_at): Anderson-accelerated steps while the signs hold, a
+    float64 check when the fixed-point residual says it can pass, and the stall rule."""
+
+    def __init__(self, op, gamma: float, stop_at: float):
+        self.op, self.gamma, self.stop_at = op, gamma, stop_at
+        self.accel = Anderson(2 * op.n)
+        self.mean_diag = float(np.mean(op.diag))
+        self.restart(0)
+
+    def restart(self, it: int) -> None:
+        """The signs moved (or the support is cheap to polish): forget the steps' history."""
+        self.accel.reset()
+        self.last_kkt, self.checked, self.since = np.inf, it, it  # since: the start of the stall window
+
+    def step(self, it: int, z: np.ndarray, u: np.ndarray, state: np.ndarray,
+             rho: float) -> tuple[str, np.ndarray, np.ndarray]:
+        """("met" | "going" | "stalled", the next z and u to feed ADMM), after ADMM's step from state to (z, u)."""
+        n = z.size
+        # the fixed-point residual in the KKT's units (K z, rho u) says when a float64 check can pass
+        moved = max(self.mean_diag * float(np.abs(z - state[:n]).max()), rho * float(np.abs(u - state[n:]).max()))
+        if (moved <= self.stop_at and it - self.checked >= 2) or it - self.checked >= EARLY_STOP_CHECK_EVERY:
+            kkt = kkt_from(z, residual(self.op, z), self.gamma)
+            if kkt <= self.stop_at:
+                return "met", z, u
+            self.checked = it
+            if it - self.since >= EARLY_STOP_CHECK_EVERY:  # progress over the last window
+                if kkt > EARLY_STOP_STALL * self.last_kkt:
+                    return "stalled", z, u
+                self.last_kkt, self.since = kkt, it
+        v = self.accel.push(state, np.concatenate([z, u]))
+        return "going", v[:n], v[n:]
 
 
 def polish_on_support(op, gamma: float, z: np.ndarray, scale: float) -> tuple[np.ndarray, int, bool]:

@@ -62,13 +62,14 @@ def test_solver_bench_runs_and_ends_with_json():
 
 
 def test_early_stop_bench_certifies_both_answers_and_ends_with_json():
-    figures = bench_json("early_stop.py", "--cases", "400x800", "--gammas", "2e-4", "2e-3", "--rounds", "1",
-                         "--repeat", "1")
-    assert figures["bench"] == "early_stop" and len(figures["cases"]) == 2
-    dense, sparser = figures["cases"]
+    figures = bench_json("early_stop.py", "--cases", "400x800", "near30:400x800", "--gammas", "2e-4", "2e-3",
+                         "--rounds", "1", "--repeat", "1")
+    assert figures["bench"] == "early_stop" and len(figures["cases"]) == 3
+    dense, sparser, near = figures["cases"]
     assert dense["early_stop"] and 1e-12 < dense["kkt_now"] <= 1e-6 and dense["kkt_before"] <= 1e-12
     assert not sparser["early_stop"]  # a support cheap to factor keeps the polish
-    assert all(c["speedup"] > 0 for c in figures["cases"])
+    assert near["data"] == "near" and near["mix"] == 30 and near["strategy_now"] == "working_set_homotopy"
+    assert all(c["speedup"] > 0 and 0 <= c["objective_gap"] <= 1e-6 for c in figures["cases"])
 
 
 def test_gradient_form_bench_forms_the_gram_and_agrees_and_ends_with_json():

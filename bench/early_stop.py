@@ -2,8 +2,8 @@
 
 With tol, ADMM on a support whose factorisation would cost more (solvers.admm.EARLY_STOP_CUBE_RATIO) goes on past
 the support's settling with Anderson acceleration and returns its own iterate once the KKT conditions hold to T,
-instead of polishing to round-off; and every strategy certifies at T, so the chain can end sooner. "before" is the
-exact default. Cases `NxP` of bench/synthetic.py's clustered unit-norm gradients, each at every `--gammas`, and
+instead of polishing to round-off, where K is not nearly singular (solvers.admm.EARLY_STOP_MIN_LAMBDA); every other
+answer stays exact. "before" is the exact default. Cases `NxP` of bench/synthetic.py's clustered unit-norm gradients, each at every `--gammas`, and
 `nearK:NxP`, near-parallel rows (1 + 0.02 noise) with the target the mean of K of them, at `--near-ratio` max|beta|
 (K = G G^T in float64, as bench/solvers.py forms it). Both versions interleaved over rounds, each the best of
 `--repeat` solves of the same validated problem. Prints times, strategies, iterations, support sizes and KKT,

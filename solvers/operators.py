@@ -118,6 +118,7 @@ class GramOperator:
         meet a tolerance checked in float64. K + rho I has eigenvalues >= rho, so float32 is well conditioned enough
         for that. keep_copy=False casts K straight into the factor's buffer where no float32 copy is kept yet (one
         pass over K instead of two; for an ADMM that expects no polish, whose support solves read that copy).
+        The solver's `lambda_min_bound` is an upper bound on K's smallest eigenvalue, from the factor's pivots.
         """
         K32 = self.float32_copy() if keep_copy or self._K32 is not None else None
         shifted = K32.copy() if K32 is not None else self.K.astype(np.float32)
@@ -125,7 +126,13 @@ class GramOperator:
         c, info = sla.lapack.spotrf(shifted.T, lower=1, clean=0, overwrite_a=1)  # symmetric: .T is its Fortran view
         if info != 0:
             raise np.linalg.LinAlgError(f"K + rho I is not positive definite (LAPACK spotrf info={info})")
-        return lambda b: cholesky_solve(c, b)
+
+        def solve(b: np.ndarray) -> np.ndarray:
+            return cholesky_solve(c, b)
+
+        # every Cholesky pivot L_ii^2 is at least the smallest eigenvalue, so this bounds lambda_min(K) from above
+        solve.lambda_min_bound = float(np.min(np.diag(c)).astype(np.float64) ** 2) - rho
+        return solve
 
 
 class GradientOperator:

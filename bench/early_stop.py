@@ -8,8 +8,8 @@ answer stays exact. "before" is the exact default. Cases `NxP` of bench/syntheti
 (K = G G^T in float64, as bench/solvers.py forms it). Both versions interleaved over rounds, each the best of
 `--repeat` solves of the same validated problem. Prints times, strategies, iterations, support sizes and KKT,
 checks that the answer at T is certified at T (the exact one at 1e-10, the default) and is not below the exact
-objective, prints how far above it is (relative: 1e-12 on clustered data, 1e-7 on near-parallel data, whose K is
-nearly singular), and ends with one JSON line.
+objective, prints how far above it is, how far its scores moved (relative to the largest) and how much of the top 3
+and top 20 positive candidates (engine.select) it shares with the exact answer, and ends with one JSON line.
 
     .venv/bin/python bench/early_stop.py                                   # N = 500, 1000, 2000: about 1 min
     .venv/bin/python bench/early_stop.py --cases 1000x4096 --gammas 5e-4 --rounds 5
@@ -32,6 +32,7 @@ sys.path.append(str(Path(__file__).resolve().parent))
 from synthetic import case, clustered_gradients, near_parallel_gradients  # noqa: E402
 from timing import interleaved, timed, versus  # noqa: E402
 
+from engine.select import select_top_k  # noqa: E402
 from solvers import make_problem, solve_problem  # noqa: E402
 
 
@@ -81,6 +82,8 @@ def main() -> None:
                 times[name].append(t)
             now, before = sols["now"], sols["before"]
             gap = (now.objective - before.objective) / max(1.0, abs(before.objective))  # what stopping at T gives up
+            drift = float(np.abs(now.w - before.w).max() / max(np.abs(before.w).max(), 1e-300))  # the scores' change
+            top = [len(set(select_top_k(now.w, beta, k)) & set(select_top_k(before.w, beta, k))) / k for k in (3, 20)]
             if not (now.kkt <= args.tol * scale and before.kkt <= 1e-10 * scale and gap >= -1e-9):
                 sys.exit(f"bench/early_stop.py: {label} gamma={gamma:g}: KKT {now.kkt:.1e} / {before.kkt:.1e}, "
                          f"objectives {now.objective!r} / {before.objective!r}")
@@ -89,12 +92,14 @@ def main() -> None:
             print(f"{label} gamma={gamma:g}: tol={args.tol:g} {best['now'] * 1e3:.2f} ms ({now.info['strategy']}, "
                   f"{now.iterations} iterations, KKT {now.kkt:.1e}{', early stop' if stopped else ''}), exact "
                   f"{best['before'] * 1e3:.2f} ms ({before.info['strategy']}, {before.iterations} iterations): "
-                  f"{ratio:.2f}x; {np.count_nonzero(before.w)} active, objective {gap:.1e} above the exact", flush=True)
+                  f"{ratio:.2f}x; {np.count_nonzero(before.w)} active, objective {gap:.1e} above the exact, scores within "
+                  f"{drift:.1e} of the largest, top 3 / 20 {top[0]:.2f} / {top[1]:.2f} the same", flush=True)
             rows.append({"data": "near" if mix else "clustered", "mix": mix, "N": n, "p": p, "gamma": gamma}
                         | timed_fields | {"strategy_now": now.info["strategy"], "strategy_before": before.info["strategy"],
                          "early_stop": bool(stopped), "active": int(np.count_nonzero(before.w)),
                          "iterations_now": now.iterations, "iterations_before": before.iterations,
-                         "kkt_now": now.kkt, "kkt_before": before.kkt, "objective_gap": gap})
+                         "kkt_now": now.kkt, "kkt_before": before.kkt, "objective_gap": gap, "score_drift": drift,
+                         "top3_same": top[0], "top20_same": top[1]})
     print(json.dumps({"bench": "early_stop", "tol": args.tol, "rounds": args.rounds, "repeat": args.repeat,
                       "cases": rows}))
 

@@ -70,6 +70,7 @@ def test_early_stop_bench_certifies_both_answers_and_ends_with_json():
     assert not sparser["early_stop"]  # a support cheap to factor keeps the polish
     assert near["data"] == "near" and near["mix"] == 30 and near["strategy_now"] == "working_set_homotopy"
     assert all(c["speedup"] > 0 and 0 <= c["objective_gap"] <= 1e-6 for c in figures["cases"])
+    assert all(c["top3_same"] == c["top20_same"] == 1.0 and c["score_drift"] < 1e-3 for c in figures["cases"])
 
 
 def test_gradient_form_bench_forms_the_gram_and_agrees_and_ends_with_json():

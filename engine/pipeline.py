@@ -694,9 +694,10 @@ def _resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method
     if gamma is None and budget is None:
         gamma, budget = old.get("gamma"), old.get("budget")
     normalize = normalize or old.get("normalize", "none")
-    if tol is None and gamma is not None and method in (None, "auto", "active_set"):
+    own_solver = method in (None, "auto", "active_set")  # convalue's, not the CVXPY reference
+    if tol is None and gamma is not None and own_solver:
         tol = old.get("tol")  # the run's own stopping tolerance, where it still applies
-    if space != "gram" and method not in (None, "auto", "active_set"):
+    if space != "gram" and not own_solver:
         raise ConfigError(f"{run_dir} was solved in gradient space (no gram.npy); this method needs the Gram",
                           field="method", value=method)
     files = ["beta.npy"] + (["gram.npy"] if space == "gram" else []) + (

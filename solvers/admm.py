@@ -59,11 +59,12 @@ def admm_polish(op, gamma: float, w0: np.ndarray, scale: float, *, rho: float = 
     can hold, and polishes only if it stalls (float32's floor) first.
     """
     n = op.n
-    rho = rho * float(np.mean(op.diag))
+    mean_diag = float(np.mean(op.diag))
+    rho = rho * mean_diag
     early = stop_at is not None and hasattr(op, "K") and n >= EARLY_STOP_MIN_N
     solve = op.shifted_solver(rho, keep_copy=False) if early else op.shifted_solver(rho)
-    early = early and solve.lambda_min_bound > EARLY_STOP_MIN_LAMBDA * float(np.mean(op.diag))
-    stopper = _EarlyStop(op, gamma, stop_at) if early else None
+    early = early and solve.lambda_min_bound > EARLY_STOP_MIN_LAMBDA * mean_diag
+    stopper = _EarlyStop(op, gamma, stop_at, mean_diag) if early else None
     z = np.asarray(w0, dtype=np.float64).copy()
     u = np.zeros(n)  # scaled dual variable
     feed = z  # the z the next step reads: z itself, or Anderson's extrapolation
@@ -71,7 +72,7 @@ def admm_polish(op, gamma: float, w0: np.ndarray, scale: float, *, rho: float = 
     while it < max_iter and not past_deadline(deadline):
         w = solve(op.beta + rho * (feed - u))
         x = alpha * w + (1 - alpha) * feed + u
-        state = np.concatenate([feed, u]) if stopper is not None else None
+        feed_in, u_in = feed, u  # the step's start (each step makes new arrays)
         z_old = z
         u = np.clip(x, -gamma / rho, gamma / rho)  # soft-thresholding x at gamma / rho leaves z = x - u
         z = x - u
@@ -83,7 +84,7 @@ def admm_polish(op, gamma: float, w0: np.ndarray, scale: float, *, rho: float = 
         if stopper is not None:
             # past the support's settling, and where the polish would cost more (else it runs as without stop_at)
             if stable >= 2 and float(np.count_nonzero(z)) ** 3 > EARLY_STOP_CUBE_RATIO * n * n:
-                verdict, feed, u = stopper.step(it, z, u, state, rho)
+                verdict, feed, u = stopper.step(it, feed_in, u_in, z, u, rho)
                 if verdict == "met":
                     return z, it, True, True
                 if verdict == "going":
@@ -121,10 +122,9 @@ class _EarlyStop:
     """ADMM's stop at a KKT violation (admm_polish's stop_at): Anderson-accelerated steps while the signs hold, a
     float64 check when the fixed-point residual says it can pass, and the stall rule."""
 
-    def __init__(self, op, gamma: float, stop_at: float):
-        self.op, self.gamma, self.stop_at = op, gamma, stop_at
+    def __init__(self, op, gamma: float, stop_at: float, mean_diag: float):
+        self.op, self.gamma, self.stop_at, self.mean_diag = op, gamma, stop_at, mean_diag
         self.accel = Anderson(2 * op.n)
-        self.mean_diag = float(np.mean(op.diag))
         self.restart(0)
 
     def restart(self, it: int) -> None:
@@ -132,12 +132,13 @@ class _EarlyStop:
         self.accel.reset()
         self.last_kkt, self.checked, self.since = np.inf, it, it  # since: the start of the stall window
 
-    def step(self, it: int, z: np.ndarray, u: np.ndarray, state: np.ndarray,
+    def step(self, it: int, z_in: np.ndarray, u_in: np.ndarray, z: np.ndarray, u: np.ndarray,
              rho: float) -> tuple[str, np.ndarray, np.ndarray]:
-        """("met" | "going" | "stalled", the next z and u to feed ADMM), after ADMM's step from state to (z, u)."""
+        """("met" | "going" | "stalled", the next z and u to feed ADMM), after ADMM's step from (z_in, u_in) to
+        (z, u)."""
         n = z.size
         # the fixed-point residual in the KKT's units (K z, rho u) says when a float64 check can pass
-        moved = max(self.mean_diag * float(np.abs(z - state[:n]).max()), rho * float(np.abs(u - state[n:]).max()))
+        moved = max(self.mean_diag * float(np.abs(z - z_in).max()), rho * float(np.abs(u - u_in).max()))
         if (moved <= self.stop_at and it - self.checked >= 2) or it - self.checked >= EARLY_STOP_CHECK_EVERY:
             kkt = kkt_from(z, residual(self.op, z), self.gamma)
             if kkt <= self.stop_at:
@@ -147,7 +148,7 @@ class _EarlyStop:
                 if kkt > EARLY_STOP_STALL * self.last_kkt:
                     return "stalled", z, u
                 self.last_kkt, self.since = kkt, it
-        v = self.accel.push(state, np.concatenate([z, u]))
+        v = self.accel.push(np.concatenate([z_in, u_in]), np.concatenate([z, u]))
         return "going", v[:n], v[n:]
 
 

@@ -85,8 +85,7 @@ def _active_set(op, problem_like: KMMProblem, tol: float | None = None) -> tuple
     with blas_threads(inner.n):
         if problem_like.gamma is not None:
             gram_formed = prefers_gram_form(distinct, problem_like.gamma)
-            stop = {} if tol is None else {"stop_tol": tol}
-            v, info = solve_penalised(distinct.gram() if gram_formed else distinct, problem_like.gamma, **stop)
+            v, info = solve_penalised(distinct.gram() if gram_formed else distinct, problem_like.gamma, stop_tol=tol)
             info["multiplier"] = problem_like.gamma
             if gram_formed:
                 info["gram_formed"] = True

@@ -234,7 +234,7 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
         w = w_cd if ok else _closer(op, gamma, w, w_cd)
         fallback = "coordinate_descent+nnls_polish"
     info = {"iterations": iters, "strategy": strategy, "converged": ok, "fallback": fallback}
-    return w, info | ({"early_stop": True} if ok and early_stopped[0] and strategy == "admm_polish" else {})
+    return w, info | ({"early_stop": True} if early_stopped[0] else {})  # set only by the link that ended the chain
 
 
 def _closer(op, gamma: float, a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -3,8 +3,9 @@
 With tol, ADMM on a support whose factorisation would cost more (solvers.admm.EARLY_STOP_CUBE_RATIO) goes on past
 the support's settling with Anderson acceleration and returns its own iterate once the KKT conditions hold to T,
 instead of polishing to round-off, where K is not nearly singular (solvers.admm.EARLY_STOP_MIN_LAMBDA); every other
-answer stays exact. "before" is the exact default. Cases `NxP` of bench/synthetic.py's clustered unit-norm gradients, each at every `--gammas`, and
-`nearK:NxP`, near-parallel rows (1 + 0.02 noise) with the target the mean of K of them, at `--near-ratio` max|beta|
+answer stays exact. "before" is the exact default, or with `--versus plain` the same stop with plain ADMM steps past
+the settling (solvers.admm.ANDERSON_MEMORY = 0: what Anderson's steps are worth). Cases `NxP` of
+bench/synthetic.py's clustered unit-norm gradients, each at every `--gammas`, and `nearK:NxP`, near-parallel rows (1 + 0.02 noise) with the target the mean of K of them, at `--near-ratio` max|beta|
 (K = G G^T in float64, as bench/solvers.py forms it). Both versions interleaved over rounds, each the best of
 `--repeat` solves of the same validated problem. Prints times, strategies, iterations, support sizes and KKT,
 checks that the answer at T is certified at T (the exact one at 1e-10, the default) and is not below the exact
@@ -14,6 +15,7 @@ and top 20 positive candidates (engine.select) it shares with the exact answer, 
     .venv/bin/python bench/early_stop.py                                   # N = 500, 1000, 2000: about 1 min
     .venv/bin/python bench/early_stop.py --cases 1000x4096 --gammas 5e-4 --rounds 5
     .venv/bin/python bench/early_stop.py --cases near5:1000x4096 near100:3000x1000 near1000:1500x4096 --repeat 1
+    .venv/bin/python bench/early_stop.py --versus plain    # "before": the same stop without Anderson's steps
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from synthetic import case, clustered_gradients, near_parallel_gradients  # noqa: E402
-from timing import interleaved, timed, versus  # noqa: E402
+from timing import interleaved, swapped, timed, versus  # noqa: E402
 
+import solvers.admm  # noqa: E402
 from engine.select import select_top_k  # noqa: E402
 from solvers import make_problem, solve_problem  # noqa: E402
 
@@ -54,6 +57,8 @@ def main() -> None:
     ap.add_argument("--tol", type=float, default=1e-6)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=5, help="solves per version and round (the best counts)")
+    ap.add_argument("--versus", choices=("exact", "plain"), default="exact",
+                    help="'before': the exact default, or the same tol with plain ADMM steps (ANDERSON_MEMORY = 0)")
     args = ap.parse_args()
 
     G0, g0 = clustered_gradients(200, 256, seed=1)
@@ -78,21 +83,26 @@ def main() -> None:
             times: dict[str, list[float]] = {"now": [], "before": []}
             sols = {}
             for _, name in interleaved(args.rounds, times):
-                t, sols[name] = timed(solve_problem, prob, tol=args.tol if name == "now" else None, repeat=args.repeat)
+                plain = name == "before" and args.versus == "plain"
+                with swapped(solvers.admm, "ANDERSON_MEMORY", 0 if plain else solvers.admm.ANDERSON_MEMORY):
+                    t, sols[name] = timed(solve_problem, prob, tol=args.tol if name == "now" or plain else None,
+                                          repeat=args.repeat)
                 times[name].append(t)
             now, before = sols["now"], sols["before"]
+            before_tol = args.tol if args.versus == "plain" else 1e-10
             gap = (now.objective - before.objective) / max(1.0, abs(before.objective))  # what stopping at T gives up
             drift = float(np.abs(now.w - before.w).max() / max(np.abs(before.w).max(), 1e-300))  # the scores' change
             top = [len(set(select_top_k(now.w, beta, k)) & set(select_top_k(before.w, beta, k))) / k for k in (3, 20)]
-            if not (now.kkt <= args.tol * scale and before.kkt <= 1e-10 * scale and gap >= -1e-9):
+            if not (now.kkt <= args.tol * scale and before.kkt <= before_tol * scale
+                    and (gap >= -1e-9 or args.versus == "plain")):
                 sys.exit(f"bench/early_stop.py: {label} gamma={gamma:g}: KKT {now.kkt:.1e} / {before.kkt:.1e}, "
                          f"objectives {now.objective!r} / {before.objective!r}")
             best, ratio, timed_fields = versus(times)
             stopped = bool(now.info.get("early_stop"))  # ADMM's own iterate answered (else the polish, as without tol)
             print(f"{label} gamma={gamma:g}: tol={args.tol:g} {best['now'] * 1e3:.2f} ms ({now.info['strategy']}, "
-                  f"{now.iterations} iterations, KKT {now.kkt:.1e}{', early stop' if stopped else ''}), exact "
+                  f"{now.iterations} iterations, KKT {now.kkt:.1e}{', early stop' if stopped else ''}), {args.versus} "
                   f"{best['before'] * 1e3:.2f} ms ({before.info['strategy']}, {before.iterations} iterations): "
-                  f"{ratio:.2f}x; {np.count_nonzero(before.w)} active, objective {gap:.1e} above the exact, scores within "
+                  f"{ratio:.2f}x; {np.count_nonzero(before.w)} active, objective {gap:.1e} above the {args.versus} one, scores within "
                   f"{drift:.1e} of the largest, top 3 / 20 {top[0]:.2f} / {top[1]:.2f} the same", flush=True)
             rows.append({"data": "near" if mix else "clustered", "mix": mix, "N": n, "p": p, "gamma": gamma}
                         | timed_fields | {"strategy_now": now.info["strategy"], "strategy_before": before.info["strategy"],
@@ -100,7 +110,8 @@ def main() -> None:
                          "iterations_now": now.iterations, "iterations_before": before.iterations,
                          "kkt_now": now.kkt, "kkt_before": before.kkt, "objective_gap": gap, "score_drift": drift,
                          "top3_same": top[0], "top20_same": top[1]})
-    print(json.dumps({"bench": "early_stop", "tol": args.tol, "rounds": args.rounds, "repeat": args.repeat,
+    print(json.dumps({"bench": "early_stop", "tol": args.tol, "versus": args.versus, "rounds": args.rounds,
+                      "repeat": args.repeat,
                       "cases": rows}))
 
 

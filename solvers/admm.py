@@ -26,6 +26,8 @@ EARLY_STOP_STALL = 0.1
 #: gradients at 1500 x 4096 (lambda_min 6e-5, the bound 4.7e-4) stopped at KKT 6.1e-7 with 1500 nonzero scores where
 #: the exact answer has 1209, and its top 3 shared none with the exact top 3; clustered data bound 0.088-0.106
 EARLY_STOP_MIN_LAMBDA = 0.01
+#: the early stop's Anderson memory (0: plain ADMM steps; read at call time). bench/early_stop.py --versus plain
+ANDERSON_MEMORY = 5
 #: no early stop below this relative tolerance: ADMM's float32 iterate stalls above it (its floor: KKT 1.4e-7 and
 #: 2.2e-7 at N = 1000, gamma = 1e-4 and 5e-4), and the stall cost 1.3-1.8x the exact solve before the polish
 EARLY_STOP_MIN_TOL = 3e-7
@@ -124,12 +126,13 @@ class _EarlyStop:
 
     def __init__(self, op, gamma: float, stop_at: float, mean_diag: float):
         self.op, self.gamma, self.stop_at, self.mean_diag = op, gamma, stop_at, mean_diag
-        self.accel = Anderson(2 * op.n)
+        self.accel = Anderson(2 * op.n, ANDERSON_MEMORY) if ANDERSON_MEMORY > 0 else None
         self.restart(0)
 
     def restart(self, it: int) -> None:
         """The signs moved (or the support is cheap to polish): forget the steps' history."""
-        self.accel.reset()
+        if self.accel is not None:
+            self.accel.reset()
         self.last_kkt, self.checked, self.since = np.inf, it, it  # since: the start of the stall window
 
     def step(self, it: int, z_in: np.ndarray, u_in: np.ndarray, z: np.ndarray, u: np.ndarray,
@@ -148,6 +151,8 @@ class _EarlyStop:
                 if kkt > EARLY_STOP_STALL * self.last_kkt:
                     return "stalled", z, u
                 self.last_kkt, self.since = kkt, it
+        if self.accel is None:
+            return "going", z, u
         v = self.accel.push(np.concatenate([z_in, u_in]), np.concatenate([z, u]))
         return "going", v[:n], v[n:]
 

@@ -73,6 +73,14 @@ def test_early_stop_bench_certifies_both_answers_and_ends_with_json():
     assert all(c["top3_same"] == c["top20_same"] == 1.0 and c["score_drift"] < 1e-3 for c in figures["cases"])
 
 
+def test_early_stop_bench_against_plain_admm_steps_certifies_both_and_ends_with_json():
+    figures = bench_json("early_stop.py", "--cases", "400x800", "--gammas", "2e-4", "--rounds", "1", "--repeat", "1",
+                         "--versus", "plain")
+    (case,) = figures["cases"]
+    assert figures["versus"] == "plain" and case["early_stop"] and case["kkt_before"] <= 1e-6
+    assert case["iterations_before"] > case["iterations_now"]  # Anderson's steps: fewer of them
+
+
 def test_gradient_form_bench_forms_the_gram_and_agrees_and_ends_with_json():
     figures = bench_json("gradient_form.py", "--cases", "near:120x160", "clustered:200x300", "--rounds", "1")
     assert figures["bench"] == "gradient_form" and len(figures["cases"]) == 2

@@ -32,7 +32,7 @@ sys.path.append(str(Path(__file__).resolve().parent))
 
 import certificate  # noqa: E402
 from synthetic import case, clustered_gradients, near_parallel_gradients  # noqa: E402
-from timing import interleaved, swapped, versus  # noqa: E402
+from timing import race, swapped, versus  # noqa: E402
 
 import solvers.budget  # noqa: E402
 from solvers.operators import GradientOperator, GramOperator  # noqa: E402
@@ -88,14 +88,9 @@ def main() -> None:
             g = g32.astype(np.float64)
         for form in args.forms:
             op = GradientOperator(G, g) if form == "gradients" else GramOperator(G @ G.T, G @ g, rank=min(n, p))
-            times: dict[str, list[float]] = {"now": [], "before": []}
-            out = {}
-            for r, name in interleaved(args.rounds, times):
-                t, w, info = solve(op, budget, cap if name == "now" else 0)
-                out[name] = (w, info, *certificate.budget(op, info["gamma"], w))
-                times[name].append(t)
-                print(f"{kind} {n}x{p} B={budget:g} {form:<9} round {r + 1} {name:<6} {t:8.3f} s  "
-                      f"{info['strategy']}, {np.count_nonzero(w)} active, KKT {out[name][2]:.1e}", flush=True)
+            times, out = race(args.rounds, f"{kind} {n}x{p} B={budget:g} {form:<9}",
+                              lambda name, op=op, b=budget: solve(op, b, cap if name == "now" else 0),
+                              lambda w, info, op=op: certificate.budget(op, info["gamma"], w))
             (w_now, info_now, kkt_now, obj_now), (w_before, info_before, kkt_before, obj_before) = (
                 out["now"], out["before"])
             l1_now, l1_before = float(np.abs(w_now).sum()), float(np.abs(w_before).sum())

@@ -32,7 +32,7 @@ sys.path.append(str(Path(__file__).resolve().parent))
 
 import certificate  # noqa: E402
 from synthetic import case, clustered_gradients, near_parallel_gradients  # noqa: E402
-from timing import interleaved, swapped, timed, versus  # noqa: E402
+from timing import race, swapped, timed, versus  # noqa: E402
 
 import solvers.budget  # noqa: E402
 from solvers import solve_kmm_gradients  # noqa: E402
@@ -115,17 +115,17 @@ def compare(versions: dict, G: np.ndarray, g: np.ndarray, op, kind: str, setting
     """Time both versions at one gamma (or budget), check that they agree, print the case; its JSON row."""
     n, p = G.shape
     name_of = "gamma" if form == "penalised" else "budget"
-    times: dict[str, list[float]] = {v: [] for v in versions}
-    results = {}
-    for r, name in interleaved(rounds, versions):
+
+    def run(name: str) -> tuple[float, np.ndarray, dict]:
         t, (w, info) = timed(versions[name], G, g, setting)
+        return t, w, info
+
+    def certify(w: np.ndarray, info: dict) -> tuple[float, float]:
         if form == "penalised":
-            results[name] = (w, info, *certificate.penalised(op, setting, w))
-        else:
-            results[name] = (w, info, *certificate.budget(op, info["multiplier"], w))
-        times[name].append(t)
-        print(f"{kind} {n}x{p} round {r + 1} {name:<6} {t:8.3f} s  {info['strategy']}, "
-              f"{np.count_nonzero(w)} active, KKT {results[name][2]:.1e}", flush=True)
+            return certificate.penalised(op, setting, w)
+        return certificate.budget(op, info["multiplier"], w)
+
+    times, results = race(rounds, f"{kind} {n}x{p}", run, certify)
     (w_now, info_now, kkt_now, obj_now), (w_before, _, kkt_before, obj_before) = results["now"], results["before"]
     same_support = bool(np.array_equal(np.flatnonzero(w_now), np.flatnonzero(w_before)))
     if not (max(kkt_now, kkt_before) <= 1e-6 and same_support and certificate.same_objective(obj_now, obj_before)):

@@ -36,7 +36,7 @@ sys.path.append(str(Path(__file__).resolve().parent))
 
 import certificate  # noqa: E402
 from synthetic import case, clustered_gradients, near_parallel_gradients  # noqa: E402
-from timing import interleaved, swapped, versus  # noqa: E402
+from timing import race, swapped, versus  # noqa: E402
 
 import solvers.penalised  # noqa: E402
 from solvers.operators import GradientOperator, GramOperator  # noqa: E402
@@ -98,14 +98,9 @@ def main() -> None:
             g, gamma = g32.astype(np.float64), 5e-4
         for form in args.forms:
             op = GradientOperator(G, g) if form == "gradients" else GramOperator(G @ G.T, G @ g, rank=min(n, p))
-            times: dict[str, list[float]] = {"now": [], "before": []}
-            out = {}
-            for r, name in interleaved(args.rounds, times):
-                t, w, info = solve(op, gamma, name == "now", args.max_seconds)
-                out[name] = (w, info, *certificate.penalised(op, gamma, w))
-                times[name].append(t)
-                print(f"{kind} {n}x{p} {form:<9} round {r + 1} {name:<6} {t:8.3f} s  {info['strategy']}, "
-                      f"{np.count_nonzero(w)} active, KKT {out[name][2]:.1e}", flush=True)
+            times, out = race(args.rounds, f"{kind} {n}x{p} {form:<9}",
+                              lambda name, op=op, gm=gamma: solve(op, gm, name == "now", args.max_seconds),
+                              lambda w, info, op=op, gm=gamma: certificate.penalised(op, gm, w))
             kkt_now, kkt_before = out["now"][2], out["before"][2]
             obj_now, obj_before = out["now"][3], out["before"][3]
             # "before" may miss the deadline (then it is reported so, and the ratio is a lower bound); "now" may not

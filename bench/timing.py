@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+
+import numpy as np
 
 
 def timed(fn, *args, repeat: int = 1, **kwargs):
@@ -35,6 +37,21 @@ def interleaved(rounds: int, names: Iterable[str]) -> Iterator[tuple[int, str]]:
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             yield r, name
+
+
+def race(rounds: int, label: str, run: Callable[[str], tuple[float, np.ndarray, dict]],
+         certify: Callable[[np.ndarray, dict], tuple[float, float]]) -> tuple[dict[str, list[float]], dict[str, tuple]]:
+    """"now" and "before", `rounds` times each, interleaved: run(name) -> (seconds, w, info) and certify(w, info) ->
+    (KKT, objective), a line printed per run; (each version's times, its last (w, info, KKT, objective))."""
+    times: dict[str, list[float]] = {"now": [], "before": []}
+    out: dict[str, tuple] = {}
+    for r, name in interleaved(rounds, times):
+        t, w, info = run(name)
+        out[name] = (w, info, *certify(w, info))
+        times[name].append(t)
+        print(f"{label} round {r + 1} {name:<6} {t:8.3f} s  {info['strategy']}, {np.count_nonzero(w)} active, "
+              f"KKT {out[name][2]:.1e}", flush=True)
+    return times, out
 
 
 def versus(times: dict[str, list[float]]) -> tuple[dict[str, float], float, dict]:

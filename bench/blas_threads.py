@@ -47,8 +47,9 @@ def stats_ms(ts: list[float]) -> dict[str, float]:
     return {"min": round(float(a.min()), 2), "median": round(float(np.median(a)), 2), "max": round(float(a.max()), 2)}
 
 
-def count_calls(prob) -> dict[str, int]:
-    """Triangular-solve pairs with the N x N factor and with the support's, and products of K, in one solve."""
+def count_calls(prob, tol: float | None = None) -> dict[str, int]:
+    """Triangular-solve pairs with the N x N factor and with the support's, and products of K, in one solve (at
+    tol: see solvers.solve_kmm)."""
     counts = {"pairs_n": 0, "pairs_support": 0, "products": 0}
     n = prob.K.shape[0]
     originals = {(solvers.linalg, "cholesky_solve"): solvers.linalg.cholesky_solve,
@@ -67,33 +68,43 @@ def count_calls(prob) -> dict[str, int]:
     solvers.linalg.cholesky_solve = solvers.operators.cholesky_solve = pair
     solvers.operators.gram_times = solvers.kkt.gram_times = product
     try:
-        solve_problem(prob, method="active_set")
+        solve_problem(prob, method="active_set", tol=tol)
     finally:
         for (module, name), fn in originals.items():
             setattr(module, name, fn)
     return counts
 
 
-def skeleton(K: np.ndarray, beta: np.ndarray, support: np.ndarray, counts: dict[str, int], rho: float) -> None:
+def skeleton(K: np.ndarray, beta: np.ndarray, support: np.ndarray | None, counts: dict[str, int],
+             rho: float) -> None:
     """The linear algebra of one ADMM + polish solve and nothing else: float32 copy, two factorisations,
     the counted triangular-solve pairs and products, the support gather (a lower bound on the ADMM path, the
-    one N = 1000, gamma = 5e-4 takes; supports under solvers.linalg.MIXED_MIN_N factor in float64 instead)."""
+    one N = 1000, gamma = 5e-4 takes; supports under solvers.linalg.MIXED_MIN_N factor in float64 instead).
+    support None: ADMM stopped early (no polish), K cast straight into the factor's buffer, as it then is."""
     strtrs, spotrf = sla.lapack.strtrs, sla.lapack.spotrf
-    K32 = K.astype(np.float32)  # cast once and copied for the shift, as GramOperator does
-    shifted = K32.copy()
+    if support is None:
+        shifted = K.astype(np.float32)
+    else:
+        K32 = K.astype(np.float32)  # cast once and copied for the shift, as GramOperator does
+        shifted = K32.copy()
     shifted[np.diag_indices(K.shape[0])] += np.float32(rho)
     c, _ = spotrf(shifted.T, lower=1, clean=0, overwrite_a=1)
     b = beta.astype(np.float32)
     for _ in range(counts["pairs_n"]):
         y, _ = strtrs(c, b, lower=1)
         strtrs(c, y, lower=1, trans=1)
+    w = np.zeros(K.shape[0])
+    if support is None:
+        w[:] = beta
+        for _ in range(counts["products"]):
+            K @ w
+        return
     kss = K32.take(support, axis=0).take(support, axis=1)
     cs, _ = spotrf(kss.T, lower=1, clean=0, overwrite_a=1)
     x = r = beta[support].astype(np.float32)
     for _ in range(counts["pairs_support"]):
         y, _ = strtrs(cs, r, lower=1)
         x, _ = strtrs(cs, y, lower=1, trans=1)
-    w = np.zeros(K.shape[0])
     w[support] = x
     for _ in range(counts["products"]):
         K @ w

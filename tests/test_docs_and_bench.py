@@ -201,6 +201,21 @@ def test_blas_threads_bench_runs_and_ends_with_json():
     assert set(figures["skeleton_ms"]) == {"solve", "skeleton"}
 
 
+def test_floor_bench_counts_each_path_and_ends_with_json():
+    figures = bench_json("floor.py", "--n", "400", "--p", "800", "--gamma", "2e-4", "--rounds", "2", "--repeat", "1")
+    assert figures["bench"] == "floor" and figures["early_stop"] and 0 < figures["support"] <= 400
+    exact, at_tol = figures["calls"]["exact"], figures["calls"]["tol"]
+    assert exact["pairs_support"] >= 1 and at_tol["pairs_support"] == 0  # the early stop makes no polish
+    assert at_tol["pairs_n"] > exact["pairs_n"] and exact["products"] >= 1 and at_tol["products"] >= 1
+    versions = {"cvxpy", "exact", "exact_skeleton", "tol", "tol_skeleton"}
+    assert set(figures["best_s"]) == versions and all(t > 0 for t in figures["best_s"].values())
+    assert set(figures["per_round"]) == versions - {"cvxpy"} and all(len(r) == 2 for r in figures["per_round"].values())
+    assert set(figures["ceiling"]) == set(figures["speedup"]) == {"exact", "tol"}
+    sparse = subprocess.run([sys.executable, str(ROOT / "bench" / "floor.py"), "--n", "200", "--p", "400", "--gamma",
+                             "5e-2"], capture_output=True, text=True, timeout=120)
+    assert sparse.returncode == 2 and "skeleton models ADMM's path" in sparse.stderr  # pdas_direct: no such skeleton
+
+
 def test_prefix_cache_bench_runs_and_ends_with_json(tiny_model_dir):
     figures = bench_json("prefix_cache.py", "--groups", "4", "--m", "1", "--groups-per-call", "2", "--passes", "1",
                          "--model", str(tiny_model_dir))

@@ -1,0 +1,115 @@
+"""The ceiling on the speed-up over CVXPY + OSQP: the solve's own linear algebra, timed in the same process.
+
+On bench/solvers.py's problem (clustered unit-norm gradients, p = 4096, seed 0; by default N = 1000 at gamma = 5e-4,
+where the issue's 100x is not met), interleaved over --rounds:
+- the paper's CVXPY + OSQP call (the best of two per round, as bench/solvers.py times it);
+- convalue's solve, exact and at --tol (the best of --repeat per round);
+- each one's skeleton (bench/blas_threads.skeleton): the LAPACK and BLAS calls that solve makes, counted by spies in
+  one solve, on the same matrices, with none of the solver's logic, on one BLAS thread as the solve runs.
+CVXPY's time over a skeleton's is the most that sequence of calls (ADMM with one float32 factor of K + rho I, then
+the support's factor or, at tol, none) could reach on this host with no logic around it: its ceiling (another
+implementation of the method might save a triangular-solve pair or a product, about 0.07 and 0.12 ms each). A gamma whose solve
+takes another path (a sparse solution) is refused. Prints each round's ratios, each version's best and median, and
+ends with one JSON line.
+
+    .venv/bin/python bench/floor.py                    # about 10 s
+    .venv/bin/python bench/floor.py --gamma 1e-3 --rounds 3   # another dense gamma (sparse ones are refused)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+# the repository root first (bench/solvers.py is named like the package), bench/ last
+sys.path[0] = str(Path(__file__).resolve().parents[1])
+sys.path.append(str(Path(__file__).resolve().parent))
+
+from blas_threads import count_calls, skeleton  # noqa: E402
+from synthetic import clustered_gradients  # noqa: E402
+from timing import interleaved, timed  # noqa: E402
+
+from solvers import make_problem, solve_problem  # noqa: E402
+from solvers.threads import threadpools  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=1000)
+    ap.add_argument("--p", type=int, default=4096)
+    ap.add_argument("--gamma", type=float, default=5e-4)
+    ap.add_argument("--tol", type=float, default=1e-6, help="the second solve's tolerance (the issue's KKT <= 1e-6)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=5, help="runs of each millisecond version per round (the best counts)")
+    args = ap.parse_args()
+
+    G, g32 = clustered_gradients(args.n, args.p, seed=0)  # as bench/solvers.py forms them
+    K = (G @ G.T).astype(np.float64)
+    K = 0.5 * (K + K.T)
+    beta = G.astype(np.float64) @ g32.astype(np.float64)
+    prob = make_problem(K, beta, gamma=args.gamma)
+    exact = solve_problem(prob, method="active_set")
+    at_tol = solve_problem(prob, method="active_set", tol=args.tol)
+    strategies = {exact.info["strategy"], at_tol.info["strategy"]}
+    if strategies != {"admm_polish"}:  # the skeleton is that path's linear algebra
+        ap.error(f"the skeleton models ADMM's path; at gamma = {args.gamma:g} the solve takes {sorted(strategies)} "
+                 "(a sparse solution): choose a smaller --gamma")
+    solve_problem(prob, method="cvxpy_paper")  # CVXPY's first call (imports, caches) out of the timings
+    support = np.flatnonzero(exact.w)
+    early = bool(at_tol.info.get("early_stop", False))
+    counts = {"exact": count_calls(prob), "tol": count_calls(prob, args.tol)}
+    rho = 0.01 * float(np.mean(np.diag(K)))  # any rho: the factor costs the same
+    one_thread = threadpools()
+
+    def bare(kind: str):
+        def run():
+            with one_thread.limit(limits=1, user_api="blas"):  # as the solve holds itself (solvers.threads)
+                skeleton(K, prob.beta, None if kind == "tol" and early else support, counts[kind], rho)
+        return run
+
+    versions = {"cvxpy": (lambda: solve_problem(prob, method="cvxpy_paper"), 2),
+                "exact": (lambda: solve_problem(prob, method="active_set"), args.repeat),
+                "exact_skeleton": (bare("exact"), args.repeat),
+                "tol": (lambda: solve_problem(prob, method="active_set", tol=args.tol), args.repeat),
+                "tol_skeleton": (bare("tol"), args.repeat)}
+    times: dict[str, list[float]] = {name: [] for name in versions}
+    for _, name in interleaved(args.rounds, versions):
+        fn, repeat = versions[name]
+        times[name].append(timed(fn, repeat=repeat)[0])
+    cvxpy = np.asarray(times["cvxpy"])
+    ratios = {name: cvxpy / np.asarray(ts) for name, ts in times.items() if name != "cvxpy"}
+
+    print(f"N = {args.n}, p = {args.p}, gamma = {args.gamma:g}: {support.size} active; at tol = {args.tol:g} "
+          f"{'ADMM stops early' if early else 'the answer is exact'} (KKT {at_tol.kkt:.1e}, exact {exact.kkt:.1e})")
+    for kind in ("exact", "tol"):
+        c = counts[kind]
+        print(f"{kind:>5} calls per solve: {c['pairs_n']} triangular-solve pairs of N, {c['pairs_support']} of the "
+              f"support, {c['products']} products of K, {2 if c['pairs_support'] else 1} factorisation(s)")
+    print(f"{'version':<16} {'best ms':>9} {'median ms':>10}  CVXPY / it, per round")
+    for name, ts in times.items():
+        a = 1e3 * np.asarray(ts)
+        per_round = "" if name == "cvxpy" else "  ".join(f"{r:6.1f}x" for r in ratios[name])
+        print(f"{name:<16} {a.min():9.3f} {np.median(a):10.3f}  {per_round}")
+    best = {name: min(ts) for name, ts in times.items()}
+    ceiling = {kind: best["cvxpy"] / best[f"{kind}_skeleton"] for kind in ("exact", "tol")}
+    reached = {kind: best["cvxpy"] / best[kind] for kind in ("exact", "tol")}
+    for kind in ("exact", "tol"):
+        print(f"{kind:>5}: convalue {reached[kind]:.1f}x faster than CVXPY (best against best); its skeleton's "
+              f"ceiling {ceiling[kind]:.1f}x (per round {ratios[kind + '_skeleton'].min():.1f}-"
+              f"{ratios[kind + '_skeleton'].max():.1f}x); the solve is {1e3 * (best[kind] - best[kind + '_skeleton']):.2f}"
+              f" ms above its skeleton")
+    print(json.dumps({"bench": "floor", "n": args.n, "p": args.p, "gamma": args.gamma, "tol": args.tol,
+                      "support": int(support.size), "early_stop": early, "rounds": args.rounds, "calls": counts,
+                      "best_s": {k: round(v, 6) for k, v in best.items()},
+                      "median_s": {k: round(float(np.median(v)), 6) for k, v in times.items()},
+                      "speedup": {k: round(v, 1) for k, v in reached.items()},
+                      "ceiling": {k: round(v, 1) for k, v in ceiling.items()},
+                      "per_round": {k: [round(float(r), 1) for r in v] for k, v in ratios.items()}}))
+
+
+if __name__ == "__main__":
+    main()

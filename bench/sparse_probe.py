@@ -7,7 +7,9 @@ fail for thousands of steps. Now, there, the working-set homotopy is tried first
 solvers.penalised.SPARSE_PROBE_MAX candidates (the probe); and at any N, where ADMM's first rho has not finished
 in solvers.penalised.ADMM_FIRST_STEPS steps, the working set up to its full cap goes next (a target mixing 30-100
 such rows has 100-300 active, past the probe, where ADMM fails at every rho). "before" sets both to 0 (the chain as
-it was). Cases `near:NxP` (target the mean of 5 rows) and `nearK:NxP` (of K rows, e.g. near100:3000x1000; gamma =
+it was); with `--versus seed`, "before" is the chain as it is but for the working set after ADMM's first steps,
+which then starts from the largest |beta| alone instead of also from ADMM's iterate
+(solvers.penalised.ADMM_FIRST_SEEDED off). Cases `near:NxP` (target the mean of 5 rows) and `nearK:NxP` (of K rows, e.g. near100:3000x1000; gamma =
 1e-3 max|beta|) show the gain, `clustered:NxP` (gamma = 5e-4, hundreds to thousands active, where the probe gives
 up and ADMM finishes) the cost; each in the Gram form (K = G G^T with rank p) and the gradient form. Prints time,
 strategy and KKT of both and the probe's own time (the ADMM solves above N = 2000 run on two BLAS threads and vary
@@ -18,6 +20,7 @@ and ends with one JSON line.
     .venv/bin/python bench/sparse_probe.py --cases near:3000x1000      # before: 451 s in the Gram form
     .venv/bin/python bench/sparse_probe.py --cases near100:2000x4096 near100:1000x4096 --forms gram  # before: 2 min
     .venv/bin/python bench/sparse_probe.py --cases clustered:20000x4096 --forms gradients   # the solver bench's case
+    .venv/bin/python bench/sparse_probe.py --versus seed --forms gram --cases near1000:1500x4096 near300:3000x1000
 """
 
 from __future__ import annotations
@@ -55,13 +58,17 @@ def data_case(text: str) -> tuple[str, int, int]:
     return kind, n, p
 
 
-def solve(op, gamma: float, shortcuts: bool, max_seconds: float | None) -> tuple[float, np.ndarray, dict]:
-    """(seconds, w, info) of solve_penalised with the working-set shortcuts on, or both off (the chain before
-    them), under solve_kmm's BLAS limit and the chain's own deadline."""
+def solve(op, gamma: float, now: bool, against: str, max_seconds: float | None) -> tuple[float, np.ndarray, dict]:
+    """(seconds, w, info) of solve_penalised as it is (now), or before: with both working-set shortcuts off (against
+    "shortcuts", the chain before them) or with the working set after ADMM's first steps unseeded (against "seed"),
+    under solve_kmm's BLAS limit and the chain's own deadline."""
+    shortcuts = now or against == "seed"
     probe = solvers.penalised.SPARSE_PROBE_MAX if shortcuts else 0
     first = solvers.penalised.ADMM_FIRST_STEPS if shortcuts else 0
+    seeded = solvers.penalised.ADMM_FIRST_SEEDED and (now or against != "seed")
     with swapped(solvers.penalised, "SPARSE_PROBE_MAX", probe), \
-            swapped(solvers.penalised, "ADMM_FIRST_STEPS", first), blas_threads(op.n):
+            swapped(solvers.penalised, "ADMM_FIRST_STEPS", first), \
+            swapped(solvers.penalised, "ADMM_FIRST_SEEDED", seeded), blas_threads(op.n):
         t0 = time.perf_counter()
         w, info = solvers.penalised.solve_penalised(op, gamma, max_seconds=max_seconds)
         return time.perf_counter() - t0, w, info
@@ -84,6 +91,9 @@ def main() -> None:
     ap.add_argument("--max-seconds", type=float, default=None,
                     help="the chain's deadline (solve_penalised's max_seconds); a 'before' that misses it is reported "
                          "uncertified and the ratio as a lower bound, 'now' must certify")
+    ap.add_argument("--versus", choices=("shortcuts", "seed"), default="shortcuts",
+                    help="'before': the chain without both working-set shortcuts, or without the seed of the working "
+                         "set after ADMM's first steps (ADMM_FIRST_SEEDED)")
     args = ap.parse_args()
 
     probe = solvers.penalised.SPARSE_PROBE_MAX
@@ -99,7 +109,8 @@ def main() -> None:
         for form in args.forms:
             op = GradientOperator(G, g) if form == "gradients" else GramOperator(G @ G.T, G @ g, rank=min(n, p))
             times, out = race(args.rounds, f"{kind} {n}x{p} {form:<9}",
-                              lambda name, op=op, gm=gamma: solve(op, gm, name == "now", args.max_seconds),
+                              lambda name, op=op, gm=gamma: solve(op, gm, name == "now", args.versus,
+                                                                  args.max_seconds),
                               lambda w, info, op=op, gm=gamma: certificate.penalised(op, gm, w))
             kkt_now, kkt_before = out["now"][2], out["before"][2]
             obj_now, obj_before = out["now"][3], out["before"][3]
@@ -122,7 +133,7 @@ def main() -> None:
                          "strategy_now": out["now"][1]["strategy"], "strategy_before": out["before"][1]["strategy"],
                          "active": int(np.count_nonzero(out["now"][0])), "kkt": kkt_now, "kkt_before": kkt_before,
                          "before_certified": before_done})
-    print(json.dumps({"bench": "sparse_probe", "probe_max": probe, "admm_first_steps": solvers.penalised.ADMM_FIRST_STEPS,
+    print(json.dumps({"bench": "sparse_probe", "versus": args.versus, "probe_max": probe, "admm_first_steps": solvers.penalised.ADMM_FIRST_STEPS,
                       "rounds": args.rounds, "max_seconds": args.max_seconds, "cases": rows}))
 
 

@@ -17,7 +17,8 @@ WORKING_SET_MAX = 1024
 
 
 def working_set_homotopy(op, gamma: float, scale: float, deadline: float | None = None, *,
-                         start: int | None = None, max_size: int | None = None) -> tuple[np.ndarray, int, bool]:
+                         start: int | None = None, max_size: int | None = None,
+                         seed: np.ndarray | None = None) -> tuple[np.ndarray, int, bool]:
     """The homotopy on a working set W grown by the candidates that violate KKT outside it; (w, steps, converged).
 
     For sparse solutions where PDAS's supports can exceed the rank (N > p), so that plain PDAS stops at once and
@@ -26,13 +27,14 @@ def working_set_homotopy(op, gamma: float, scale: float, deadline: float | None 
     once no candidate outside W has |r_i| > gamma. Each round adds the worst violators,
     at most doubling W; past WORKING_SET_MAX candidates it gives up and the chain goes on. start: the size of the
     first W (WORKING_SET_START when None, read at call time like WORKING_SET_MAX); max_size: the largest W
-    (WORKING_SET_MAX when None).
+    (WORKING_SET_MAX when None); seed: an iterate whose nonzeros (the largest |w| first) join the first W, up to
+    max_size.
     """
     def at_gamma(sub) -> tuple[float, np.ndarray, int, bool]:
         _, path, k = lars(sub, gamma, return_path=False)
         return gamma, path[-1], k, True
 
-    w, _, steps, ok = _grown(op, at_gamma, scale, deadline, start, max_size)
+    w, _, steps, ok = _grown(op, at_gamma, scale, deadline, start, max_size, seed=seed)
     return w, steps, ok
 
 
@@ -81,15 +83,21 @@ def working_set_budget(op, budget: float, scale: float, *, start: int | None = N
 
 
 def _grown(op, solve_on, scale: float, deadline: float | None, start: int | None, max_size: int | None,
-           deeper=None) -> tuple[np.ndarray, float, int, bool]:
-    """(w, gamma, steps, converged) on a working set W of the largest |beta| grown by the worst KKT violators outside
-    it until none is left. solve_on(the Gram operator of W) -> (gamma, w on W, steps, final), or None to give up: a
-    point with final False and no violators is not the form's answer yet: deeper() (None: never) moves solve_on on,
-    False if it cannot."""
+           deeper=None, seed: np.ndarray | None = None) -> tuple[np.ndarray, float, int, bool]:
+    """(w, gamma, steps, converged) on a working set W of the largest |beta| (and seed's nonzeros) grown by the worst
+    KKT violators outside it until none is left. solve_on(the Gram operator of W) -> (gamma, w on W, steps, final), or
+    None to give up: a point with final False and no violators is not the form's answer yet: deeper() (None: never)
+    moves solve_on on, False if it cannot."""
     n = op.n
     start = WORKING_SET_START if start is None else start
     cap = min(n, WORKING_SET_MAX if max_size is None else max_size)
-    W = np.sort(np.argsort(-np.abs(op.beta), kind="stable")[:min(cap, start)])
+    ranked = np.argsort(-np.abs(op.beta), kind="stable")[:min(cap, start)]
+    if seed is not None:  # seed's nonzeros go first, then the largest |beta|, each candidate once
+        on = np.flatnonzero(seed)
+        ranked = np.concatenate([on[np.argsort(-np.abs(seed[on]), kind="stable")], ranked])
+        _, first = np.unique(ranked, return_index=True)
+        ranked = ranked[np.sort(first)]
+    W = np.sort(ranked[:cap])
     w, steps, gamma, sub = np.zeros(n), 0, float("nan"), None
     while not past_deadline(deadline):
         if sub is None:

@@ -99,6 +99,13 @@ def test_sparse_probe_bench_agrees_with_the_chain_without_it_and_ends_with_json(
     assert all(c["kkt"] <= 1e-6 and c["before_certified"] for c in figures["cases"]) and clustered["probe_s"] > 0
 
 
+def test_sparse_probe_bench_against_the_unseeded_working_set_ends_with_json():
+    figures = bench_json("sparse_probe.py", "--cases", "near60:400x800", "--forms", "gram", "--versus", "seed")
+    (mixed,) = figures["cases"]
+    assert figures["versus"] == "seed" and mixed["strategy_now"] == mixed["strategy_before"] == "working_set_homotopy"
+    assert mixed["kkt"] <= 1e-6 and mixed["kkt_before"] <= 1e-6 and mixed["before_certified"]
+
+
 def test_gradient_space_bench_runs_and_ends_with_json():
     figures = bench_json("gradient_space.py", "--n", "800", "--p", "1000", "--rounds", "3")
     assert figures["bench"] == "gradient_space" and figures["same_support"] and figures["active"] >= 256

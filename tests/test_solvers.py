@@ -944,6 +944,60 @@ def test_dense_gamma_with_a_hundred_active_takes_the_working_set_after_admm_firs
 
 
 
+def test_the_working_set_after_admm_first_steps_starts_from_their_iterate(monkeypatch):
+    """The working set after ADMM's first steps starts from ADMM's iterate (ADMM_FIRST_SEEDED): seeded by the
+    optimum's support it solves in one LARS run where it grows from the largest |beta| in several; the chain certifies
+    the same objective with the seed and without it, and the gradient form (no K) is not seeded."""
+    import solvers.penalised as penalised_module
+    import solvers.working_set as WS
+    from solvers.operators import GradientOperator, GramOperator
+
+    G, g = _near_parallel(np.random.default_rng(41), 400, 800, 60)
+    K, beta = G @ G.T, G @ g
+    gmax = float(np.abs(beta).max())
+    gamma = 1e-3 * gmax
+    exact = solve_kmm(K, beta, gamma=gamma)
+    support = np.flatnonzero(exact.w)
+    runs: list[int] = []
+    lars = WS.lars
+
+    def counted(sub, gamma_min, **kw):
+        runs.append(sub.n)
+        return lars(sub, gamma_min, **kw)
+
+    monkeypatch.setattr(WS, "lars", counted)
+    op = GramOperator(K, beta)
+    w, _, ok = WS.working_set_homotopy(op, gamma, 1e-10 * gmax, max_size=400, seed=exact.w)
+    assert ok and len(runs) == 1 and runs[0] >= support.size  # the seed's nonzeros joined the first W
+    assert kkt_violation(make_problem(K, beta, gamma=gamma), w) <= 1e-10 * gmax
+    runs.clear()
+    w, _, ok = WS.working_set_homotopy(op, gamma, 1e-10 * gmax, max_size=400)
+    assert ok and len(runs) > 1 and runs[0] == WS.WORKING_SET_START
+    runs.clear()
+    WS.working_set_homotopy(op, gamma, 1e-10 * gmax, max_size=50, seed=exact.w)
+    assert runs[0] == 50  # the seed fills the first W up to the cap, largest |w| first
+
+    seeds: list[object] = []
+    grown = WS.working_set_homotopy
+
+    def spied(*args, seed=None, **kw):
+        seeds.append(seed)
+        return grown(*args, seed=seed, **kw)
+
+    monkeypatch.setattr(WS, "working_set_homotopy", spied)
+    seeded = solve_kmm(K, beta, gamma=gamma)
+    assert seeded.info["strategy"] == "working_set_homotopy" and seeds[-1] is not None
+    assert np.count_nonzero(seeds[-1]) > 0  # ADMM's first steps' iterate
+    monkeypatch.setattr(penalised_module, "ADMM_FIRST_SEEDED", False)
+    unseeded = solve_kmm(K, beta, gamma=gamma)
+    assert unseeded.info["strategy"] == "working_set_homotopy" and seeds[-1] is None
+    assert seeded.objective == pytest.approx(unseeded.objective, rel=1e-9, abs=1e-12)
+    monkeypatch.setattr(penalised_module, "ADMM_FIRST_SEEDED", True)
+    seeds.clear()
+    penalised_module.solve_penalised(GradientOperator(G, g), gamma)
+    assert seeds and all(s is None for s in seeds)
+
+
 def test_past_the_homotopy_limit_the_full_homotopy_follows_when_admm_and_the_working_set_give_up(monkeypatch):
     """A rank-deficient K past HOMOTOPY_MAX_WORK (patched to 0 here) but within HOMOTOPY_FALLBACK_WORK, where ADMM's
     first steps and the working set after them both give up (patched to 1 step and 8 candidates; at N = 3000 > p =

@@ -147,11 +147,12 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
     can_admm = hasattr(op, "shifted_solver") and (op.n <= admm_max_n or not hasattr(op, "K"))
     stop_at = (stop_tol * max(1.0, gmax) if stop_tol is not None and stop_tol >= admm.EARLY_STOP_MIN_TOL
                else None)
-    early_stopped = [False]  # whether ADMM's own iterate answered (run_admm sets it)
+    early_stopped = False  # whether ADMM's own iterate answered (run_admm sets it)
 
     def run_admm(first: int = 0) -> tuple[np.ndarray, int, bool]:
         # ADMM's speed depends on rho; degenerate (rank-deficient) problems may need another scale. first > 0: only
         # the first rho, for that many steps
+        nonlocal early_stopped
         total, best = 0, np.zeros(op.n)
         for rho in (admm.admm_rho(gamma, gmax),) if first else (admm.admm_rho(gamma, gmax), 3.0, 0.03):
             if past_deadline(deadline):
@@ -160,7 +161,7 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
                                                    deadline=deadline, stop_at=stop_at)
             total += it
             if ok:
-                early_stopped[0] = stopped
+                early_stopped = stopped
                 return w, total, True
             best = _closer(op, gamma, best, w)  # an unfinished run's iterate, not a later run's zero start
         return best, total, False
@@ -247,7 +248,7 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
         w = w_cd if ok else _closer(op, gamma, w, w_cd)
         fallback = "coordinate_descent+nnls_polish"
     info = {"iterations": iters, "strategy": strategy, "converged": ok, "fallback": fallback}
-    return w, info | ({"early_stop": True} if early_stopped[0] else {})  # set only by the link that ended the chain
+    return w, info | ({"early_stop": True} if early_stopped else {})  # set only by the link that ended the chain
 
 
 def _closer(op, gamma: float, a: np.ndarray, b: np.ndarray) -> np.ndarray:

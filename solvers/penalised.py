@@ -80,10 +80,12 @@ ADMM_FIRST_WORKING_SET_MAX = 2048
 HOMOTOPY_FALLBACK_WORK = 8e9
 #: ... and, where K is formed, that working set starts from the iterate ADMM's first steps reached (its nonzeros, the
 #: largest |w| first, beside the largest |beta|; read at call time): each round of the working set reruns LARS from
-#: gamma_max, so starting near the support's size saves rounds. bench/sparse_probe.py --versus seed (twelve
-#: near-parallel cases at 1e-3 max|beta|, 30-1209 active): 0.89-3.35x, 1.33x by geometric mean; 6.58 -> 1.97 s at
-#: 1500 x 4096 with 1209 active (ADMM's iterate: 1500 nonzeros), 10.6 -> 4.9 s at N = 3000 > p = 1000 with 781 (1831
-#: nonzeros, 94.5 % of the support). Not in the gradient form, where W's Gram costs |W|^2 p to form (scratch: 0.91-1.03x)
+#: gamma_max, so starting near the support's size saves rounds. Where that iterate has as many nonzeros as the working
+#: set's cap, the seeded W would start full with no room to grow (it gave up in all five such cases, N = 2500-5000 >
+#: p, after 4.3-23 s), so the homotopy fallback goes before it. bench/sparse_probe.py --versus seed (18 near-parallel
+#: cases at 1e-3 max|beta|, 30-1381 active): 0.83-5.75x, 1.61x by geometric mean, 186 -> 69 s in all; 6.8 -> 1.9 s at
+#: 1500 x 4096 with 1210 active (ADMM's iterate: 1500 nonzeros), 56.6 -> 9.9 s at 2500 x 1500 with 1381. Not in the
+#: gradient form, where W's Gram costs |W|^2 p to form (scratch: 0.91-1.03x)
 ADMM_FIRST_SEEDED = True
 
 #: in the gradient form, the Gram-form homotopy on K = G G^T formed once is the fallback up to this N (K: 512 MB)
@@ -148,11 +150,12 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
     stop_at = (stop_tol * max(1.0, gmax) if stop_tol is not None and stop_tol >= admm.EARLY_STOP_MIN_TOL
                else None)
     early_stopped = False  # whether ADMM's own iterate answered (run_admm sets it)
+    first_iterate = None  # where ADMM's first steps (ADMM_FIRST_STEPS) did not finish, their iterate (run_admm sets it)
 
     def run_admm(first: int = 0) -> tuple[np.ndarray, int, bool]:
         # ADMM's speed depends on rho; degenerate (rank-deficient) problems may need another scale. first > 0: only
         # the first rho, for that many steps
-        nonlocal early_stopped
+        nonlocal early_stopped, first_iterate
         total, best = 0, np.zeros(op.n)
         for rho in (admm.admm_rho(gamma, gmax),) if first else (admm.admm_rho(gamma, gmax), 3.0, 0.03):
             if past_deadline(deadline):
@@ -163,6 +166,8 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
             if ok:
                 early_stopped = stopped
                 return w, total, True
+            if first:
+                first_iterate = w
             best = _closer(op, gamma, best, w)  # an unfinished run's iterate, not a later run's zero start
         return best, total, False
 
@@ -170,8 +175,7 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
         return "working_set_homotopy", lambda: working_set.working_set_homotopy(op, gamma, scale, deadline, **sizes)
 
     def seeded_wide() -> tuple[np.ndarray, int, bool]:
-        # best: the closest iterate the chain reached before this link, ADMM's first steps (the loop below sets it)
-        seed = best if ADMM_FIRST_SEEDED and hasattr(op, "K") else None
+        seed = first_iterate if ADMM_FIRST_SEEDED and hasattr(op, "K") else None
         return working_set.working_set_homotopy(op, gamma, scale, deadline, max_size=ADMM_FIRST_WORKING_SET_MAX,
                                                 seed=seed)
 
@@ -181,8 +185,17 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
     admm_link = ("admm_polish", run_admm)
     wide = ("working_set_homotopy", seeded_wide)
     admm_first = [("admm_polish", lambda: run_admm(ADMM_FIRST_STEPS)), wide] if ADMM_FIRST_STEPS > 0 else []
+
+    def fallback_homotopy(before_wide: bool) -> tuple[np.ndarray, int, bool] | None:
+        # where ADMM's first iterate has as many nonzeros as the working set's cap, the seeded working set starts full
+        # with no room to grow: the homotopy goes before it, else after it (None: skipped)
+        full = (ADMM_FIRST_SEEDED and first_iterate is not None
+                and np.count_nonzero(first_iterate) >= ADMM_FIRST_WORKING_SET_MAX)
+        return _distinct_homotopy(op, gamma, scale) if full == before_wide else None
+
     if admm_first and not affordable(op) and affordable(op, HOMOTOPY_FALLBACK_WORK):
-        admm_first.append(("homotopy", lambda: _distinct_homotopy(op, gamma, scale)))
+        admm_first[1:1] = [("homotopy", lambda: fallback_homotopy(True))]
+        admm_first.append(("homotopy", lambda: fallback_homotopy(False)))
     probing = SPARSE_PROBE_MAX > 0 and (deficient(op) or op.n >= SPARSE_PROBE_MIN_N)
     dense_head = ([probe] if probing else []) + (admm_first + [admm_link] if can_admm else [])  # a cold dense start
     sparse = gamma >= dense_ratio * gmax
@@ -216,8 +229,11 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
               if (n != "admm_polish" or can_admm) and n not in {c[0] for c in chain}]
     iters, best = 0, None
     for name, run in chain:
+        out = run()
+        if out is None:  # a link that does not apply after what the links before it found
+            continue
         strategy = name
-        w, it, ok = run()
+        w, it, ok = out
         iters += it
         if ok:
             break

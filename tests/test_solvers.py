@@ -1000,27 +1000,48 @@ def test_the_working_set_after_admm_first_steps_starts_from_their_iterate(monkey
 
 def test_past_the_homotopy_limit_the_full_homotopy_follows_when_admm_and_the_working_set_give_up(monkeypatch):
     """A rank-deficient K past HOMOTOPY_MAX_WORK (patched to 0 here) but within HOMOTOPY_FALLBACK_WORK, where ADMM's
-    first steps and the working set after them both give up (patched to 1 step and 8 candidates; at N = 3000 > p =
+    first steps and the working set after them both give up (patched to 2 steps and 8 candidates; at N = 3000 > p =
     1000, 973 of the rank's 1000 active, they did by themselves): the full homotopy, on one candidate of each
-    duplicate group, certifies before ADMM runs in full."""
+    duplicate group, certifies before ADMM runs in full. Where ADMM's iterate has as many nonzeros as the working
+    set's cap (here all 305 after two steps, so the seeded working set would start full), the homotopy goes before the
+    working set; unseeded (ADMM_FIRST_SEEDED off) after it."""
     import solvers.homotopy as homotopy_module
     import solvers.penalised as penalised_module
+    import solvers.working_set as WS
 
     monkeypatch.setattr(homotopy_module, "HOMOTOPY_MAX_WORK", 0.0)
-    monkeypatch.setattr(penalised_module, "ADMM_FIRST_STEPS", 1)
+    monkeypatch.setattr(penalised_module, "ADMM_FIRST_STEPS", 2)
     monkeypatch.setattr(penalised_module, "ADMM_FIRST_WORKING_SET_MAX", 8)
+    calls: list[str] = []
+    homotopy, working = penalised_module._distinct_homotopy, WS.working_set_homotopy
+
+    def spy(name, fn):
+        def called(*args, **kw):
+            calls.append(name)
+            return fn(*args, **kw)
+        return called
+
+    monkeypatch.setattr(penalised_module, "_distinct_homotopy", spy("homotopy", homotopy))
+    monkeypatch.setattr(WS, "working_set_homotopy", spy("working_set", working))
     G, g = _near_parallel(np.random.default_rng(43), 300, 100, 300)
     G = np.vstack([G, G[:5]])  # exact copies, which the homotopy must not see twice
     K, beta = G @ G.T, G @ g
     gamma = 1e-3 * float(np.abs(beta).max())
-    sol = solve_kmm(K, beta, gamma=gamma, rank_bound=100)
-    assert sol.info["strategy"] == "homotopy" and sol.info["fallback"] is None
-    assert sol.kkt <= 1e-10 * max(1.0, float(np.abs(beta).max())) and np.count_nonzero(sol.w) > 64
-    assert np.count_nonzero(sol.w[:5] * sol.w[300:]) == 0  # never both copies of a pair
+    sols = {}
+    for seeded in (False, True):
+        monkeypatch.setattr(penalised_module, "ADMM_FIRST_SEEDED", seeded)
+        calls.clear()
+        sol = sols[seeded] = solve_kmm(K, beta, gamma=gamma, rank_bound=100)
+        assert sol.info["strategy"] == "homotopy" and sol.info["fallback"] is None
+        assert sol.kkt <= 1e-10 * max(1.0, float(np.abs(beta).max())) and np.count_nonzero(sol.w) > 64
+        assert np.count_nonzero(sol.w[:5] * sol.w[300:]) == 0  # never both copies of a pair
+        # the probe (a working set capped at SPARSE_PROBE_MAX; K is rank-deficient) runs first either way
+        assert calls == (["working_set", "homotopy"] if seeded else ["working_set", "working_set", "homotopy"])
+    assert sols[True].objective == pytest.approx(sols[False].objective, rel=1e-9, abs=1e-12)
     monkeypatch.undo()  # affordable again: the full homotopy goes first, the same optimum
     first = solve_kmm(K, beta, gamma=gamma, rank_bound=100)
     assert first.info["strategy"] == "homotopy"
-    assert sol.objective == pytest.approx(first.objective, rel=1e-9, abs=1e-12)
+    assert sols[True].objective == pytest.approx(first.objective, rel=1e-9, abs=1e-12)
 
 
 def test_budget_past_the_homotopy_limit_warm_starts_admm_before_pdas_at_dense_gammas(monkeypatch):

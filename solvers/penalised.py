@@ -84,8 +84,9 @@ HOMOTOPY_FALLBACK_WORK = 8e9
 #: set's cap, the seeded W would start full with no room to grow (it gave up in all five such cases, N = 2500-5000 >
 #: p, after 4.3-23 s), so the homotopy fallback goes before it. bench/sparse_probe.py --versus seed (18 near-parallel
 #: cases at 1e-3 max|beta|, 30-1381 active): 0.83-5.75x, 1.61x by geometric mean, 186 -> 69 s in all; 6.8 -> 1.9 s at
-#: 1500 x 4096 with 1210 active (ADMM's iterate: 1500 nonzeros), 56.6 -> 9.9 s at 2500 x 1500 with 1381. Not in the
-#: gradient form, where W's Gram costs |W|^2 p to form (scratch: 0.91-1.03x)
+#: 1500 x 4096 with 1210 active (ADMM's iterate: 1500 nonzeros), 56.6 -> 9.9 s at 2500 x 1500 with 1381. The seed is
+#: not used in the gradient form, where W's Gram costs |W|^2 p to form (scratch: 0.91-1.03x); the order is (three cases,
+#: --forms gradients: 24.9 -> 7.8 s at 3000 x 1000 with 973 active, 1.01x and 1.16x where it does not apply)
 ADMM_FIRST_SEEDED = True
 
 #: in the gradient form, the Gram-form homotopy on K = G G^T formed once is the fallback up to this N (K: 512 MB)

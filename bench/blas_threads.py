@@ -32,7 +32,7 @@ import torch
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 sys.path.append(str(Path(__file__).resolve().parent))
 
-from synthetic import clustered_gradients  # noqa: E402
+from synthetic import clustered_gram  # noqa: E402
 
 import solvers.kkt  # noqa: E402
 import solvers.linalg  # noqa: E402
@@ -117,10 +117,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=30)
     args = ap.parse_args()
 
-    G, g = clustered_gradients(args.n, 4096, seed=0)
-    K = (G @ G.T).astype(np.float64)
-    K = 0.5 * (K + K.T)
-    prob = make_problem(K, G.astype(np.float64) @ g.astype(np.float64), gamma=args.gamma)
+    K, beta, _, _ = clustered_gram(args.n, 4096, seed=0)
+    prob = make_problem(K, beta, gamma=args.gamma)
     on = np.flatnonzero(solve_problem(prob, method="active_set").w)
     support = int(on.size)
     ctl = threadpools()

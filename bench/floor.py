@@ -5,7 +5,8 @@ where the issue's 100x is not met), interleaved over --rounds:
 - the paper's CVXPY + OSQP call (the best of two per round, as bench/solvers.py times it);
 - convalue's solve, exact and at --tol (the best of --repeat per round);
 - each one's skeleton (bench/blas_threads.skeleton): the LAPACK and BLAS calls that solve makes, counted by spies in
-  one solve, on the same matrices, with none of the solver's logic, on one BLAS thread as the solve runs.
+  one solve, on the same matrices, with none of the solver's logic, under the solve's own BLAS limit
+  (solvers.threads.blas_threads: one thread up to N = 2000).
 CVXPY's time over a skeleton's is the most that sequence of calls (ADMM with one float32 factor of K + rho I, then
 the support's factor or, at tol, none) could reach on this host with no logic around it: its ceiling (another
 implementation of the method might save a triangular-solve pair or a product, about 0.07 and 0.12 ms each). A gamma whose solve
@@ -30,11 +31,11 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from blas_threads import count_calls, skeleton  # noqa: E402
-from synthetic import clustered_gradients  # noqa: E402
+from synthetic import clustered_gram  # noqa: E402
 from timing import interleaved, timed  # noqa: E402
 
 from solvers import make_problem, solve_problem  # noqa: E402
-from solvers.threads import threadpools  # noqa: E402
+from solvers.threads import blas_threads  # noqa: E402
 
 
 def main() -> None:
@@ -47,10 +48,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5, help="runs of each millisecond version per round (the best counts)")
     args = ap.parse_args()
 
-    G, g32 = clustered_gradients(args.n, args.p, seed=0)  # as bench/solvers.py forms them
-    K = (G @ G.T).astype(np.float64)
-    K = 0.5 * (K + K.T)
-    beta = G.astype(np.float64) @ g32.astype(np.float64)
+    K, beta, _, _ = clustered_gram(args.n, args.p, seed=0)  # as bench/solvers.py forms them
     prob = make_problem(K, beta, gamma=args.gamma)
     exact = solve_problem(prob, method="active_set")
     at_tol = solve_problem(prob, method="active_set", tol=args.tol)
@@ -63,11 +61,10 @@ def main() -> None:
     early = bool(at_tol.info.get("early_stop", False))
     counts = {"exact": count_calls(prob), "tol": count_calls(prob, args.tol)}
     rho = 0.01 * float(np.mean(np.diag(K)))  # any rho: the factor costs the same
-    one_thread = threadpools()
 
     def bare(kind: str):
         def run():
-            with one_thread.limit(limits=1, user_api="blas"):  # as the solve holds itself (solvers.threads)
+            with blas_threads(args.n):  # as the solve holds itself
                 skeleton(K, prob.beta, None if kind == "tol" and early else support, counts[kind], rho)
         return run
 

@@ -651,6 +651,14 @@ def test_anderson_acceleration_finds_a_linear_maps_fixed_point_in_fewer_steps():
         Anderson(3, memory=0)
 
 
+def _recorded(fn, log: list, entry):
+    """fn, appending entry(*args, **kwargs) to log before each call: a spy that records what each call was given."""
+    def recorded(*args, **kwargs):
+        log.append(entry(*args, **kwargs))
+        return fn(*args, **kwargs)
+    return recorded
+
+
 def _near_parallel(rng: np.random.Generator, n: int, p: int, mix: int = 5) -> tuple[np.ndarray, np.ndarray]:
     """Unit rows 1 + 0.02 noise (K has one eigenvalue near n) and a target the mean of the first `mix` of them."""
     G = 1.0 + 0.02 * rng.normal(size=(n, p))
@@ -691,12 +699,7 @@ def test_small_k_takes_the_pivoted_cholesky_and_eigvalsh_only_to_name_a_negative
 
     calls = []
     real = np.linalg.eigvalsh
-
-    def counted(a):
-        calls.append(a.shape)
-        return real(a)
-
-    monkeypatch.setattr(problem_module.np.linalg, "eigvalsh", counted)
+    monkeypatch.setattr(problem_module.np.linalg, "eigvalsh", _recorded(real, calls, lambda a: a.shape))
     for seed, n, p, dup in ((3, 50, 12, True), (4, 40, 60, True), (4, 40, 60, False), (5, 200, 80, False)):
         G, g = random_gradients(seed, n, p, dup)
         K = G @ G.T
@@ -718,17 +721,9 @@ def test_a_full_rank_k_is_certified_by_the_unpivoted_cholesky_and_anything_else_
     import solvers.problem as problem_module
 
     calls = []
-
-    def spy(name):
-        real = getattr(sla.lapack, name)
-
-        def counted(*args, **kwargs):
-            calls.append(name)
-            return real(*args, **kwargs)
-        return counted
-
     for name in ("dpotrf", "dpstrf"):
-        monkeypatch.setattr(problem_module.sla.lapack, name, spy(name))
+        monkeypatch.setattr(problem_module.sla.lapack, name,
+                            _recorded(getattr(sla.lapack, name), calls, lambda *a, name=name, **k: name))
 
     def spectrum_rank(K):
         eig = np.linalg.eigvalsh(K)
@@ -959,13 +954,7 @@ def test_the_working_set_after_admm_first_steps_starts_from_their_iterate(monkey
     exact = solve_kmm(K, beta, gamma=gamma)
     support = np.flatnonzero(exact.w)
     runs: list[int] = []
-    lars = WS.lars
-
-    def counted(sub, gamma_min, **kw):
-        runs.append(sub.n)
-        return lars(sub, gamma_min, **kw)
-
-    monkeypatch.setattr(WS, "lars", counted)
+    monkeypatch.setattr(WS, "lars", _recorded(WS.lars, runs, lambda sub, *a, **k: sub.n))
     op = GramOperator(K, beta)
     w, _, ok = WS.working_set_homotopy(op, gamma, 1e-10 * gmax, max_size=400, seed=exact.w)
     assert ok and len(runs) == 1 and runs[0] >= support.size  # the seed's nonzeros joined the first W
@@ -978,13 +967,8 @@ def test_the_working_set_after_admm_first_steps_starts_from_their_iterate(monkey
     assert runs[0] == 50  # the seed fills the first W up to the cap, largest |w| first
 
     seeds: list[object] = []
-    grown = WS.working_set_homotopy
-
-    def spied(*args, seed=None, **kw):
-        seeds.append(seed)
-        return grown(*args, seed=seed, **kw)
-
-    monkeypatch.setattr(WS, "working_set_homotopy", spied)
+    monkeypatch.setattr(WS, "working_set_homotopy",
+                        _recorded(WS.working_set_homotopy, seeds, lambda *a, seed=None, **k: seed))
     seeded = solve_kmm(K, beta, gamma=gamma)
     assert seeded.info["strategy"] == "working_set_homotopy" and seeds[-1] is not None
     assert np.count_nonzero(seeds[-1]) > 0  # ADMM's first steps' iterate
@@ -1013,16 +997,10 @@ def test_past_the_homotopy_limit_the_full_homotopy_follows_when_admm_and_the_wor
     monkeypatch.setattr(penalised_module, "ADMM_FIRST_STEPS", 2)
     monkeypatch.setattr(penalised_module, "ADMM_FIRST_WORKING_SET_MAX", 8)
     calls: list[str] = []
-    homotopy, working = penalised_module._distinct_homotopy, WS.working_set_homotopy
-
-    def spy(name, fn):
-        def called(*args, **kw):
-            calls.append(name)
-            return fn(*args, **kw)
-        return called
-
-    monkeypatch.setattr(penalised_module, "_distinct_homotopy", spy("homotopy", homotopy))
-    monkeypatch.setattr(WS, "working_set_homotopy", spy("working_set", working))
+    monkeypatch.setattr(penalised_module, "_distinct_homotopy",
+                        _recorded(penalised_module._distinct_homotopy, calls, lambda *a, **k: "homotopy"))
+    monkeypatch.setattr(WS, "working_set_homotopy",
+                        _recorded(WS.working_set_homotopy, calls, lambda *a, **k: "working_set"))
     G, g = _near_parallel(np.random.default_rng(43), 300, 100, 300)
     G = np.vstack([G, G[:5]])  # exact copies, which the homotopy must not see twice
     K, beta = G @ G.T, G @ g

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import ray
 
-from actors.dispatch import windowed
-from actors.startup import DeferredStartup
+from convalue.actors.dispatch import windowed
+from convalue.actors.startup import DeferredStartup
 
 
 class EmbedderImpl(DeferredStartup):
@@ -18,15 +18,15 @@ class EmbedderImpl(DeferredStartup):
     def __init__(self, model_dir: str, threads: int):
         import torch
 
-        from engine.clustering import load_encoder
-        from engine.data import DataError
+        from convalue.engine.data.clustering import load_encoder
+        from convalue.engine.data.sources import DataError
 
         torch.set_num_threads(threads)
         self.encoder = self._start(lambda: load_encoder(Path(model_dir)), (DataError,))
 
     def embed(self, texts: list[str]) -> np.ndarray:
         """Unit-norm embeddings of texts, one float32 row each."""
-        from engine.clustering import encode
+        from convalue.engine.data.clustering import encode
 
         self._ready()
         return encode(self.encoder, texts)

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import ray
 
-from engine.config import FinetuneConfig, LoraConfig
-from engine.finetune import FinetuneResult, evaluate_loss, finetune
-from engine.tokenize import TokenizedExample
+from convalue.engine.config.sections import FinetuneConfig, LoraConfig
+from convalue.engine.model.tokenize import TokenizedExample
+from convalue.engine.protocol.finetune import FinetuneResult, evaluate_loss, finetune
 
 
 def _replica(spec: dict):
     """(theta_0 on the job's device, device, autocast dtype), with the job's torch threads and seed set."""
     import torch
 
-    from engine.models import autocast_dtype, load_model
+    from convalue.engine.model.loading import autocast_dtype, load_model
 
     torch.set_num_threads(int(spec["threads"]))
     torch.manual_seed(spec["finetune"]["seed"])

@@ -8,13 +8,13 @@ import time
 import numpy as np
 import ray
 
-from actors.startup import DeferredStartup
-from engine.config import ConfigError
-from engine.featurize import WorkItem
-from engine.grpo import GrpoError
-from engine.models import ModelError
-from engine.projection import ProjectionError
-from engine.rewards import RewardError
+from convalue.actors.startup import DeferredStartup
+from convalue.engine.config.sections import ConfigError
+from convalue.engine.features.gradients import WorkItem
+from convalue.engine.features.grpo import GrpoError
+from convalue.engine.features.projection import ProjectionError
+from convalue.engine.features.rewards import RewardError
+from convalue.engine.model.loading import ModelError
 
 USER_ERRORS = (ConfigError, ModelError, ProjectionError, GrpoError, RewardError)  # what a replica's inputs can raise
 
@@ -25,7 +25,7 @@ class GradientWorkerImpl(DeferredStartup):
     def __init__(self, spec: dict):
         import torch
 
-        from engine.replica import build_featurizer
+        from convalue.engine.features.replica import build_featurizer
 
         torch.set_num_threads(int(spec["threads"]))
         t0 = time.perf_counter()

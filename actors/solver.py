@@ -7,15 +7,15 @@ from collections.abc import Callable
 import numpy as np
 import ray
 
-from actors.dispatch import windowed
-from engine.bootstrap import resample_run, split_resamples
-from engine.kmm_solve import solve_gram, solve_vectors
-from solvers import KMMSolution
+from convalue.actors.dispatch import windowed
+from convalue.engine.selection.bootstrap import resample_run, split_resamples
+from convalue.engine.selection.solve import solve_gram, solve_vectors
+from convalue.solvers import KMMSolution
 
 
 @ray.remote(num_cpus=1, max_restarts=1)
 class SolverActor:
-    """Thin shell around solvers.solve_kmm and solvers.solve_kmm_gradients."""
+    """Thin shell around convalue.solvers.solve_kmm and convalue.solvers.solve_kmm_gradients."""
 
     def solve(self, K: np.ndarray, beta: np.ndarray, settings: dict) -> KMMSolution:
         """Solve with settings {gamma | budget, costs, method, normalize, rank_bound}; raises on a failed solve."""
@@ -23,7 +23,7 @@ class SolverActor:
 
     def bootstrap(self, examples: dict[str, np.ndarray], names: list[str], run: dict, samples: int,
                   seed: int, first: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """(W, S) of engine.bootstrap.resample_run for resamples first .. first + samples - 1: the previews
+        """(W, S) of convalue.engine.selection.bootstrap.resample_run for resamples first .. first + samples - 1: the previews
         resampled, each solved as the run was."""
         return resample_run(examples, names, run, samples, seed, first)
 

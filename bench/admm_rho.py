@@ -26,8 +26,8 @@ import numpy as np
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from bench.synthetic import clustered_gram  # noqa: E402
-from solvers import admm, make_problem, solve_problem  # noqa: E402
-from solvers.active_set import pdas_plain  # noqa: E402
+from convalue.solvers import admm, make_problem, solve_problem  # noqa: E402
+from convalue.solvers.active_set import pdas_plain  # noqa: E402
 
 DEFAULT = {"admm_rho": admm.admm_rho, "polish_on_support": admm.polish_on_support, "admm_polish": admm.admm_polish}
 
@@ -46,7 +46,7 @@ VARIANTS = {
 
 
 def _use(variant: dict) -> None:
-    """Put a variant's functions in solvers.admm, where solve_penalised and admm_polish look them up."""
+    """Put a variant's functions in convalue.solvers.admm, where solve_penalised and admm_polish look them up."""
     for name, fn in variant.items():
         setattr(admm, name, fn)
 

@@ -36,7 +36,7 @@ def main() -> None:
 
     import torch
 
-    from engine.config import (
+    from convalue.engine.config.sections import (
         DataConfig,
         FeaturesConfig,
         FinetuneConfig,
@@ -44,10 +44,15 @@ def main() -> None:
         ModelConfig,
         SourceConfig,
     )
-    from engine.finetune import evaluate_loss, finetune
-    from engine.models import autocast_dtype, load_model, load_tokenizer, resolve_model_dir
-    from engine.prepare import prepare
-    from engine.replica import build_featurizer
+    from convalue.engine.data.prepare import prepare
+    from convalue.engine.features.replica import build_featurizer
+    from convalue.engine.model.loading import (
+        autocast_dtype,
+        load_model,
+        load_tokenizer,
+        resolve_model_dir,
+    )
+    from convalue.engine.protocol.finetune import evaluate_loss, finetune
 
     dev = args.device
     if dev.startswith("cuda") and not torch.cuda.is_available():

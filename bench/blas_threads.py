@@ -28,17 +28,17 @@ import numpy as np
 import scipy.linalg as sla
 import torch
 
-# this folder holds solvers.py, named like the `solvers` package: the repository root goes first
+# this folder holds convalue.solvers.py, named like the `solvers` package: the repository root goes first
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from synthetic import clustered_gram  # noqa: E402
 
-import solvers.kkt  # noqa: E402
-import solvers.linalg  # noqa: E402
-import solvers.operators  # noqa: E402
-from solvers import make_problem, solve_problem  # noqa: E402
-from solvers.threads import threadpools  # noqa: E402
+import convalue.solvers.kkt  # noqa: E402
+import convalue.solvers.linalg  # noqa: E402
+import convalue.solvers.operators  # noqa: E402
+from convalue.solvers import make_problem, solve_problem  # noqa: E402
+from convalue.solvers.threads import threadpools  # noqa: E402
 
 
 def stats_ms(ts: list[float]) -> dict[str, float]:
@@ -49,24 +49,24 @@ def stats_ms(ts: list[float]) -> dict[str, float]:
 
 def count_calls(prob, tol: float | None = None) -> dict[str, int]:
     """Triangular-solve pairs with the N x N factor and with the support's, and products of K, in one solve (at
-    tol: see solvers.solve_kmm)."""
+    tol: see convalue.solvers.solve_kmm)."""
     counts = {"pairs_n": 0, "pairs_support": 0, "products": 0}
     n = prob.K.shape[0]
-    originals = {(solvers.linalg, "cholesky_solve"): solvers.linalg.cholesky_solve,
-                 (solvers.operators, "cholesky_solve"): solvers.operators.cholesky_solve,
-                 (solvers.operators, "gram_times"): solvers.operators.gram_times,
-                 (solvers.kkt, "gram_times"): solvers.kkt.gram_times}
+    originals = {(convalue.solvers.linalg, "cholesky_solve"): convalue.solvers.linalg.cholesky_solve,
+                 (convalue.solvers.operators, "cholesky_solve"): convalue.solvers.operators.cholesky_solve,
+                 (convalue.solvers.operators, "gram_times"): convalue.solvers.operators.gram_times,
+                 (convalue.solvers.kkt, "gram_times"): convalue.solvers.kkt.gram_times}
 
     def pair(c, b):
         counts["pairs_n" if c.shape[0] == n else "pairs_support"] += 1
-        return originals[(solvers.linalg, "cholesky_solve")](c, b)
+        return originals[(convalue.solvers.linalg, "cholesky_solve")](c, b)
 
     def product(K, w):
         counts["products"] += 1
-        return originals[(solvers.operators, "gram_times")](K, w)
+        return originals[(convalue.solvers.operators, "gram_times")](K, w)
 
-    solvers.linalg.cholesky_solve = solvers.operators.cholesky_solve = pair
-    solvers.operators.gram_times = solvers.kkt.gram_times = product
+    convalue.solvers.linalg.cholesky_solve = convalue.solvers.operators.cholesky_solve = pair
+    convalue.solvers.operators.gram_times = convalue.solvers.kkt.gram_times = product
     try:
         solve_problem(prob, method="active_set", tol=tol)
     finally:
@@ -79,7 +79,7 @@ def skeleton(K: np.ndarray, beta: np.ndarray, support: np.ndarray | None, counts
              rho: float) -> None:
     """The linear algebra of one ADMM + polish solve and nothing else: float32 copy, two factorisations,
     the counted triangular-solve pairs and products, the support gather (a lower bound on the ADMM path, the
-    one N = 1000, gamma = 5e-4 takes; supports under solvers.linalg.MIXED_MIN_N factor in float64 instead).
+    one N = 1000, gamma = 5e-4 takes; supports under convalue.solvers.linalg.MIXED_MIN_N factor in float64 instead).
     support None: ADMM stopped early (no polish), K cast straight into the factor's buffer, as it then is."""
     strtrs, spotrf = sla.lapack.strtrs, sla.lapack.spotrf
     if support is None:

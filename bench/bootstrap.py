@@ -4,7 +4,7 @@ Per-example vectors: N groups of m examples, each example its group's clustered 
 (bench/synthetic.py) plus noise, float32 as the vector store keeps them; the target's m examples around
 the mean of three groups' gradients.
 Each resample re-forms G, g_tar, K = G G^T and beta and solves KMM (penalised, cosine-normalised, as the demo
-config). Both widths run through actors.solver.bootstrap_on_actors in one local Ray (started before the clock;
+config). Both widths run through convalue.actors.solver.bootstrap_on_actors in one local Ray (started before the clock;
 actor start-up and the object-store put are inside it), --repeats times alternately; prints the medians, the
 ratio and whether both widths gave the same resamples, and ends with one JSON line.
 
@@ -25,7 +25,7 @@ import numpy as np
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from bench.synthetic import case, clustered_gradients  # noqa: E402
-from engine.prepare import TARGET_KEY  # noqa: E402
+from convalue.engine.data.prepare import TARGET_KEY  # noqa: E402
 
 
 def per_example_vectors(n: int, p: int, m: int, seed: int = 0) -> tuple[dict[str, np.ndarray], list[str]]:
@@ -52,7 +52,7 @@ def main() -> None:
     args = ap.parse_args()
     import ray
 
-    from actors.solver import bootstrap_on_actors
+    from convalue.actors.solver import bootstrap_on_actors
 
     (n, p), B = args.case, args.samples
     examples, names = per_example_vectors(n, p, args.m)

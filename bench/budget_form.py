@@ -3,7 +3,7 @@
 solve_budget reads the budget (||w||_1 <= B) off the LARS homotopy's path when the homotopy is affordable (a
 rank-deficient K of N * rank^2 <= 2e9); everywhere else it bracketed the budget on a warm-started gamma grid
 (about 15-25 penalised solves). Now the homotopy's path on a working set of candidates, grown by KKT violators, is
-tried first where K is rank-deficient (N > p) or N >= 2000, up to solvers.budget.BUDGET_WORKING_SET_MAX candidates;
+tried first where K is rank-deficient (N > p) or N >= 2000, up to convalue.solvers.budget.BUDGET_WORKING_SET_MAX candidates;
 "before" sets that to 0 (the grid, as it was). A dense budget (clustered:2000x4096:10, 1593 active) shows the cost
 where it gives up.
 Cases `kind:NxP:B` with kind `clustered` (bench/synthetic.py's clustered unit-norm gradients) or `near` (rows 1 +
@@ -34,10 +34,10 @@ import certificate  # noqa: E402
 from synthetic import case, clustered_gradients, near_parallel_gradients  # noqa: E402
 from timing import race, swapped, versus  # noqa: E402
 
-import solvers.budget  # noqa: E402
-from solvers.operators import GradientOperator, GramOperator  # noqa: E402
-from solvers.threads import blas_threads  # noqa: E402
-from solvers.working_set import working_set_budget  # noqa: E402
+import convalue.solvers.budget  # noqa: E402
+from convalue.solvers.operators import GradientOperator, GramOperator  # noqa: E402
+from convalue.solvers.threads import blas_threads  # noqa: E402
+from convalue.solvers.working_set import working_set_budget  # noqa: E402
 
 DEFAULT_CASES = ["clustered:3000x1000:3.87", "clustered:3000x1000:6", "near:3000x1000:0.5", "clustered:5000x1024:2",
                  "clustered:5000x1024:4", "clustered:2000x4096:4", "clustered:2000x4096:10"]
@@ -61,9 +61,9 @@ def data_case(text: str) -> tuple[str, int, int, float]:
 
 def solve(op, budget: float, cap: int) -> tuple[float, np.ndarray, dict]:
     """(seconds, w, info) of solve_budget with BUDGET_WORKING_SET_MAX = cap, under solve_kmm's BLAS limit."""
-    with swapped(solvers.budget, "BUDGET_WORKING_SET_MAX", cap), blas_threads(op.n):
+    with swapped(convalue.solvers.budget, "BUDGET_WORKING_SET_MAX", cap), blas_threads(op.n):
         t0 = time.perf_counter()
-        w, info = solvers.budget.solve_budget(op, budget)
+        w, info = convalue.solvers.budget.solve_budget(op, budget)
         return time.perf_counter() - t0, w, info
 
 
@@ -74,7 +74,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     args = ap.parse_args()
 
-    cap = solvers.budget.BUDGET_WORKING_SET_MAX
+    cap = convalue.solvers.budget.BUDGET_WORKING_SET_MAX
     G0, g0 = near_parallel_gradients(40, 20, seed=1)
     for c in (cap, 0):  # imports and first calls (scikit-learn's LARS) out of the timings
         solve(GramOperator(G0 @ G0.T, G0 @ g0, rank=20), 0.5, c)

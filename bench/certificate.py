@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from solvers.active_set import kkt_from, residual
-from solvers.problem import objective_from_residual
+from convalue.solvers.active_set import kkt_from, residual
+from convalue.solvers.problem import objective_from_residual
 
 
 def penalised(op, gamma: float, w: np.ndarray) -> tuple[float, float]:

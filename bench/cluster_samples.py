@@ -1,4 +1,4 @@
-"""The selected clusters' samples that `convalue run` prints: engine.report against a scan per cluster, in one run.
+"""The selected clusters' samples that `convalue run` prints: convalue.engine.report.tables against a scan per cluster, in one run.
 
 A clusters.parquet-shaped table (--examples rows over --clusters groups, real chatterbot prompts); --named of
 the clusters are printed. (a) the baseline: every row as a Python dict, scanned once per named cluster (what
@@ -44,9 +44,9 @@ def main() -> None:
     import numpy as np
     import pyarrow as pa
 
-    from engine.config import SourceConfig
-    from engine.data import load_source
-    from engine.report import format_cluster_samples
+    from convalue.engine.config.sections import SourceConfig
+    from convalue.engine.data.sources import load_source
+    from convalue.engine.report.tables import format_cluster_samples
 
     prompts = [ex.messages[0][1] for g in load_source(SourceConfig(kind="chatterbot")).values() for ex in g.examples]
     rng = np.random.default_rng(0)

@@ -38,10 +38,15 @@ def main() -> None:
     import ray
     import torch
 
-    from actors.embedder import embed_on_workers
-    from engine.clustering import embed_texts, embedding_dir, example_text, kmeans_labels
-    from engine.config import SourceConfig
-    from engine.data import load_source
+    from convalue.actors.embedder import embed_on_workers
+    from convalue.engine.config.sections import SourceConfig
+    from convalue.engine.data.clustering import (
+        embed_texts,
+        embedding_dir,
+        example_text,
+        kmeans_labels,
+    )
+    from convalue.engine.data.sources import load_source
 
     groups = load_source(SourceConfig(kind="chatterbot", group_by="language", include=args.languages))
     texts = [example_text(ex) for g in groups.values() for ex in g.examples][: args.examples]

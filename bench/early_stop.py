@@ -1,16 +1,16 @@
 """Stopping at a tolerance: solve_problem(tol=T) against the exact default, on dense solutions.
 
-With tol, ADMM on a support whose factorisation would cost more (solvers.admm.EARLY_STOP_CUBE_RATIO) goes on past
+With tol, ADMM on a support whose factorisation would cost more (convalue.solvers.admm.EARLY_STOP_CUBE_RATIO) goes on past
 the support's settling with Anderson acceleration and returns its own iterate once the KKT conditions hold to T,
-instead of polishing to round-off, where K is not nearly singular (solvers.admm.EARLY_STOP_MIN_LAMBDA); every other
+instead of polishing to round-off, where K is not nearly singular (convalue.solvers.admm.EARLY_STOP_MIN_LAMBDA); every other
 answer stays exact. "before" is the exact default, or with `--versus plain` the same stop with plain ADMM steps past
-the settling (solvers.admm.ANDERSON_MEMORY = 0: what Anderson's steps are worth). Cases `NxP` of
+the settling (convalue.solvers.admm.ANDERSON_MEMORY = 0: what Anderson's steps are worth). Cases `NxP` of
 bench/synthetic.py's clustered unit-norm gradients, each at every `--gammas`, and `nearK:NxP`, near-parallel rows (1 + 0.02 noise) with the target the mean of K of them, at `--near-ratio` max|beta|
 (K = G G^T in float64, as bench/solvers.py forms it). Both versions interleaved over rounds, each the best of
 `--repeat` solves of the same validated problem. Prints times, strategies, iterations, support sizes and KKT,
 checks that the answer at T is certified at T (the exact one at 1e-10, the default) and is not below the exact
 objective, prints how far above it is, how far its scores moved (relative to the largest) and how much of the top 3
-and top 20 positive candidates (engine.select) it shares with the exact answer, and ends with one JSON line.
+and top 20 positive candidates (convalue.engine.selection.select) it shares with the exact answer, and ends with one JSON line.
 
     .venv/bin/python bench/early_stop.py                                   # N = 500, 1000, 2000: about 1 min
     .venv/bin/python bench/early_stop.py --cases 1000x4096 --gammas 5e-4 --rounds 5
@@ -34,9 +34,9 @@ sys.path.append(str(Path(__file__).resolve().parent))
 from synthetic import case, clustered_gradients, near_parallel_gradients  # noqa: E402
 from timing import interleaved, swapped, timed, versus  # noqa: E402
 
-import solvers.admm  # noqa: E402
-from engine.select import select_top_k  # noqa: E402
-from solvers import make_problem, solve_problem  # noqa: E402
+import convalue.solvers.admm  # noqa: E402
+from convalue.engine.selection.select import select_top_k  # noqa: E402
+from convalue.solvers import make_problem, solve_problem  # noqa: E402
 
 
 def data_case(text: str) -> tuple[int, int, int]:
@@ -84,7 +84,7 @@ def main() -> None:
             sols = {}
             for _, name in interleaved(args.rounds, times):
                 plain = name == "before" and args.versus == "plain"
-                with swapped(solvers.admm, "ANDERSON_MEMORY", 0 if plain else solvers.admm.ANDERSON_MEMORY):
+                with swapped(convalue.solvers.admm, "ANDERSON_MEMORY", 0 if plain else convalue.solvers.admm.ANDERSON_MEMORY):
                     t, sols[name] = timed(solve_problem, prob, tol=args.tol if name == "now" or plain else None,
                                           repeat=args.repeat)
                 times[name].append(t)

@@ -35,8 +35,8 @@ def naive_group_gradient(model, params, examples, pad_id: int, device: str = "cp
     """The reference loop: batch size 1, full logits, backward per example, copy to CPU, mean."""
     import torch
 
-    from engine.featurize import pad_batch
-    from engine.tokenize import IGNORE
+    from convalue.engine.features.gradients import pad_batch
+    from convalue.engine.model.tokenize import IGNORE
 
     total = None
     backward_s = 0.0
@@ -61,8 +61,8 @@ LANGS = ["english", "spanish", "german", "italian", "portuguese", "dutch", "fren
 
 def bench_items(tok, groups: int, m: int, max_length: int) -> list:
     """The first `groups` chatterbot languages as candidate groups of m examples (marathi is the target)."""
-    from engine.config import DataConfig, SourceConfig
-    from engine.prepare import prepare
+    from convalue.engine.config.sections import DataConfig, SourceConfig
+    from convalue.engine.data.prepare import prepare
 
     return prepare(DataConfig(target=SourceConfig(kind="chatterbot", include=["marathi"]),
                               candidates=[SourceConfig(kind="chatterbot", include=LANGS[:groups])],
@@ -71,8 +71,8 @@ def bench_items(tok, groups: int, m: int, max_length: int) -> list:
 
 def grpo_bench_items(tok, prompts: int, max_length: int) -> list:
     """Two mathematics modules (arithmetic__mul, numbers__gcd) as GRPO candidate groups of `prompts` prompts."""
-    from engine.config import DataConfig, SourceConfig
-    from engine.prepare import prepare
+    from convalue.engine.config.sections import DataConfig, SourceConfig
+    from convalue.engine.data.prepare import prepare
 
     return prepare(DataConfig(
         target=SourceConfig(kind="mathematics", include=["arithmetic__add_or_sub"], examples_per_group=16),
@@ -82,7 +82,7 @@ def grpo_bench_items(tok, prompts: int, max_length: int) -> list:
 
 def grpo_spec(spec: dict) -> dict:
     """`spec` with the GRPO representation of the benches: numeric_closeness reward, G = 8, 24 new tokens."""
-    from engine.config import FeaturesConfig
+    from convalue.engine.config.sections import FeaturesConfig
 
     return spec | {"features": asdict(FeaturesConfig(representation="grpo", grpo_reward="numeric_closeness",
                                                      grpo_generations=8, grpo_max_new_tokens=24))}
@@ -91,7 +91,7 @@ def grpo_spec(spec: dict) -> dict:
 def worker_spec(model_dir, pad_id: int, token_budget: int, *, dim: int = 8192, device: str = "cpu", **extra) -> dict:
     """The GradientWorker / build_featurizer spec of the benches: float32, the default LoRA, CountSketch to dim
     (seed 0), 1 thread; `extra` adds or overrides keys."""
-    from engine.config import LoraConfig, ProjectionConfig
+    from convalue.engine.config.sections import LoraConfig, ProjectionConfig
 
     return {"model_dir": str(model_dir), "dtype": "float32", "lora": asdict(LoraConfig()),
             "projection": asdict(ProjectionConfig(kind="countsketch", dim=dim, seed=0)), "pad_id": pad_id,
@@ -120,10 +120,10 @@ def one_featurizer(args) -> tuple:
     thread as a worker builds it, warmed up on one group."""
     import torch
 
-    from engine.config import ModelConfig
-    from engine.featurize import plan_blocks
-    from engine.models import load_tokenizer, resolve_model_dir
-    from engine.replica import build_featurizer
+    from convalue.engine.config.sections import ModelConfig
+    from convalue.engine.features.gradients import plan_blocks
+    from convalue.engine.features.replica import build_featurizer
+    from convalue.engine.model.loading import load_tokenizer, resolve_model_dir
 
     torch.set_num_threads(1)
     model_dir = resolve_model_dir(ModelConfig(source=args.model))
@@ -169,9 +169,9 @@ def naive_flops(model_dir, items: list, pad_id: int) -> int:
     """FLOPs of the naive loop (a) over `items`, forward and backward, on a fresh replica."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from engine.config import FeaturesConfig, LoraConfig
-    from engine.models import load_model
-    from engine.replica import featurised_parameters
+    from convalue.engine.config.sections import FeaturesConfig, LoraConfig
+    from convalue.engine.features.replica import featurised_parameters
+    from convalue.engine.model.loading import load_model
 
     model, named = featurised_parameters(load_model(model_dir), FeaturesConfig(), LoraConfig())
     with FlopCounterMode(display=False) as counter:
@@ -192,7 +192,7 @@ def start_workers(spec: dict, n_workers: int, warmup: list, num_gpus: float = 0.
     """(n_workers GradientWorkers, their start-up seconds), each then warmed up on the work items `warmup`."""
     import ray
 
-    from actors.gradient_worker import GradientWorker
+    from convalue.actors.gradient_worker import GradientWorker
 
     t0 = time.perf_counter()
     workers = [GradientWorker.options(num_cpus=1, num_gpus=num_gpus).remote(spec) for _ in range(n_workers)]
@@ -206,8 +206,8 @@ def time_blocks(workers: list, blocks: list) -> tuple[float, dict[str, np.ndarra
     """(seconds, vectors by group, each worker's busy seconds, each block's seconds in the order of `blocks`) of
     `blocks` on `workers`, dispatched as the pipeline does (longest first, to the worker with the fewest
     outstanding tokens, two calls in flight each)."""
-    from actors.dispatch import windowed
-    from engine.featurize import block_tokens
+    from convalue.actors.dispatch import windowed
+    from convalue.engine.features.gradients import block_tokens
 
     index = {id(b): i for i, b in enumerate(blocks)}
     t0 = time.perf_counter()
@@ -286,11 +286,16 @@ def main() -> None:
     import ray
     import torch
 
-    from engine.config import FeaturesConfig, LoraConfig, ModelConfig, ProjectionConfig
-    from engine.featurize import block_tokens, plan_blocks
-    from engine.models import load_model, load_tokenizer, resolve_model_dir
-    from engine.projection import make_projector
-    from engine.replica import featurised_parameters
+    from convalue.engine.config.sections import (
+        FeaturesConfig,
+        LoraConfig,
+        ModelConfig,
+        ProjectionConfig,
+    )
+    from convalue.engine.features.gradients import block_tokens, plan_blocks
+    from convalue.engine.features.projection import make_projector
+    from convalue.engine.features.replica import featurised_parameters
+    from convalue.engine.model.loading import load_model, load_tokenizer, resolve_model_dir
 
     model_dir = resolve_model_dir(ModelConfig())
     tok = load_tokenizer(model_dir)

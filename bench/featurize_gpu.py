@@ -70,11 +70,16 @@ def main() -> None:
 
     import torch
 
-    from engine.config import FeaturesConfig, LoraConfig, ModelConfig, ProjectionConfig
-    from engine.featurize import WorkItem, plan_blocks
-    from engine.models import load_model, load_tokenizer, resolve_model_dir
-    from engine.projection import make_projector
-    from engine.replica import build_featurizer, featurised_parameters
+    from convalue.engine.config.sections import (
+        FeaturesConfig,
+        LoraConfig,
+        ModelConfig,
+        ProjectionConfig,
+    )
+    from convalue.engine.features.gradients import WorkItem, plan_blocks
+    from convalue.engine.features.projection import make_projector
+    from convalue.engine.features.replica import build_featurizer, featurised_parameters
+    from convalue.engine.model.loading import load_model, load_tokenizer, resolve_model_dir
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         sys.exit("bench/featurize_gpu.py: no CUDA device here (torch.cuda.is_available() is False); "

@@ -6,7 +6,7 @@ where the issue's 100x is not met), interleaved over --rounds:
 - convalue's solve, exact and at --tol (the best of --repeat per round);
 - each one's skeleton (bench/blas_threads.skeleton): the LAPACK and BLAS calls that solve makes, counted by spies in
   one solve, on the same matrices, with none of the solver's logic, under the solve's own BLAS limit
-  (solvers.threads.blas_threads: one thread up to N = 2000).
+  (convalue.solvers.threads.blas_threads: one thread up to N = 2000).
 CVXPY's time over a skeleton's is the most that sequence of calls (ADMM with one float32 factor of K + rho I, then
 the support's factor or, at tol, none) could reach on this host with no logic around it: its ceiling (another
 implementation of the method might save a triangular-solve pair or a product, about 0.07 and 0.12 ms each). A gamma whose solve
@@ -34,8 +34,8 @@ from blas_threads import count_calls, skeleton  # noqa: E402
 from synthetic import clustered_gram  # noqa: E402
 from timing import interleaved, timed  # noqa: E402
 
-from solvers import make_problem, solve_problem  # noqa: E402
-from solvers.threads import blas_threads  # noqa: E402
+from convalue.solvers import make_problem, solve_problem  # noqa: E402
+from convalue.solvers.threads import blas_threads  # noqa: E402
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """solve_kmm_gradients with N <= p at a dense gamma: K formed once and the Gram form solved, against the gradient form.
 
-Now: solve_kmm_gradients, which there forms K = G G^T and solves the Gram form (solvers.penalised.prefers_gram_form).
+Now: solve_kmm_gradients, which there forms K = G G^T and solves the Gram form (convalue.solvers.penalised.prefers_gram_form).
 Before: the gradient form it ran until then, solve_penalised on the GradientOperator (ADMM on the p x p Woodbury
 factor, support systems as products G_A G_A^T). Cases: `clustered:NxP` (bench/synthetic.py's clustered unit-norm
 gradients at the solver bench's gamma = 5e-4) and `near:NxP` (rows 1 + 0.02 noise, gamma = 1e-3 max|beta|, where
@@ -10,7 +10,7 @@ line.
 
 With --budgets, each case is solved in the budget form (||w||_1 <= B) at each B instead: now, solve_budget forms K
 when its gamma grid first reaches a dense gamma (info "gram_formed"); before, it kept the gradient form throughout
-(solvers.budget.prefers_gram_form answering False). Both are certified at the budget's multiplier.
+(convalue.solvers.budget.prefers_gram_form answering False). Both are certified at the budget's multiplier.
 
     .venv/bin/python bench/gradient_form.py [--cases clustered:1000x4096 near:800x1500 ...] [--rounds 3]
     .venv/bin/python bench/gradient_form.py --cases near:1500x4096 --rounds 1     # the gradient form: about 100 s
@@ -34,11 +34,11 @@ import certificate  # noqa: E402
 from synthetic import case, clustered_gradients, near_parallel_gradients  # noqa: E402
 from timing import race, swapped, timed, versus  # noqa: E402
 
-import solvers.budget  # noqa: E402
-from solvers import solve_kmm_gradients  # noqa: E402
-from solvers.operators import GradientOperator  # noqa: E402
-from solvers.penalised import solve_penalised  # noqa: E402
-from solvers.threads import blas_threads  # noqa: E402
+import convalue.solvers.budget  # noqa: E402
+from convalue.solvers import solve_kmm_gradients  # noqa: E402
+from convalue.solvers.operators import GradientOperator  # noqa: E402
+from convalue.solvers.penalised import solve_penalised  # noqa: E402
+from convalue.solvers.threads import blas_threads  # noqa: E402
 
 DEFAULT_CASES = ["clustered:800x1000", "clustered:1000x4096", "clustered:3000x4096", "near:300x400", "near:800x1500"]
 
@@ -75,7 +75,7 @@ def budget_now(G: np.ndarray, g: np.ndarray, budget: float) -> tuple[np.ndarray,
 
 def budget_before(G: np.ndarray, g: np.ndarray, budget: float) -> tuple[np.ndarray, dict]:
     """The budget form with the gradient form kept throughout, as solve_budget ran it before."""
-    with swapped(solvers.budget, "prefers_gram_form", lambda op, gamma: False):
+    with swapped(convalue.solvers.budget, "prefers_gram_form", lambda op, gamma: False):
         return budget_now(G, g, budget)
 
 

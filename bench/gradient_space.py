@@ -9,7 +9,7 @@ Data: clustered synthetic unit-norm gradients (bench/synthetic.py), the solver b
 gamma = 5e-4 (about 3,300 candidates active) by default; `--data near-parallel` (rows 1 + 0.02 noise, gamma a
 fraction of max|beta|, N = 1500 suggested) is where ADMM does not settle and the NNLS polish, which asks sub() for
 its sets, finishes. The working-set shortcuts of solve_penalised's dense chain (the probe before ADMM, the working
-set after ADMM's first steps) are off in all three versions (solvers.penalised.SPARSE_PROBE_MAX = ADMM_FIRST_STEPS
+set after ADMM's first steps) are off in all three versions (convalue.solvers.penalised.SPARSE_PROBE_MAX = ADMM_FIRST_STEPS
 = 0): this bench measures the support-matrix paths behind ADMM and its polishes. Each round starts with the next version in turn; prints each
 solve's time, iterations and support, checks that all reach the same support and objective with KKT <= 1e-6, and
 ends with one JSON line.
@@ -35,10 +35,10 @@ import certificate  # noqa: E402
 from synthetic import clustered_gradients, near_parallel_gradients  # noqa: E402
 from timing import timed  # noqa: E402
 
-import solvers.penalised  # noqa: E402
-from solvers.linalg import solve_dense  # noqa: E402
-from solvers.operators import GradientOperator  # noqa: E402
-from solvers.penalised import solve_penalised  # noqa: E402
+import convalue.solvers.penalised  # noqa: E402
+from convalue.solvers.linalg import solve_dense  # noqa: E402
+from convalue.solvers.operators import GradientOperator  # noqa: E402
+from convalue.solvers.penalised import solve_penalised  # noqa: E402
 
 
 def plain_sub(op: GradientOperator, A: np.ndarray) -> np.ndarray:
@@ -77,8 +77,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
-    solvers.penalised.SPARSE_PROBE_MAX = 0  # the operator's paths behind ADMM, not the chain's shortcuts
-    solvers.penalised.ADMM_FIRST_STEPS = 0
+    convalue.solvers.penalised.SPARSE_PROBE_MAX = 0  # the operator's paths behind ADMM, not the chain's shortcuts
+    convalue.solvers.penalised.ADMM_FIRST_STEPS = 0
     data = clustered_gradients if args.data == "clustered" else near_parallel_gradients
     G, g = data(args.n, args.p, seed=args.seed)
     gamma = args.gamma if args.gamma_ratio is None else args.gamma_ratio * float(np.abs(G @ g).max())

@@ -27,12 +27,12 @@ sys.path.append(str(Path(__file__).resolve().parent))
 
 from synthetic import clustered_gradients  # noqa: E402
 
-import solvers.homotopy as homotopy_module  # noqa: E402
-import solvers.problem as problem_module  # noqa: E402
-from solvers import kkt_violation, make_problem  # noqa: E402
-from solvers.operators import GramOperator  # noqa: E402
-from solvers.penalised import solve_penalised  # noqa: E402
-from solvers.threads import blas_threads  # noqa: E402
+import convalue.solvers.homotopy as homotopy_module  # noqa: E402
+import convalue.solvers.problem as problem_module  # noqa: E402
+from convalue.solvers import kkt_violation, make_problem  # noqa: E402
+from convalue.solvers.operators import GramOperator  # noqa: E402
+from convalue.solvers.penalised import solve_penalised  # noqa: E402
+from convalue.solvers.threads import blas_threads  # noqa: E402
 
 FORMER_ADMM_MAX_N = 6000
 

@@ -36,7 +36,7 @@ def kept_bytes(f, blocks: list) -> dict[int, int]:
     one pass over `blocks` from an empty cache."""
     import torch
 
-    import engine.featurize as fz
+    import convalue.engine.features.gradients as fz
 
     params = {p.untyped_storage().data_ptr() for p in f.model.parameters()}
     sizes: dict[int, int] = {}
@@ -71,7 +71,7 @@ def main() -> None:
     add_data_args(ap)
     args = ap.parse_args()
 
-    from engine.featurize import PREFIX_CACHE_SIZE
+    from convalue.engine.features.gradients import PREFIX_CACHE_SIZE
 
     model_dir, tok, items, blocks, f = one_featurizer(args)
 

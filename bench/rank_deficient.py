@@ -9,7 +9,7 @@ K = G G^T has rank p, at the paper's two gammas. In one process, per case:
   former chain    the same solver given K without its rank (the ADMM / PDAS chain that ran here before),
                   capped at --cap seconds
   cvxpy+osqp      the paper's call (N <= --cvxpy-max-n); CVXPY's own PSD check rejects a singular K as not
-                  DCP, and then the reference's psd_wrap setting (solvers.reference "tight") runs instead
+                  DCP, and then the reference's psd_wrap setting (convalue.solvers.reference "tight") runs instead
   sklearn         coordinate descent on the precomputed Gram (Lasso with X = G^T, alpha = gamma / p), at its
                   default tolerance (up to 1,000 sweeps), which stops short of KKT 1e-6 here
   sklearn tight   the same at the loosest tolerance in 1e-6 ... 1e-10 whose solution has KKT <= 1e-6 (up to
@@ -41,11 +41,11 @@ sys.path.append(str(Path(__file__).resolve().parent))
 from baselines import sklearn_lasso  # noqa: E402
 from synthetic import case, clustered_gram  # noqa: E402
 
-import solvers.penalised  # noqa: E402
-from solvers import kkt_violation, kmm_path, make_problem, solve_problem  # noqa: E402
-from solvers.operators import GramOperator  # noqa: E402
-from solvers.penalised import prefers_working_set, solve_penalised  # noqa: E402
-from solvers.threads import blas_threads  # noqa: E402
+import convalue.solvers.penalised  # noqa: E402
+from convalue.solvers import kkt_violation, kmm_path, make_problem, solve_problem  # noqa: E402
+from convalue.solvers.operators import GramOperator  # noqa: E402
+from convalue.solvers.penalised import prefers_working_set, solve_penalised  # noqa: E402
+from convalue.solvers.threads import blas_threads  # noqa: E402
 
 TIGHT_TOLS = (1e-6, 1e-7, 1e-8, 1e-9, 1e-10)  # scikit-learn's duality-gap tolerances, loosest first
 
@@ -53,7 +53,7 @@ TIGHT_TOLS = (1e-6, 1e-7, 1e-8, 1e-9, 1e-10)  # scikit-learn's duality-gap toler
 @contextlib.contextmanager
 def working_set_first(always: bool):
     """Inside: on affordable rank-deficient K the working set goes first for every gamma and N (always) or never."""
-    module = solvers.penalised
+    module = convalue.solvers.penalised
     saved = module.WORKING_SET_FIRST_MIN_N, module.WORKING_SET_FIRST_RATIO
     module.WORKING_SET_FIRST_MIN_N, module.WORKING_SET_FIRST_RATIO = (0, 0.0) if always else (float("inf"), 0.0)
     try:

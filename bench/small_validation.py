@@ -34,8 +34,8 @@ sys.path.append(str(Path(__file__).resolve().parent))
 from synthetic import case, clustered_gram  # noqa: E402
 from timing import timed  # noqa: E402
 
-import solvers.problem as problem_module  # noqa: E402
-from solvers import KMMInputError, make_problem  # noqa: E402
+import convalue.solvers.problem as problem_module  # noqa: E402
+from convalue.solvers import KMMInputError, make_problem  # noqa: E402
 
 
 def eigvalsh_facts(K: np.ndarray, tol: float, rank_bound: int | None = None) -> tuple[float, int | None]:
@@ -45,7 +45,7 @@ def eigvalsh_facts(K: np.ndarray, tol: float, rank_bound: int | None = None) -> 
     return problem_module.eigen_facts(K)
 
 
-#: each version as the solvers.problem attributes it swaps in (bench-only; restored after every call)
+#: each version as the convalue.solvers.problem attributes it swaps in (bench-only; restored after every call)
 VERSIONS = {
     "now": {},
     "pivoted_first": {"_plain_facts": lambda K, floor: None},
@@ -54,7 +54,7 @@ VERSIONS = {
 
 
 def former_symmetrised(K: np.ndarray, sym_tol: float) -> tuple[np.ndarray, float]:
-    """solvers.problem.symmetrised before it copied exactly symmetric tile pairs as they are (the baseline)."""
+    """convalue.solvers.problem.symmetrised before it copied exactly symmetric tile pairs as they are (the baseline)."""
     n, b = K.shape[0], problem_module.SYMMETRISE_TILE
     out = np.empty_like(K)
     scale, asym = 1e-300, 0.0
@@ -93,7 +93,7 @@ def symmetrise_row(name: str, K: np.ndarray, rounds: int) -> dict:
 
 @contextmanager
 def version(name: str):
-    """solvers.problem as it ran in version `name`, for the duration of the block."""
+    """convalue.solvers.problem as it ran in version `name`, for the duration of the block."""
     saved = {attr: getattr(problem_module, attr) for attr in VERSIONS[name]}
     for attr, value in VERSIONS[name].items():
         setattr(problem_module, attr, value)

@@ -29,9 +29,9 @@ from baselines import sklearn_lasso  # noqa: E402
 from synthetic import clustered_gradients  # noqa: E402
 from timing import timed  # noqa: E402
 
-from solvers import kkt_violation, make_problem, solve_problem  # noqa: E402
-from solvers.operators import GradientOperator  # noqa: E402
-from solvers.penalised import solve_penalised  # noqa: E402
+from convalue.solvers import kkt_violation, make_problem, solve_problem  # noqa: E402
+from convalue.solvers.operators import GradientOperator  # noqa: E402
+from convalue.solvers.penalised import solve_penalised  # noqa: E402
 
 
 def top(w: np.ndarray, k: int = 20) -> set[int]:

@@ -32,11 +32,11 @@ sys.path.append(str(Path(__file__).resolve().parent))
 
 from synthetic import case, clustered_gradients  # noqa: E402
 
-from solvers.active_set import continuation, kkt_of, pdas_plain  # noqa: E402
-from solvers.operators import GradientOperator, GramOperator  # noqa: E402
-from solvers.penalised import solve_penalised  # noqa: E402
-from solvers.threads import blas_threads  # noqa: E402
-from solvers.working_set import working_set_homotopy  # noqa: E402
+from convalue.solvers.active_set import continuation, kkt_of, pdas_plain  # noqa: E402
+from convalue.solvers.operators import GradientOperator, GramOperator  # noqa: E402
+from convalue.solvers.penalised import solve_penalised  # noqa: E402
+from convalue.solvers.threads import blas_threads  # noqa: E402
+from convalue.solvers.working_set import working_set_homotopy  # noqa: E402
 
 
 def former_chain(op, gamma: float) -> tuple[np.ndarray, str]:

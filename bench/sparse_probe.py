@@ -4,12 +4,12 @@ solve_penalised calls a gamma below 1 % of max|beta| dense and starts with ADMM.
 1 + 0.02 noise, bench/synthetic.py) the solution at 1e-3 max|beta| has 5 active candidates, and where ADMM is costly
 (a rank-deficient K, N > p, in the Gram or the gradient form, or N of a few thousand) it crawls and its polishes
 fail for thousands of steps. Now, there, the working-set homotopy is tried first on at most
-solvers.penalised.SPARSE_PROBE_MAX candidates (the probe); and at any N, where ADMM's first rho has not finished
-in solvers.penalised.ADMM_FIRST_STEPS steps, the working set up to its full cap goes next (a target mixing 30-100
+convalue.solvers.penalised.SPARSE_PROBE_MAX candidates (the probe); and at any N, where ADMM's first rho has not finished
+in convalue.solvers.penalised.ADMM_FIRST_STEPS steps, the working set up to its full cap goes next (a target mixing 30-100
 such rows has 100-300 active, past the probe, where ADMM fails at every rho). "before" sets both to 0 (the chain as
 it was); with `--versus seed`, "before" is the chain as it is but for the working set after ADMM's first steps,
 which then starts from the largest |beta| alone instead of also from ADMM's iterate
-(solvers.penalised.ADMM_FIRST_SEEDED off). Cases `near:NxP` (target the mean of 5 rows) and `nearK:NxP` (of K rows, e.g. near100:3000x1000; gamma =
+(convalue.solvers.penalised.ADMM_FIRST_SEEDED off). Cases `near:NxP` (target the mean of 5 rows) and `nearK:NxP` (of K rows, e.g. near100:3000x1000; gamma =
 1e-3 max|beta|) show the gain, `clustered:NxP` (gamma = 5e-4, hundreds to thousands active, where the probe gives
 up and ADMM finishes) the cost; each in the Gram form (K = G G^T with rank p) and the gradient form. Prints time,
 strategy and KKT of both and the probe's own time (the ADMM solves above N = 2000 run on two BLAS threads and vary
@@ -41,10 +41,10 @@ import certificate  # noqa: E402
 from synthetic import case, clustered_gradients, near_parallel_gradients  # noqa: E402
 from timing import race, swapped, versus  # noqa: E402
 
-import solvers.penalised  # noqa: E402
-from solvers.operators import GradientOperator, GramOperator  # noqa: E402
-from solvers.threads import blas_threads  # noqa: E402
-from solvers.working_set import working_set_homotopy  # noqa: E402
+import convalue.solvers.penalised  # noqa: E402
+from convalue.solvers.operators import GradientOperator, GramOperator  # noqa: E402
+from convalue.solvers.threads import blas_threads  # noqa: E402
+from convalue.solvers.working_set import working_set_homotopy  # noqa: E402
 
 DEFAULT_CASES = ["near:5000x1024", "clustered:5000x1024"]
 
@@ -63,14 +63,14 @@ def solve(op, gamma: float, now: bool, against: str, max_seconds: float | None) 
     "shortcuts", the chain before them) or with the working set after ADMM's first steps unseeded (against "seed"),
     under solve_kmm's BLAS limit and the chain's own deadline."""
     shortcuts = now or against == "seed"
-    probe = solvers.penalised.SPARSE_PROBE_MAX if shortcuts else 0
-    first = solvers.penalised.ADMM_FIRST_STEPS if shortcuts else 0
-    seeded = solvers.penalised.ADMM_FIRST_SEEDED and (now or against != "seed")
-    with swapped(solvers.penalised, "SPARSE_PROBE_MAX", probe), \
-            swapped(solvers.penalised, "ADMM_FIRST_STEPS", first), \
-            swapped(solvers.penalised, "ADMM_FIRST_SEEDED", seeded), blas_threads(op.n):
+    probe = convalue.solvers.penalised.SPARSE_PROBE_MAX if shortcuts else 0
+    first = convalue.solvers.penalised.ADMM_FIRST_STEPS if shortcuts else 0
+    seeded = convalue.solvers.penalised.ADMM_FIRST_SEEDED and (now or against != "seed")
+    with swapped(convalue.solvers.penalised, "SPARSE_PROBE_MAX", probe), \
+            swapped(convalue.solvers.penalised, "ADMM_FIRST_STEPS", first), \
+            swapped(convalue.solvers.penalised, "ADMM_FIRST_SEEDED", seeded), blas_threads(op.n):
         t0 = time.perf_counter()
-        w, info = solvers.penalised.solve_penalised(op, gamma, max_seconds=max_seconds)
+        w, info = convalue.solvers.penalised.solve_penalised(op, gamma, max_seconds=max_seconds)
         return time.perf_counter() - t0, w, info
 
 
@@ -79,7 +79,7 @@ def probe_alone(op, gamma: float, probe_max: int) -> float:
     scale = 1e-10 * max(1.0, float(np.abs(op.beta).max()))
     with blas_threads(op.n):
         t0 = time.perf_counter()
-        working_set_homotopy(op, gamma, scale, start=solvers.penalised.SPARSE_PROBE_START, max_size=probe_max)
+        working_set_homotopy(op, gamma, scale, start=convalue.solvers.penalised.SPARSE_PROBE_START, max_size=probe_max)
         return time.perf_counter() - t0
 
 
@@ -96,7 +96,7 @@ def main() -> None:
                          "set after ADMM's first steps (ADMM_FIRST_SEEDED)")
     args = ap.parse_args()
 
-    probe = solvers.penalised.SPARSE_PROBE_MAX
+    probe = convalue.solvers.penalised.SPARSE_PROBE_MAX
     working_set_homotopy(GramOperator(np.eye(4) + 0.1, np.arange(1.0, 5.0)), 0.5, 1e-10)  # imports, first calls
     rows = []
     for kind, n, p in args.cases:
@@ -133,7 +133,7 @@ def main() -> None:
                          "strategy_now": out["now"][1]["strategy"], "strategy_before": out["before"][1]["strategy"],
                          "active": int(np.count_nonzero(out["now"][0])), "kkt": kkt_now, "kkt_before": kkt_before,
                          "before_certified": before_done})
-    print(json.dumps({"bench": "sparse_probe", "versus": args.versus, "probe_max": probe, "admm_first_steps": solvers.penalised.ADMM_FIRST_STEPS,
+    print(json.dumps({"bench": "sparse_probe", "versus": args.versus, "probe_max": probe, "admm_first_steps": convalue.solvers.penalised.ADMM_FIRST_STEPS,
                       "rounds": args.rounds, "max_seconds": args.max_seconds, "cases": rows}))
 
 

@@ -28,8 +28,8 @@ import pyarrow.parquet as pq
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from bench.synthetic import case  # noqa: E402
-from engine.prepare import TARGET_KEY  # noqa: E402
-from engine.store import StoreError, VectorStore  # noqa: E402
+from convalue.engine.data.prepare import TARGET_KEY  # noqa: E402
+from convalue.engine.store.vectors import StoreError, VectorStore  # noqa: E402
 
 
 class CountingStore(VectorStore):

@@ -1,9 +1,9 @@
 """Validation of a large Gram K beyond the pivoted Cholesky's reach, as make_problem now runs it and before.
 
 Clustered synthetic unit-norm gradients (bench/synthetic.py), K = G G^T of rank p < N, in one process:
-  symmetrise   solvers.problem.symmetrised (square tiles) against whole-matrix max|K|, K - K^T and 0.5 (K + K^T):
+  symmetrise   convalue.solvers.problem.symmetrised (square tiles) against whole-matrix max|K|, K - K^T and 0.5 (K + K^T):
                seconds and the peak memory allocated beyond K (tracemalloc), and the results compared exactly
-  lambda_min   solvers.problem.ritz_floor (LOBPCG, a fixed block and number of iterations) against the former
+  lambda_min   convalue.solvers.problem.ritz_floor (LOBPCG, a fixed block and number of iterations) against the former
                ARPACK call (eigsh k=1 "SA", tol 1e-4, maxiter 300; no converged value counted as 0), on K and on
                K plus symmetric noise of --noise (a cluster of negative eigenvalues, as from low-precision
                gradients): seconds and the value each reports (validation refuses K when it is below -1e-6 max|K|)
@@ -31,8 +31,8 @@ sys.path.append(str(Path(__file__).resolve().parent))
 
 from synthetic import clustered_gradients  # noqa: E402
 
-from solvers import make_problem  # noqa: E402
-from solvers.problem import ritz_floor, symmetrised  # noqa: E402
+from convalue.solvers import make_problem  # noqa: E402
+from convalue.solvers.problem import ritz_floor, symmetrised  # noqa: E402
 
 
 def former_symmetrised(K: np.ndarray, sym_tol: float = 1e-6) -> tuple[np.ndarray, float]:

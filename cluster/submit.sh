@@ -15,4 +15,4 @@ fi
 cd "$(dirname "$0")/.."
 exec ray job submit --address "$address" --working-dir . \
   --runtime-env-json '{"excludes": [".venv", "runs", ".git"], "env_vars": {"HF_HUB_OFFLINE": "1"}}' \
-  -- python -m engine run "$config" "$@"
+  -- convalue run "$config" "$@"

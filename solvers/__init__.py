@@ -1,9 +1,9 @@
 """Kernel Mean Matching solvers for dataset valuation; no models, no Ray."""
 
-from solvers.api import METHODS, KMMSolution, solve_kmm, solve_kmm_gradients, solve_problem
-from solvers.kkt import kkt_violation
-from solvers.path import KMMPath, kmm_path
-from solvers.problem import KMMInputError, KMMProblem, KMMSolveError, make_problem
+from convalue.solvers.api import METHODS, KMMSolution, solve_kmm, solve_kmm_gradients, solve_problem
+from convalue.solvers.kkt import kkt_violation
+from convalue.solvers.path import KMMPath, kmm_path
+from convalue.solvers.problem import KMMInputError, KMMProblem, KMMSolveError, make_problem
 
 __all__ = [
     "METHODS",

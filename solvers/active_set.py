@@ -5,7 +5,7 @@ For a support A with signs s the penalised optimum solves K_AA w_A = beta_A - ga
 (PDAS: A and s from the fixed point w_i = soft(w_i + d_i / K_ii, gamma / K_ii), d = beta - K w) jumps to that
 system's solution; orthant-projected Newton is its monotone safeguard; gamma continuation warm-starts it down
 from max|beta|. The NNLS polish handles singular supports (duplicated candidates); coordinate descent is the
-slow, always-convergent fallback. The order in which solve_penalised tries them is in solvers.penalised.
+slow, always-convergent fallback. The order in which solve_penalised tries them is in convalue.solvers.penalised.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from solvers.problem import objective_from_residual
+from convalue.solvers.problem import objective_from_residual
 
 
 def past_deadline(deadline: float | None) -> bool:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from solvers.active_set import kkt_from, nnls_polish, past_deadline, pdas_plain, residual
-from solvers.anderson import Anderson
+from convalue.solvers.active_set import kkt_from, nnls_polish, past_deadline, pdas_plain, residual
+from convalue.solvers.anderson import Anderson
 
 #: with a stopping KKT (admm_polish's stop_at), ADMM goes on past the support's settling, Anderson-accelerated,
 #: instead of polishing, where the polish's factorisation would cost more: on a Gram operator whose support s has

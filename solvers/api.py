@@ -7,13 +7,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from solvers.active_set import kkt_of, residual
-from solvers.budget import solve_budget
-from solvers.homotopy import deduplicated, expand
-from solvers.kkt import certify
-from solvers.operators import GradientOperator, GramOperator
-from solvers.penalised import prefers_gram_form, solve_penalised
-from solvers.problem import (
+from convalue.solvers.active_set import kkt_of, residual
+from convalue.solvers.budget import solve_budget
+from convalue.solvers.homotopy import deduplicated, expand
+from convalue.solvers.kkt import certify
+from convalue.solvers.operators import GradientOperator, GramOperator
+from convalue.solvers.penalised import prefers_gram_form, solve_penalised
+from convalue.solvers.problem import (
     KMMInputError,
     KMMProblem,
     KMMSolveError,
@@ -26,8 +26,8 @@ from solvers.problem import (
     make_problem,
     objective_from_residual,
 )
-from solvers.reference import solve_cvxpy
-from solvers.threads import blas_threads
+from convalue.solvers.reference import solve_cvxpy
+from convalue.solvers.threads import blas_threads
 
 METHODS = ("auto", "active_set", "cvxpy", "cvxpy_paper")
 KKT_TOL = 1e-6
@@ -157,7 +157,7 @@ def solve_kmm(
     finishing ADMM and K is well-conditioned enough for the tolerance to pin down the scores (1.4x faster at N = 1000
     with 779 active; bench/solvers.py, bench/early_stop.py). The answer is certified either way (.kkt; info
     "early_stop" says where ADMM stopped); every other answer is exact, as is every answer for tol below
-    solvers.admm.EARLY_STOP_MIN_TOL (3e-7, float32's floor).
+    convalue.solvers.admm.EARLY_STOP_MIN_TOL (3e-7, float32's floor).
     """
     problem = make_problem(K, beta, gamma=gamma, budget=budget, costs=costs, normalize=normalize,
                            rank_bound=rank_bound, psd_tol=psd_tol)
@@ -177,7 +177,7 @@ def solve_kmm_gradients(
     """Solve KMM from the gradients themselves (N x p rows): K = G G^T is formed only on the active set.
 
     The exception: at a dense gamma (below 1 % of max|beta|) with N <= p, where K is no larger than G, K is formed
-    once and the Gram form solves (solvers.penalised.prefers_gram_form); the solution's info says "gram_formed".
+    once and the Gram form solves (convalue.solvers.penalised.prefers_gram_form); the solution's info says "gram_formed".
 
     normalize="cosine" divides every row by its norm: K_ij / sqrt(K_ii K_jj) and beta_i / sqrt(K_ii), as in
     make_problem. tol: as in solve_kmm (early stops apply where K is formed).

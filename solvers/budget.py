@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from solvers.active_set import kkt_from, residual
-from solvers.homotopy import affordable, budget_on_path, deficient, lars
-from solvers.penalised import prefers_gram_form, solve_penalised
-from solvers.working_set import working_set_budget
+from convalue.solvers.active_set import kkt_from, residual
+from convalue.solvers.homotopy import affordable, budget_on_path, deficient, lars
+from convalue.solvers.penalised import prefers_gram_form, solve_penalised
+from convalue.solvers.working_set import working_set_budget
 
-#: the budget form's working set (solvers.working_set.working_set_budget) grows to at most this many candidates
+#: the budget form's working set (convalue.solvers.working_set.working_set_budget) grows to at most this many candidates
 #: before the gamma grid takes over (0: never tried; read at call time). It is tried where K is rank-deficient
 #: (N > p) or has at least BUDGET_WORKING_SET_MIN_N candidates, where the grid's warm solves are slow:
 #: bench/budget_form.py, see README. Clustered candidates can need twice as many in W as are active to certify
@@ -17,7 +17,7 @@ from solvers.working_set import working_set_budget
 #: where it did). On a full-rank K of N = 1000 the grid's PDAS solves were faster (0.78-0.83x)
 BUDGET_WORKING_SET_MAX = 2048
 BUDGET_WORKING_SET_MIN_N = 2000
-#: ... and gives up where W's path heads for more active candidates than this (solvers.working_set.working_set_budget):
+#: ... and gives up where W's path heads for more active candidates than this (convalue.solvers.working_set.working_set_budget):
 #: a full-rank K of N = 2000, p = 4096, budget 10 (1593 active) took 21 s on the working set, 5 s on the grid, and
 #: the largest success (900 active, N = 3000 > p = 1000) read 1041 on the way
 BUDGET_WORKING_SET_ACTIVE = 1280
@@ -43,7 +43,7 @@ def solve_budget(op, budget: float, *, max_iter: int = 100) -> tuple[np.ndarray,
     w(gamma) is affine; read the budget off the homotopy's breakpoints when it is affordable, else
     bracket it on a gamma grid; then interpolate exactly. In the gradient form with N <= p, K is formed once when
     the grid first reaches a dense gamma, and the rest of the grid solves the Gram form (info "gram_formed"; as
-    solvers.api does for the penalised form, and for the same reason: bench/gradient_form.py --budget).
+    convalue.solvers.api does for the penalised form, and for the same reason: bench/gradient_form.py --budget).
     """
     gmax = float(np.abs(op.beta).max())
     scale = 1e-10 * max(1.0, gmax)

@@ -29,7 +29,7 @@ def distinct(op):
 def deduplicated(op):
     """distinct(op) for problems headed for the full homotopy, else (op, None): only they pay for the search
     (duplicates make K rank-deficient; the other strategies cope with them through the NNLS polish, and the
-    working-set homotopy deduplicates its own small sets). The entry points (solvers.api, kmm_path) call it once
+    working-set homotopy deduplicates its own small sets). The entry points (convalue.solvers.api, kmm_path) call it once
     and solve on the result."""
     return distinct(op) if affordable(op) else (op, None)
 

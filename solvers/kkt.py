@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from solvers.problem import KMMProblem, gram_times, objective_from_residual
+from convalue.solvers.problem import KMMProblem, gram_times, objective_from_residual
 
 
 def _violation(problem: KMMProblem, v: np.ndarray, r: np.ndarray, zero_tol: float) -> float:

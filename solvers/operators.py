@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg as sla
 
-from solvers.linalg import MIXED_MIN_N, cholesky_solve, mixed_precision_solve, solve_dense
-from solvers.problem import gram_times
+from convalue.solvers.linalg import MIXED_MIN_N, cholesky_solve, mixed_precision_solve, solve_dense
+from convalue.solvers.problem import gram_times
 
 FLOAT32_COPY_MAX_N = 8192  # a kept float32 copy of K costs 4 N^2 bytes: 256 MiB here
 #: GradientOperator.sub keeps matrices up to this size (72 MB): the NNLS polish's sets are never larger

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solvers.homotopy import affordable, deduplicated, expand, lars, path_at
-from solvers.kkt import kkt_violation
-from solvers.operators import GramOperator
-from solvers.penalised import solve_penalised
-from solvers.problem import KMMInputError, KMMProblem, check_number, make_problem
+from convalue.solvers.homotopy import affordable, deduplicated, expand, lars, path_at
+from convalue.solvers.kkt import kkt_violation
+from convalue.solvers.operators import GramOperator
+from convalue.solvers.penalised import solve_penalised
+from convalue.solvers.problem import KMMInputError, KMMProblem, check_number, make_problem
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ def kmm_path(K: np.ndarray, beta: np.ndarray, *, gammas: np.ndarray | None = Non
              gamma_min_ratio: float = 1e-3, normalize: str = "none") -> KMMPath:
     """Solve the penalised KMM problem on a decreasing gamma grid, each solve warm-started by the previous.
 
-    A rank-deficient K the homotopy can afford (solvers.homotopy) is read off one homotopy path instead; a point
+    A rank-deficient K the homotopy can afford (convalue.solvers.homotopy) is read off one homotopy path instead; a point
     of it that does not certify is solved on its own.
     """
     base = make_problem(K, beta, gamma=0.0, normalize=normalize)

@@ -8,12 +8,12 @@ working set of candidates grown by KKT violators goes first. Dense solutions: AD
 factored once in float32 (rho in proportion to gamma / max|beta|), polished by an exact solve on the ADMM
 iterate's support and signs once they hold still; where K is rank-deficient or large, a working set of at most
 SPARSE_PROBE_MAX candidates is tried first (a gamma dense by its ratio can have a sparse solution).
-Large support systems factor in float32 and are refined to float64 accuracy (solvers.linalg).
+Large support systems factor in float32 and are refined to float64 accuracy (convalue.solvers.linalg).
 Rank-deficient K of known rank (N > p), where supports larger than the rank are singular: the LARS-lasso
-homotopy (solvers.homotopy) when affordable, after the working set for sparse solutions of many candidates.
+homotopy (convalue.solvers.homotopy) when affordable, after the working set for sparse solutions of many candidates.
 Other degenerate cases (duplicated candidates): an NNLS polish on the equicorrelation set, then the CVXPY
-reference, then coordinate descent. The methods live in solvers.active_set (PDAS and its safeguards),
-solvers.admm, solvers.working_set and solvers.homotopy; the budget form (solvers.budget) follows this path.
+reference, then coordinate descent. The methods live in convalue.solvers.active_set (PDAS and its safeguards),
+convalue.solvers.admm, convalue.solvers.working_set and convalue.solvers.homotopy; the budget form (convalue.solvers.budget) follows this path.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import time
 
 import numpy as np
 
-from solvers import active_set, admm, working_set
-from solvers.active_set import kkt_from, past_deadline, residual
-from solvers.homotopy import affordable, deficient, distinct, expand, lars
+from convalue.solvers import active_set, admm, working_set
+from convalue.solvers.active_set import kkt_from, past_deadline, residual
+from convalue.solvers.homotopy import affordable, deficient, distinct, expand, lars
 
 #: on a rank-deficient K small enough for the full homotopy, the working set still goes first for sparse solutions
 #: (gamma >= WORKING_SET_FIRST_RATIO * max|beta|) of at least WORKING_SET_FIRST_MIN_N candidates: scikit-learn's
@@ -75,7 +75,7 @@ ADMM_FIRST_STEPS = 200
 #: took 11.2 s with 2048; at 2000 x 4096 (653 active) 1.6 s where 1024 gave up after 1.0 s
 ADMM_FIRST_WORKING_SET_MAX = 2048
 #: ... and where that gives up too on a rank-deficient K of N * rank^2 up to this (past the homotopy's usual limit,
-#: solvers.homotopy.HOMOTOPY_MAX_WORK), the full homotopy goes before ADMM in full: near-parallel N = 3000 > p = 1000
+#: convalue.solvers.homotopy.HOMOTOPY_MAX_WORK), the full homotopy goes before ADMM in full: near-parallel N = 3000 > p = 1000
 #: with 973 of the rank's 1000 active took it 6.1 s, exact, where the chain was uncertified past 60 s
 HOMOTOPY_FALLBACK_WORK = 8e9
 #: ... and, where K is formed, that working set starts from the iterate ADMM's first steps reached (its nonzeros, the
@@ -125,7 +125,7 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
     """argmin 0.5 w'Kw - beta'w + gamma ||w||_1 through the operator; (w, info).
 
     Strategy: rank-deficient problems of known rank start with the homotopy when it is affordable (a warm
-    start does not help it; give it distinct candidates: solvers.homotopy.deduplicated), after the working-set
+    start does not help it; give it distinct candidates: convalue.solvers.homotopy.deduplicated), after the working-set
     homotopy for sparse solutions of many candidates. Otherwise a warm
     start goes first; for sparse solutions (gamma >= dense_ratio * max|beta|) plain PDAS from zero, then PDAS
     with continuation, then the working-set homotopy (which goes first where N > p or in the gradient form);
@@ -135,7 +135,7 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
 
     tol: the KKT violation, relative to max(1, max|beta|), at which an answer is certified. stop_tol: ADMM may return
     its own iterate once its KKT violation (relative likewise) is at most this, instead of polishing it exact, where
-    that is cheaper and K is well-conditioned enough for the tolerance to pin down the scores (solvers.admm); every
+    that is cheaper and K is well-conditioned enough for the tolerance to pin down the scores (convalue.solvers.admm); every
     other answer is certified at tol, as without it (at the looser stop_tol, on near-parallel gradients the working
     set certified 512 active where the optimum has 1209, its top 3 none of the exact top 3).
     """
@@ -248,8 +248,8 @@ def solve_penalised(op, gamma: float, *, w0: np.ndarray | None = None, factor: f
         fallback = "nnls_polish"
     if not ok and op.n <= 3000 and not past_deadline(deadline):
         # a degenerate problem the active-set paths could not certify: the reference library
-        from solvers.problem import KMMProblem
-        from solvers.reference import solve_cvxpy
+        from convalue.solvers.problem import KMMProblem
+        from convalue.solvers.reference import solve_cvxpy
 
         K = op.K if hasattr(op, "K") else op.sub(np.arange(op.n))
         w_ref, _ = solve_cvxpy(KMMProblem(K=K, beta=op.beta, gamma=gamma), tolerance="tight")

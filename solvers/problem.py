@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.linalg as sla
 
-from solvers.threads import blas_threads
+from convalue.solvers.threads import blas_threads
 
 
 def gram_times(K: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -87,7 +87,7 @@ class KMMProblem:
 
 
 #: eigenvalues at or below this fraction of lambda_max count as zero for K's numerical rank: support systems
-#: that singular are beyond the float64 Cholesky of solvers.linalg (pivots^2 > 1e-11 max K_ii) anyway
+#: that singular are beyond the float64 Cholesky of convalue.solvers.linalg (pivots^2 > 1e-11 max K_ii) anyway
 RANK_RTOL = 1e-10
 
 

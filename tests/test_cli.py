@@ -9,7 +9,7 @@ import yaml
 
 
 def cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "engine", *args], capture_output=True, text=True, cwd=cwd)
+    return subprocess.run([sys.executable, "-m", "convalue", *args], capture_output=True, text=True, cwd=cwd)
 
 
 def test_bad_config_exits_2_naming_file_field_value(tmp_path):

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from conftest import chatterbot_pairs, write_jsonl
 
-from engine.clustering import kmeans_labels
-from engine.config import SourceConfig
-from engine.data import DataError, load_source
-from engine.report import clusters_table
+from convalue.engine.config.sections import SourceConfig
+from convalue.engine.data.clustering import kmeans_labels
+from convalue.engine.data.sources import DataError, load_source
+from convalue.engine.report.tables import clusters_table
 
 TOPICS = ["english/computers", "english/food", "english/sports"]
 
@@ -82,8 +82,8 @@ def test_more_clusters_than_examples_or_distinct_examples(tmp_path):
 def test_an_encoder_folder_that_does_not_load_is_a_clear_error(tmp_path):
     import shutil
 
-    from engine.clustering import embedding_dir
-    from engine.models import ModelError
+    from convalue.engine.data.clustering import embedding_dir
+    from convalue.engine.model.loading import ModelError
 
     pool = write_jsonl(tmp_path / "pool.jsonl", chatterbot_pairs("english", 6))
     broken = tmp_path / "encoder"
@@ -106,8 +106,8 @@ def test_an_encoder_folder_that_does_not_load_is_a_clear_error(tmp_path):
 
 
 def test_embedding_on_ray_workers_matches_the_driver(ray_session):
-    from actors.embedder import embed_on_workers
-    from engine.clustering import embed_texts, embedding_dir, example_text
+    from convalue.actors.embedder import embed_on_workers
+    from convalue.engine.data.clustering import embed_texts, embedding_dir, example_text
 
     texts = [example_text(e) for e in load_source(SourceConfig(kind="chatterbot", group_by="language/topic",
                                                                 include=["english/food"]))["english/food"].examples]
@@ -121,9 +121,9 @@ def test_embedding_on_ray_workers_matches_the_driver(ray_session):
 def test_an_encoder_that_fails_on_the_workers_is_reported_as_a_data_error(ray_session, tmp_path):
     import shutil
 
-    from actors.dispatch import WorkItemError
-    from actors.embedder import embed_on_workers
-    from engine.clustering import embedding_dir
+    from convalue.actors.dispatch import WorkItemError
+    from convalue.actors.embedder import embed_on_workers
+    from convalue.engine.data.clustering import embedding_dir
 
     copy = tmp_path / "minilm"
     shutil.copytree(embedding_dir("minilm"), copy)
@@ -136,8 +136,8 @@ def test_an_encoder_that_fails_on_the_workers_is_reported_as_a_data_error(ray_se
 
 
 def test_embedding_cache_reuses_by_content_and_keeps_only_the_run_s_own(tmp_path, caplog):
-    from engine.clustering import EmbeddingCache, embed_texts, embedding_dir
-    from engine.report import write_npy
+    from convalue.engine.data.clustering import EmbeddingCache, embed_texts, embedding_dir
+    from convalue.engine.report.tables import write_npy
 
     calls = []
 
@@ -176,7 +176,7 @@ def test_embedding_cache_reuses_by_content_and_keeps_only_the_run_s_own(tmp_path
 
 
 def test_cluster_samples_name_size_and_first_prompts(tmp_path):
-    from engine.report import format_cluster_samples
+    from convalue.engine.report.tables import format_cluster_samples
 
     rows = chatterbot_pairs("english", 30)
     pool = write_jsonl(tmp_path / "pool.jsonl", rows)

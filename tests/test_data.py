@@ -9,10 +9,16 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import chatterbot_pairs, write_jsonl
 
-from engine.config import DataConfig, SourceConfig
-from engine.data import DataError, load_source, preview_indices, resolve_groups, split_target
-from engine.prepare import prepare
-from engine.tokenize import IGNORE, tokenize_example
+from convalue.engine.config.sections import DataConfig, SourceConfig
+from convalue.engine.data.prepare import prepare
+from convalue.engine.data.sources import (
+    DataError,
+    load_source,
+    preview_indices,
+    resolve_groups,
+    split_target,
+)
+from convalue.engine.model.tokenize import IGNORE, tokenize_example
 
 
 def test_chatterbot_groups_by_language_and_topic():
@@ -115,8 +121,8 @@ def test_split_and_previews_are_seeded():
 
 
 def test_labels_cover_only_the_response(smollm2_dir):
-    from engine.data import Example
-    from engine.models import load_tokenizer
+    from convalue.engine.data.sources import Example
+    from convalue.engine.model.loading import load_tokenizer
 
     tok = load_tokenizer(smollm2_dir)
     t = tokenize_example(tok, Example((("user", "What is your name?"), ("assistant", "I am a bot."))), 128)
@@ -128,8 +134,8 @@ def test_labels_cover_only_the_response(smollm2_dir):
 
 
 def test_a_chat_template_that_is_not_prefix_stable_is_a_model_error(smollm2_dir):
-    from engine.data import Example
-    from engine.models import ModelError, load_tokenizer
+    from convalue.engine.data.sources import Example
+    from convalue.engine.model.loading import ModelError, load_tokenizer
 
     tok = load_tokenizer(smollm2_dir)
     # a template that numbers the conversation's length up front renders a prefix differently from the whole
@@ -147,7 +153,7 @@ def _prep_cfg(tmp_path, target_rows, pool_rows, **kw):
 
 
 def test_group_with_fewer_than_m_examples(tmp_path, smollm2_dir):
-    from engine.models import load_tokenizer
+    from convalue.engine.model.loading import load_tokenizer
 
     tok = load_tokenizer(smollm2_dir)
     pairs = chatterbot_pairs("english", 8)
@@ -162,7 +168,7 @@ def test_group_with_fewer_than_m_examples(tmp_path, smollm2_dir):
 
 
 def test_target_with_no_response_tokens(tmp_path, smollm2_dir):
-    from engine.models import load_tokenizer
+    from convalue.engine.model.loading import load_tokenizer
 
     tok = load_tokenizer(smollm2_dir)
     target = [{"prompt": p["prompt"], "response": ""} for p in chatterbot_pairs("marathi", 10)]

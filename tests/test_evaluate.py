@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.config import ConfigError
-from engine.evaluate import (
+from convalue.engine.config.sections import ConfigError
+from convalue.engine.protocol.evaluate import (
     borda_points,
     distinct_jobs,
     given_weights,
@@ -18,10 +18,10 @@ from engine.evaluate import (
     plan_runs,
     summarise,
 )
-from engine.finetune import mixing_schedule
-from engine.plots import plot_evaluation, plot_scores
-from engine.report import evaluation_table, format_evaluation, scores_table
-from engine.select import select_top_k
+from convalue.engine.protocol.finetune import mixing_schedule
+from convalue.engine.report.plots import plot_evaluation, plot_scores
+from convalue.engine.report.tables import evaluation_table, format_evaluation, scores_table
+from convalue.engine.selection.select import select_top_k
 
 NAMES = ["a", "b", "c", "d", "e"]
 

@@ -7,12 +7,12 @@ import pytest
 import torch
 from conftest import chatterbot_pairs
 
-from engine.config import LoraConfig
-from engine.data import Example
-from engine.featurize import GroupGradients, pad_batch, per_example_loss
-from engine.models import attach_lora, load_model, load_tokenizer, lora_b_parameters
-from engine.projection import make_projector
-from engine.tokenize import tokenize_examples
+from convalue.engine.config.sections import LoraConfig
+from convalue.engine.data.sources import Example
+from convalue.engine.features.gradients import GroupGradients, pad_batch, per_example_loss
+from convalue.engine.features.projection import make_projector
+from convalue.engine.model.loading import attach_lora, load_model, load_tokenizer, lora_b_parameters
+from convalue.engine.model.tokenize import tokenize_examples
 
 
 def build(model_dir, batch_size=4, proj=("identity", 0), lora=None):
@@ -50,7 +50,7 @@ def test_mean_gradient_does_not_depend_on_batching(tiny_model_dir, examples):
 
 
 def test_same_seeds_give_identical_projected_vectors(tiny_model_dir, examples):
-    from engine.featurize import WorkItem
+    from convalue.engine.features.gradients import WorkItem
 
     items = [WorkItem("a", examples[:3]), WorkItem("b", examples[3:])]
     a = build(tiny_model_dir, proj=("countsketch", 256)).featurize(items)
@@ -84,7 +84,7 @@ def test_lora_a_gradient_is_zero_and_b_gradient_sketches_the_full_gradient(tiny_
 
 
 def test_unknown_target_module_is_a_clear_error(tiny_model_dir):
-    from engine.models import ModelError
+    from convalue.engine.model.loading import ModelError
 
     with pytest.raises(ModelError, match=r"lora.target_modules \['qq_proj'\] not found"):
         attach_lora(load_model(tiny_model_dir), LoraConfig(target_modules=["qq_proj"]))
@@ -104,8 +104,8 @@ def test_a_damaged_model_folder_is_refused_in_the_driver(tiny_model_dir, tmp_pat
     """Missing or truncated weights and a missing tokenizer are ModelErrors before any worker starts."""
     import shutil
 
-    from engine.config import ModelConfig
-    from engine.models import ModelError, resolve_model_dir
+    from convalue.engine.config.sections import ModelConfig
+    from convalue.engine.model.loading import ModelError, resolve_model_dir
 
     folder = tmp_path / "model"
     shutil.copytree(tiny_model_dir, folder)
@@ -116,7 +116,7 @@ def test_a_damaged_model_folder_is_refused_in_the_driver(tiny_model_dir, tmp_pat
 
 
 def test_pack_by_tokens_covers_everything_within_budget():
-    from engine.featurize import pack_by_tokens
+    from convalue.engine.features.gradients import pack_by_tokens
 
     lengths = [5, 30, 12, 12, 7, 30, 1, 22]
     batches = pack_by_tokens(lengths, 40)
@@ -128,7 +128,7 @@ def test_pack_by_tokens_covers_everything_within_budget():
 def test_length_runs_minimise_padding_plus_calls():
     import itertools
 
-    from engine.featurize import length_runs
+    from convalue.engine.features.gradients import length_runs
 
     lengths = [30, 5, 29, 12, 12, 31, 6, 13]
 
@@ -150,8 +150,8 @@ def test_length_runs_minimise_padding_plus_calls():
 
 
 def test_plan_blocks_sends_the_longest_groups_first():
-    from engine.featurize import WorkItem, block_tokens, plan_blocks
-    from engine.tokenize import TokenizedExample
+    from convalue.engine.features.gradients import WorkItem, block_tokens, plan_blocks
+    from convalue.engine.model.tokenize import TokenizedExample
 
     def group(name, *lengths):
         return WorkItem(name, tuple(TokenizedExample((1,) * n, (1,) * n) for n in lengths))
@@ -163,7 +163,7 @@ def test_plan_blocks_sends_the_longest_groups_first():
 
 
 def _packed(model_dir, budget, keep=False):
-    from engine.models import lora_b_parameters
+    from convalue.engine.model.loading import lora_b_parameters
 
     model = load_model(model_dir)
     peft_model = attach_lora(model, LoraConfig(r=4, alpha=8), dropout=0.0)
@@ -176,7 +176,7 @@ def _packed(model_dir, budget, keep=False):
 
 
 def test_packing_changes_no_group_vector(tiny_model_dir, examples):
-    from engine.featurize import WorkItem
+    from convalue.engine.features.gradients import WorkItem
 
     items = [WorkItem("a", examples[:3]), WorkItem("b", examples[3:4]), WorkItem("c", examples[4:])]
     loop = build(tiny_model_dir).featurize(items)
@@ -186,7 +186,7 @@ def test_packing_changes_no_group_vector(tiny_model_dir, examples):
 
 
 def test_per_example_gradients_sum_to_the_batch_gradient(tiny_model_dir, examples):
-    from engine.featurize import WorkItem
+    from convalue.engine.features.gradients import WorkItem
 
     g = _packed(tiny_model_dir, 4096, keep=True)
     g.featurize([WorkItem("all", examples)])
@@ -198,14 +198,14 @@ def test_per_example_gradients_sum_to_the_batch_gradient(tiny_model_dir, example
 
 
 def test_example_longer_than_budget_is_an_error(tiny_model_dir, examples):
-    from engine.featurize import WorkItem
+    from convalue.engine.features.gradients import WorkItem
 
     with pytest.raises(ValueError, match="exceeds the token budget 8"):
         _packed(tiny_model_dir, 8).featurize([WorkItem("a", examples)])
 
 
 def _task_vectors(model_dir, steps=3, autocast_dtype=None):
-    from engine.featurize import GroupTaskVectors
+    from convalue.engine.features.gradients import GroupTaskVectors
 
     peft_model = attach_lora(load_model(model_dir), LoraConfig(r=4, alpha=8), dropout=0.0)
     named = lora_b_parameters(peft_model, with_a=True)
@@ -216,7 +216,7 @@ def _task_vectors(model_dir, steps=3, autocast_dtype=None):
 
 
 def test_task_vectors_are_deterministic_and_reset_between_groups(tiny_model_dir, examples):
-    from engine.featurize import WorkItem
+    from convalue.engine.features.gradients import WorkItem
 
     a, b = WorkItem("a", examples[:3]), WorkItem("b", examples[3:])
     tv = _task_vectors(tiny_model_dir)
@@ -234,7 +234,7 @@ def test_task_vectors_are_deterministic_and_reset_between_groups(tiny_model_dir,
 
 
 def test_shared_prefix_is_used_and_changes_no_group_vector(tiny_model_dir, examples):
-    from engine.featurize import WorkItem, shared_prefix_length
+    from convalue.engine.features.gradients import WorkItem, shared_prefix_length
 
     assert shared_prefix_length(list(examples)) >= 8  # the chat template's system prompt + user header
     items = [WorkItem("a", examples[:4]), WorkItem("b", examples[4:])]
@@ -246,7 +246,7 @@ def test_shared_prefix_is_used_and_changes_no_group_vector(tiny_model_dir, examp
 
 @pytest.mark.parametrize("share_prefix", [True, False])
 def test_length_runs_change_no_vector(tiny_model_dir, varied, share_prefix):
-    from engine.featurize import WorkItem, length_runs
+    from convalue.engine.features.gradients import WorkItem, length_runs
 
     assert len(length_runs([len(e) for e in varied], 0)) > 2  # the lengths differ: real cuts
     items = [WorkItem("a", varied[:4]), WorkItem("b", varied[4:])]
@@ -260,7 +260,7 @@ def test_length_runs_change_no_vector(tiny_model_dir, varied, share_prefix):
 
 
 def test_length_runs_keep_rows_and_owners_in_order(tiny_model_dir, varied, monkeypatch):
-    import engine.featurize as fz
+    import convalue.engine.features.gradients as fz
 
     items = [fz.WorkItem("a", varied[:4]), fz.WorkItem("b", varied[4:])]
     one, cut = _packed(tiny_model_dir, 4096, keep=True), _packed(tiny_model_dir, 4096, keep=True)
@@ -277,8 +277,8 @@ def test_length_runs_keep_rows_and_owners_in_order(tiny_model_dir, varied, monke
 
 def test_bf16_autocast_reaches_the_task_vector_steps(tiny_model_dir, examples):
     """The autocast of a CUDA replica with model.dtype bfloat16, run here on the CPU: rounding, nothing more."""
-    from engine.featurize import WorkItem
-    from engine.models import autocast_dtype
+    from convalue.engine.features.gradients import WorkItem
+    from convalue.engine.model.loading import autocast_dtype
 
     assert autocast_dtype("cuda:0", "bfloat16") is torch.bfloat16
     assert autocast_dtype("cpu", "bfloat16") is None and autocast_dtype("cuda", "float32") is None
@@ -291,7 +291,7 @@ def test_bf16_autocast_reaches_the_task_vector_steps(tiny_model_dir, examples):
 
 
 def _count_prefix_forwards(monkeypatch) -> list[int]:
-    import engine.featurize as fz
+    import convalue.engine.features.gradients as fz
 
     computed = []
     real = fz.prefix_forward
@@ -302,7 +302,7 @@ def _count_prefix_forwards(monkeypatch) -> list[int]:
 
 def _owner_counts(examples, budget: int, split: tuple[int, int]) -> list[int]:
     """Groups per shared-prefix batch when groups are examples[:split[0]], [split[0]:split[1]], [split[1]:]."""
-    from engine.featurize import pack_by_tokens
+    from convalue.engine.features.gradients import pack_by_tokens
 
     batches = pack_by_tokens([len(e) for e in examples], budget)
     return [len({sum(i >= s for s in split) for i in b}) for b in batches if len(b) > 1]
@@ -310,7 +310,7 @@ def _owner_counts(examples, budget: int, split: tuple[int, int]) -> list[int]:
 
 def test_shared_prefix_is_kept_across_batches_and_calls_until_the_weights_change(tiny_model_dir, examples,
                                                                                  monkeypatch):
-    from engine.featurize import PREFIX_CACHE_SHARE, WorkItem
+    from convalue.engine.features.gradients import PREFIX_CACHE_SHARE, WorkItem
 
     computed = _count_prefix_forwards(monkeypatch)
     items = [WorkItem("a", examples[:3]), WorkItem("b", examples[3:5]), WorkItem("c", examples[5:])]
@@ -335,7 +335,7 @@ def test_shared_prefix_is_kept_across_batches_and_calls_until_the_weights_change
 
 
 def test_shared_prefix_too_large_to_keep_is_recomputed(tiny_model_dir, examples, monkeypatch):
-    from engine.featurize import WorkItem
+    from convalue.engine.features.gradients import WorkItem
 
     computed = _count_prefix_forwards(monkeypatch)
     items = [WorkItem("a", examples[:3]), WorkItem("b", examples[3:5]), WorkItem("c", examples[5:])]

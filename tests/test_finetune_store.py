@@ -7,9 +7,9 @@ import logging
 
 import pytest
 
-from engine.finetune_store import FinetuneStore, job_settings
-from engine.prepare import examples_digest
-from engine.tokenize import IGNORE, TokenizedExample
+from convalue.engine.data.prepare import examples_digest
+from convalue.engine.model.tokenize import IGNORE, TokenizedExample
+from convalue.engine.store.finetunes import FinetuneStore, job_settings
 
 
 def _ex(*ids: int) -> TokenizedExample:

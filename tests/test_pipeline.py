@@ -12,12 +12,12 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import pipeline_run_config, tiny_run_config
 
-from engine.config import ConfigError, config_from_dict
-from engine.data import DataError
-from engine.models import ModelError
-from engine.pipeline import resolve, run
-from engine.store import StoreError
-from solvers import KMMInputError, solve_kmm
+from convalue.engine.config.sections import ConfigError, config_from_dict
+from convalue.engine.data.sources import DataError
+from convalue.engine.driver.pipeline import resolve, run
+from convalue.engine.model.loading import ModelError
+from convalue.engine.store.vectors import StoreError
+from convalue.solvers import KMMInputError, solve_kmm
 
 COLUMNS = ["group", "n_examples", "n_preview", "score", "beta", "cosine", "rank", "selected"]
 
@@ -121,7 +121,7 @@ def test_repeats_add_seeds_and_report_each_cells_mean_and_spread(first_run, tmp_
     """finetune.repeats = 2 on the first run's folder: seed 0 is read back, seed 1 trains every selection again
     under its own draws, the random baseline on its own order; the cells are summarised by mean and sd (paper
     App., multi-seed results). Then random_orders `one`: seed 1 trains only seed 0's random selections."""
-    from engine.evaluate import method_scores, plan_runs
+    from convalue.engine.protocol.evaluate import method_scores, plan_runs
 
     _, data, first = first_run
     run_dir = own_copy(first_run, tmp_path / "runs" / "t")
@@ -194,8 +194,8 @@ def test_given_mixture_and_rho_k_train_what_they_change(first_run, tmp_path):
     folder: k = 1 trains anew under its rho_k, a two-group run with unequal given weights trains anew drawn by them,
     and the rest are read back; weights naming a group that is not a candidate, or leaving one out without
     mixture_default_weight, are refused before any work. The run names two groups and gives the rest the default."""
-    from engine.config import ConfigError
-    from engine.finetune import mixing_schedule
+    from convalue.engine.config.sections import ConfigError
+    from convalue.engine.protocol.finetune import mixing_schedule
 
     _, data, first = first_run
     run_dir = own_copy(first_run, tmp_path / "runs" / "t")
@@ -238,7 +238,7 @@ def test_a_failed_protocol_lists_the_fine_tunes_it_has(first_run, tmp_path, monk
     and counts it in `progress`."""
     import ray
 
-    import engine.pipeline as pipeline
+    import convalue.engine.driver.pipeline as pipeline
 
     _, data, first = first_run
     own_copy(first_run, tmp_path / "runs" / "t")
@@ -342,7 +342,7 @@ def test_failure_mid_run_leaves_no_complete_looking_result(ray_session, tiny_mod
     once, with the worker's own error, and leaves a failed summary and no scores."""
     from conftest import chatterbot_pairs, write_jsonl
 
-    from actors.dispatch import WorkItemError
+    from convalue.actors.dispatch import WorkItemError
 
     target = write_jsonl(tmp_path / "t.jsonl", chatterbot_pairs("marathi", 8))
     pool = write_jsonl(tmp_path / "p.jsonl", [r | {"group": "en"} for r in chatterbot_pairs("english", 4)])
@@ -390,7 +390,7 @@ def test_resolve_with_a_tolerance_records_it_and_a_budget_drops_it(first_run, tm
     assert budget["solver"]["form"] == "budget" and "tol" not in budget["solver"]
     with pytest.raises(KMMInputError, match="budget form is always solved exactly"):
         resolve(run_dir, gamma=None, budget=1.5, method=None, normalize=None, tol=1e-6)
-    from engine.cli import main
+    from convalue.engine.driver.cli import main
 
     before = (run_dir / "scores.parquet").read_bytes()
     assert main(["solve", str(run_dir), "--budget", "1.5", "--tol", "1e-6"]) == 2  # a user error, scores untouched
@@ -521,7 +521,7 @@ def test_resolve_refuses_a_damaged_summary_or_scores_table(first_run, tmp_path, 
 def test_a_stopped_re_solve_reads_back_as_resolving_and_a_rerun_finishes_it(first_run, tmp_path, monkeypatch):
     """A re-solve that stops between its files leaves summary.json saying so (status "resolving", with what it was
     doing), never an old summary beside new scores; `convalue solve` again completes it and restores the status."""
-    import engine.pipeline as pipeline
+    import convalue.engine.driver.pipeline as pipeline
 
     _, data, _ = first_run
     run_dir = tmp_path / "copy"
@@ -557,7 +557,7 @@ def test_a_run_says_running_until_it_ends(ray_session, tiny_model_dir, tmp_path,
     never leaves results that look finished; a re-solve of such a folder is refused."""
     from conftest import chatterbot_pairs, write_jsonl
 
-    import engine.pipeline as pipeline
+    import convalue.engine.driver.pipeline as pipeline
 
     target = write_jsonl(tmp_path / "t.jsonl", chatterbot_pairs("marathi", 8))
     pool = write_jsonl(tmp_path / "p.jsonl", [r | {"group": "en"} for r in chatterbot_pairs("english", 4)])
@@ -579,7 +579,7 @@ def test_a_run_says_running_until_it_ends(ray_session, tiny_model_dir, tmp_path,
 
 def test_a_run_folder_in_use_is_refused_and_left_untouched(first_run, tmp_path):
     """While one process runs or re-solves in a folder, another run or re-solve there stops before writing."""
-    from engine.locks import exclusive
+    from convalue.engine.store.locks import exclusive
 
     _, data, _ = first_run
     run_dir = tmp_path / "runs" / "t"
@@ -644,7 +644,7 @@ def test_an_unreachable_cluster_address_fails_fast_before_any_stage(first_run, r
 
     import yaml
 
-    from engine.pipeline import ClusterError, check_reachable
+    from convalue.engine.driver.pipeline import ClusterError, check_reachable
 
     check_reachable(ray_session.get_runtime_context().gcs_address, "--address")  # the session's cluster listens
     check_reachable("auto", "RAY_ADDRESS")  # a form Ray resolves itself is left to Ray
@@ -656,7 +656,7 @@ def test_an_unreachable_cluster_address_fails_fast_before_any_stage(first_run, r
     _, data, _ = first_run
     path = tmp_path / "away.yaml"
     path.write_text(yaml.safe_dump(data | {"out": str(tmp_path / "runs"), "name": "away"}))
-    r = subprocess.run([sys.executable, "-m", "engine", "run", str(path), "--address", f"127.0.0.1:{port}"],
+    r = subprocess.run([sys.executable, "-m", "convalue", "run", str(path), "--address", f"127.0.0.1:{port}"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and f"cannot reach a Ray cluster at 127.0.0.1:{port} (given by --address)" in r.stderr
     assert "stage model" not in r.stderr and not (tmp_path / "runs").exists()
@@ -674,7 +674,7 @@ def test_cli_joins_an_existing_cluster_by_address(first_run, ray_session, tiny_m
     cfg = data | {"name": "joined", "finetune": {"enabled": False}}
     path = tmp / "joined.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    r = subprocess.run([sys.executable, "-m", "engine", "run", str(path), "--address", gcs],
+    r = subprocess.run([sys.executable, "-m", "convalue", "run", str(path), "--address", gcs],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "ray_init" in r.stdout and "rank  group" in r.stdout
@@ -683,10 +683,10 @@ def test_cli_joins_an_existing_cluster_by_address(first_run, ray_session, tiny_m
                                rtol=1e-5)
     # the same run folder with other projection settings: refused, then replaced with --overwrite
     path.write_text(yaml.safe_dump(cfg | {"projection": cfg["projection"] | {"seed": 1}}))
-    r = subprocess.run([sys.executable, "-m", "engine", "run", str(path), "--address", gcs],
+    r = subprocess.run([sys.executable, "-m", "convalue", "run", str(path), "--address", gcs],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 2 and "made with other settings (differs in ['projection'])" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "engine", "run", str(path), "--address", gcs, "--overwrite"],
+    r = subprocess.run([sys.executable, "-m", "convalue", "run", str(path), "--address", gcs, "--overwrite"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     manifest = json.loads((tmp / "runs" / "joined" / "vectors" / "manifest.json").read_text())
@@ -710,7 +710,7 @@ def test_cost_weighted_budget_from_a_prices_file(first_run):
 
 
 def test_prices_file_errors(tmp_path):
-    from engine.costs import load_costs
+    from convalue.engine.data.costs import load_costs
 
     p = tmp_path / "c.json"
     p.write_text(json.dumps({"a": 1.0, "b": -2}))
@@ -742,9 +742,9 @@ def test_status_tells_a_live_run_from_an_interrupted_one(first_run, tmp_path, ca
     """`convalue status`: complete (exit 0); a summary that says "running" with no process holding the folder is
     an interrupted run (exit 1, with how to resume); the same while a process holds the folder's lock is a live
     run (exit 3); a failed run names its stage and error (exit 1)."""
-    from engine.cli import main
-    from engine.locks import exclusive
-    from engine.run_status import run_status
+    from convalue.engine.driver.cli import main
+    from convalue.engine.store.locks import exclusive
+    from convalue.engine.store.status import run_status
 
     _, data, first = first_run
     run_dir = own_copy(first_run, tmp_path / "runs" / "t")

@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import pipeline_run_config
 
-from engine.config import config_from_dict
-from engine.pipeline import resolve, run
+from convalue.engine.config.sections import config_from_dict
+from convalue.engine.driver.pipeline import resolve, run
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_cli_reports_a_worker_s_input_error_without_the_remote_traceback(pipelin
     """A reward function that raises in a gradient worker: exit 2 and one line naming the groups and the reward."""
     import yaml
 
-    from engine.cli import main
+    from convalue.engine.driver.cli import main
 
     tmp, data = pipeline_config
     reward = Path(__file__).parent / "rewards_for_tests.py"
@@ -94,7 +94,7 @@ def test_full_parameters_with_the_diagonal_fisher_metric(pipeline_config):
 
 
 def test_per_example_vectors_are_kept_and_average_to_the_group_vector(pipeline_config):
-    from engine.store import VectorStore
+    from convalue.engine.store.vectors import VectorStore
 
     tmp, data = pipeline_config
     cfg = data | {"name": "pe", "finetune": {"enabled": False}, "model": data["model"] | {"token_budget": 512},
@@ -143,7 +143,7 @@ def test_a_flat_pool_is_clustered_valued_and_mapped_back(pipeline_config, capsys
     import yaml
     from conftest import chatterbot_pairs, write_jsonl
 
-    from engine.cli import main
+    from convalue.engine.driver.cli import main
 
     tmp, data = pipeline_config
     rows = [r for lang in ("english", "spanish", "german", "hindi") for r in chatterbot_pairs(lang, 6)]

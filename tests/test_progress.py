@@ -6,7 +6,7 @@ import re
 import time
 import urllib.request
 
-from actors.progress import Progress
+from convalue.actors.progress import Progress
 
 
 def _scrape(ray, names: list[str], run: str, timeout: float = 45.0) -> dict[str, float]:

@@ -9,9 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from engine.gram import GramReducer, cosine
-from engine.projection import ProjectionError, make_projector
-from engine.store import StoreError, VectorStore, read_manifest
+from convalue.engine.features.projection import ProjectionError, make_projector
+from convalue.engine.selection.gram import GramReducer, cosine
+from convalue.engine.store.vectors import StoreError, VectorStore, read_manifest
 
 
 @pytest.mark.parametrize("kind", ["countsketch", "rademacher", "gaussian"])
@@ -44,7 +44,7 @@ def test_identity_is_exact_and_bad_dims_raise():
 
 def test_streamed_countsketch_equals_the_cached_one(monkeypatch):
     """Large inputs (full-model gradients) hash block by block instead of holding a d-sized matrix: same map."""
-    from engine.projection import CountSketchProjector
+    from convalue.engine.features.projection import CountSketchProjector
 
     monkeypatch.setattr(CountSketchProjector, "block", 1000)
     X = np.random.default_rng(3).normal(size=(3, 4500)).astype(np.float32)
@@ -57,7 +57,7 @@ def test_streamed_countsketch_equals_the_cached_one(monkeypatch):
 
 SCRIPT = """
 import numpy as np, sys
-from engine.projection import make_projector
+from convalue.engine.features.projection import make_projector
 x = np.random.default_rng(7).normal(size=(2, 5000)).astype(np.float32)
 print(repr(make_projector(sys.argv[1], 5000, 128, 42).project(x).tolist()))
 """

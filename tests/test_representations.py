@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import chatterbot_pairs
 
-from engine.config import (
+from convalue.engine.config.sections import (
     ConfigError,
     DataConfig,
     FeaturesConfig,
@@ -22,14 +22,30 @@ from engine.config import (
     SourceConfig,
     config_from_dict,
 )
-from engine.data import DataError, Example, load_source
-from engine.featurize import IGNORE, WorkItem, pad_batch, per_example_loss, response_logits
-from engine.gram import diag_fisher_vectors
-from engine.grpo import GrpoError, advantages, surrogate_loss
-from engine.models import load_model, load_tokenizer
-from engine.prepare import prepare
-from engine.rewards import RewardError, load_reward, numeric_closeness, numeric_exact_match
-from engine.tokenize import PromptExample, TokenizedExample, tokenize_examples, tokenize_prompt
+from convalue.engine.data.prepare import prepare
+from convalue.engine.data.sources import DataError, Example, load_source
+from convalue.engine.features.gradients import (
+    IGNORE,
+    WorkItem,
+    pad_batch,
+    per_example_loss,
+    response_logits,
+)
+from convalue.engine.features.grpo import GrpoError, advantages, surrogate_loss
+from convalue.engine.features.rewards import (
+    RewardError,
+    load_reward,
+    numeric_closeness,
+    numeric_exact_match,
+)
+from convalue.engine.model.loading import load_model, load_tokenizer
+from convalue.engine.model.tokenize import (
+    PromptExample,
+    TokenizedExample,
+    tokenize_examples,
+    tokenize_prompt,
+)
+from convalue.engine.selection.gram import diag_fisher_vectors
 
 REWARDS = Path(__file__).parent / "rewards_for_tests.py"
 
@@ -70,7 +86,7 @@ def test_load_reward_by_name_file_and_module(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     assert load_reward("numeric_exact_match") is numeric_exact_match
     assert load_reward(f"{REWARDS}:length")("abc", "") == 3.0
-    assert load_reward("engine.rewards:numeric_closeness") is numeric_closeness
+    assert load_reward("convalue.engine.features.rewards:numeric_closeness") is numeric_closeness
     for spec, msg in [("nope", "unknown reward"), (f"{REWARDS}:absent", "no function"),
                       ("/no/such.py:f", "does not exist"), ("no_such_module_x:f", "cannot be imported"),
                       ("broken_reward_module:f", "cannot be imported: RuntimeError: boom at import"),
@@ -95,7 +111,7 @@ def test_advantages_are_group_relative():
 
 def test_grpo_surrogate_gradient_is_the_advantage_weighted_policy_gradient(tiny_model_dir, prompts):
     """At theta_0, grad L = -sum_j w_j A_j grad mean_t log pi(o_jt), and the KL term adds exactly nothing."""
-    from engine.replica import build_featurizer
+    from convalue.engine.features.replica import build_featurizer
 
     f = build_featurizer(spec_for(tiny_model_dir, representation="grpo", grpo_generations=3,
                                   grpo_max_new_tokens=6, grpo_reward=f"{REWARDS}:length"))
@@ -126,7 +142,7 @@ def test_grpo_surrogate_gradient_is_the_advantage_weighted_policy_gradient(tiny_
 
 
 def test_grpo_vectors_are_deterministic_and_nonzero(tiny_model_dir, prompts):
-    from engine.replica import build_featurizer
+    from convalue.engine.features.replica import build_featurizer
 
     spec = spec_for(tiny_model_dir, representation="grpo", grpo_generations=3, grpo_max_new_tokens=8,
                     grpo_reward=f"{REWARDS}:length")
@@ -140,7 +156,7 @@ def test_grpo_vectors_are_deterministic_and_nonzero(tiny_model_dir, prompts):
 
 def test_grpo_gradient_is_its_samples_surrogate_and_survives_bf16_autocast(tiny_model_dir, prompts):
     """raw_gradient = surrogate_gradient on sample's completions; bf16 autocast on the same completions only rounds."""
-    from engine.replica import build_featurizer
+    from convalue.engine.features.replica import build_featurizer
 
     f = build_featurizer(spec_for(tiny_model_dir, representation="grpo", grpo_generations=3, grpo_max_new_tokens=8,
                                   grpo_reward=f"{REWARDS}:length"))
@@ -162,7 +178,7 @@ def test_grpo_gradient_is_its_samples_surrogate_and_survives_bf16_autocast(tiny_
 
 
 def test_grpo_errors_name_group_and_prompt(tiny_model_dir, prompts):
-    from engine.replica import build_featurizer
+    from convalue.engine.features.replica import build_featurizer
 
     f = build_featurizer(spec_for(tiny_model_dir, representation="grpo", grpo_max_new_tokens=4,
                                   grpo_reward=f"{REWARDS}:broken"))
@@ -202,7 +218,7 @@ def test_prepare_rejects_groups_longer_than_the_context(tiny_model_dir, tmp_path
 
 
 def test_full_parameter_gradient_is_the_mean_gradient_of_every_weight(tiny_model_dir):
-    from engine.replica import build_featurizer
+    from convalue.engine.features.replica import build_featurizer
 
     tok = load_tokenizer(tiny_model_dir)
     exs = tuple(tokenize_examples(tok, [Example((("user", r["prompt"]), ("assistant", r["response"])))
@@ -271,7 +287,7 @@ def test_mathematics_round_number_runs_as_on_python_312():
     # Python 3.12 refuses the integral floats numbers__round_number passes to random.randint (3.11 only warns),
     # so warnings-as-errors stand in for 3.12; the generator's shim must give the draws 3.11 gives.
     request = json.dumps({"include": ["numbers__round_number"], "n": 4, "seed": 0})
-    proc = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-m", "engine.mathgen", request],
+    proc = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-m", "convalue.engine.data.mathgen", request],
                           capture_output=True, text=True, env=os.environ | {"PYTHONHASHSEED": "0"}, check=True,
                           cwd=Path(__file__).resolve().parents[1])
     pairs = json.loads(proc.stdout.splitlines()[-1])["groups"]["numbers__round_number"]
@@ -284,7 +300,7 @@ def test_mathematics_every_module_runs_under_numpy_2_and_is_reproducible():
     Every module gives the same data in every process."""
     import sympy
 
-    from engine.mathgen import _ItemsetArray, itemset_works
+    from convalue.engine.data.mathgen import _ItemsetArray, itemset_works
 
     a = np.zeros((2, 3), dtype=np.int64).view(_ItemsetArray)
     a.itemset(4, 7)  # one int: a flat index, as numpy 1 read it
@@ -303,7 +319,7 @@ def test_mathematics_every_module_runs_under_numpy_2_and_is_reproducible():
 
     def generate(include: list[str] | None) -> dict:
         request = json.dumps({"include": include, "n": 3, "seed": 0})
-        proc = subprocess.run([sys.executable, "-m", "engine.mathgen", request], capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, "-m", "convalue.engine.data.mathgen", request], capture_output=True, text=True,
                               env=os.environ | {"PYTHONHASHSEED": "0"}, check=True,
                               cwd=Path(__file__).resolve().parents[1])
         return json.loads(proc.stdout.splitlines()[-1])
@@ -321,8 +337,8 @@ def test_mathematics_every_module_runs_under_numpy_2_and_is_reproducible():
 
 
 def test_split_cost_tokens_defaults_per_device_and_is_validated(tiny_model_dir):
-    from engine.config import ModelConfig
-    from engine.replica import CPU_SPLIT_COST_TOKENS, build_featurizer
+    from convalue.engine.config.sections import ModelConfig
+    from convalue.engine.features.replica import CPU_SPLIT_COST_TOKENS, build_featurizer
 
     assert build_featurizer(spec_for(tiny_model_dir)).split_cost_tokens == CPU_SPLIT_COST_TOKENS  # null, CPU
     assert build_featurizer(spec_for(tiny_model_dir) | {"split_cost_tokens": 7}).split_cost_tokens == 7

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from engine.run_status import format_status, run_status
+from convalue.engine.store.status import format_status, run_status
 
 
 def test_a_finished_summary_is_reported_with_its_best_k_and_progress(tmp_path):

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 
-from engine.config import config_from_dict
+from convalue.engine.config.sections import config_from_dict
 
 pytestmark = pytest.mark.slow
 
 
 def test_real_model_values_real_languages(ray_session, smollm2_dir, tmp_path):
-    from engine.pipeline import run
+    from convalue.engine.driver.pipeline import run
 
     cfg = {
         "name": "smol",

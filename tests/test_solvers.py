@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kmm_oracle import scipy_budget, scipy_penalised, sklearn_penalised
 
-from engine.select import select_top_k
-from solvers import KMMInputError, kkt_violation, make_problem, solve_kmm
+from convalue.engine.selection.select import select_top_k
+from convalue.solvers import KMMInputError, kkt_violation, make_problem, solve_kmm
 
 G_EX = np.array([[1.0, 0.1], [1.0, 0.1], [0.0, 1.0]])
 G_TAR = np.array([1.0, 1.0])
@@ -173,7 +173,7 @@ def test_bad_input_is_a_clear_error(K, beta, kw, match):
 @given(seed=st.integers(0, 2**31), n=st.integers(1, 40), tile=st.integers(1, 9), share=st.floats(0.0, 1.0))
 def test_symmetrised_equals_the_whole_matrix_formula_at_any_tile_size(seed, n, tile, share):
     """Tile pairs that are exactly symmetric (copied as they are) and those that are not give 0.5 (A + A^T)."""
-    import solvers.problem as problem_module
+    import convalue.solvers.problem as problem_module
 
     rng = np.random.default_rng(seed)
     A = rng.normal(size=(n, n))  # asymmetric where both indices are in `odd` (a share of them), symmetric elsewhere
@@ -191,7 +191,7 @@ def test_symmetrised_equals_the_whole_matrix_formula_at_any_tile_size(seed, n, t
 def test_symmetrisation_in_tiles_is_exact_and_finds_asymmetry_in_any_tile(monkeypatch):
     """make_problem symmetrises K a tile at a time: the result is exactly 0.5 (K + K^T) and exactly symmetric,
     and an asymmetry beyond the tolerance in any tile is refused with its size."""
-    import solvers.problem as problem_module
+    import convalue.solvers.problem as problem_module
 
     monkeypatch.setattr(problem_module, "SYMMETRISE_TILE", 7)  # 30 candidates: 5 x 5 tiles, the last ones partial
     G, g = random_gradients(6, 30, 40, False)
@@ -246,7 +246,7 @@ def test_costs_change_the_choice():
 
 
 def test_path_gives_exact_solutions_and_every_top_k():
-    from solvers import kmm_path
+    from convalue.solvers import kmm_path
 
     K, beta = random_problem(5, 30, 12, True)
     path = kmm_path(K, beta, n_gammas=25)
@@ -272,7 +272,7 @@ def test_path_gives_exact_solutions_and_every_top_k():
     ],
 )
 def test_path_refuses_bad_gammas(kw, match):
-    from solvers import kmm_path
+    from convalue.solvers import kmm_path
 
     K, beta = random_problem(5, 12, 8, True)
     with pytest.raises(KMMInputError, match=match):
@@ -280,7 +280,7 @@ def test_path_refuses_bad_gammas(kw, match):
 
 
 def test_gradient_space_solver_matches_gram_solver():
-    from solvers import solve_kmm_gradients
+    from convalue.solvers import solve_kmm_gradients
 
     rng = np.random.default_rng(11)
     G = rng.normal(size=(40, 15))  # N > p: rank-deficient K
@@ -312,7 +312,7 @@ def test_large_indefinite_matrix_is_rejected_without_a_dense_eigendecomposition(
 
 
 def test_gradient_space_solver_with_prices_and_bad_settings():
-    from solvers import solve_kmm_gradients
+    from convalue.solvers import solve_kmm_gradients
 
     rng = np.random.default_rng(12)
     G, g = rng.normal(size=(20, 8)), rng.normal(size=8)
@@ -333,7 +333,7 @@ def test_gradient_space_solver_with_prices_and_bad_settings():
 
 
 def test_mixed_precision_support_solve_refines_to_float64_or_declines():
-    from solvers.linalg import mixed_precision_solve
+    from convalue.solvers.linalg import mixed_precision_solve
 
     rng = np.random.default_rng(5)
     X = rng.normal(size=(300, 600))
@@ -348,7 +348,7 @@ def test_mixed_precision_support_solve_refines_to_float64_or_declines():
 
 def test_large_dense_supports_take_the_float32_path_and_stay_exact():
     """Supports above MIXED_MIN_N factor in float32; the answer must still match the reference."""
-    from solvers.linalg import MIXED_MIN_N
+    from convalue.solvers.linalg import MIXED_MIN_N
 
     rng = np.random.default_rng(9)
     centers = rng.normal(size=(30, 1500))
@@ -365,8 +365,8 @@ def test_large_dense_supports_take_the_float32_path_and_stay_exact():
 @pytest.mark.parametrize("keep_copy", [True, False])
 def test_gram_operator_support_solve_float32_gather_matches_float64(keep_copy, monkeypatch):
     """GramOperator's float32 factorisations give float64 answers (1-D and 2-D), with or without a kept float32 K."""
-    from solvers import operators
-    from solvers.linalg import MIXED_MIN_N
+    from convalue.solvers import operators
+    from convalue.solvers.linalg import MIXED_MIN_N
 
     if not keep_copy:
         monkeypatch.setattr(operators, "FLOAT32_COPY_MAX_N", 100)
@@ -391,8 +391,8 @@ def test_gradient_operator_float32_paths_give_float64_answers(monkeypatch):
     """GradientOperator's large supports factor G_A G_A^T formed in float32 and refine to float64 accuracy (1-D and
     2-D right-hand sides); a support float32 cannot resolve (a near-duplicate pair) takes the float64 matrix; the
     shifted solver approximates (G G^T + rho I)^-1 at least to ADMM's needs."""
-    from solvers import operators
-    from solvers.linalg import MIXED_MIN_N
+    from convalue.solvers import operators
+    from convalue.solvers.linalg import MIXED_MIN_N
 
     rng = np.random.default_rng(17)
     X = rng.normal(size=(400, 900)) / np.sqrt(900)
@@ -424,7 +424,7 @@ def test_gradient_operator_float32_paths_give_float64_answers(monkeypatch):
 def test_gradient_operator_sub_keeps_the_larger_sets(monkeypatch):
     """sub() is exact and a new array each call; a set under half the kept one's size, or above SUB_KEEP_MAX_N,
     leaves the kept matrix as it was, and a set sharing half of it reuses it (a mark on the kept matrix shows)."""
-    from solvers import operators
+    from convalue.solvers import operators
 
     monkeypatch.setattr(operators, "SUB_KEEP_MAX_N", 350)
     rng = np.random.default_rng(29)
@@ -451,7 +451,7 @@ def test_gradient_operator_sub_keeps_the_larger_sets(monkeypatch):
 def test_gradient_shifted_solver_takes_float64_where_float32_loses_the_answer(rho):
     """Near-parallel gradients (G^T G's top eigenvalue about N against rho): the shifted solver's float64 factor
     answers to 1e-8, which a float32 factor of rho I + G^T G could not reach."""
-    from solvers.operators import GradientOperator
+    from convalue.solvers.operators import GradientOperator
 
     rng = np.random.default_rng(23)
     G, g = _near_parallel(rng, 600, 800, 3)
@@ -465,7 +465,7 @@ def test_gradient_operator_reuses_the_last_support_matrix():
     """support_gram32 copies the block a support shares with the last one (at least half of it) and computes only
     the new candidates' rows, in the support's own order; the array it returns is the caller's to overwrite (the
     float32 factor works in place); a support sharing less is computed afresh."""
-    from solvers.operators import GradientOperator
+    from convalue.solvers.operators import GradientOperator
 
     rng = np.random.default_rng(19)
     X = rng.normal(size=(500, 700)) / np.sqrt(700)
@@ -491,8 +491,8 @@ def test_gradient_operator_reuses_the_last_support_matrix():
 def test_support_solve_residual_is_the_residual_of_its_solution(n_support):
     """solve_support_residual's r is K w - beta at the padded solution, for both operators; on the refined
     path it is the refinement's last product (no extra product), bit for bit what residual() computes."""
-    from solvers import operators
-    from solvers.active_set import residual
+    from convalue.solvers import operators
+    from convalue.solvers.active_set import residual
 
     rng = np.random.default_rng(13)
     X = rng.normal(size=(1000, 1200)) / np.sqrt(1200)
@@ -512,7 +512,7 @@ def test_support_solve_residual_is_the_residual_of_its_solution(n_support):
 
 def test_certificate_matches_the_separate_kkt_and_objective():
     """certify's objective is problem.objective's, and its KKT tells an optimum from a wrong point, with and without prices."""
-    from solvers.kkt import certify
+    from convalue.solvers.kkt import certify
 
     G, g = _clustered(60, 80, seed=2)
     K, beta = G @ G.T, G @ g
@@ -540,7 +540,7 @@ def test_dense_solve_is_scale_free_and_its_admm_rho_follows_gamma():
 def test_a_tolerance_lets_dense_admm_stop_early_and_certifies_the_stop(monkeypatch):
     """tol = 1e-6 (the issue's accuracy): ADMM's own iterate, Anderson-accelerated once its signs hold, where the
     support (370 of 400) is dear to factor; certified at the tolerance, with the exact solve's support and signs."""
-    from solvers import admm
+    from convalue.solvers import admm
 
     G, g = _clustered(400, 800, seed=5)
     K, beta = G @ G.T, G @ g
@@ -565,7 +565,7 @@ def test_a_tolerance_does_not_stop_early_on_a_nearly_singular_k(monkeypatch):
     """Near-parallel gradients (lambda_min(K) about 1e-4 of mean K_ii, below EARLY_STOP_MIN_LAMBDA by the shifted
     factor's pivots): KKT 1e-6 does not pin the scores there. Without the guard ADMM stopped with 599 nonzero scores
     where the optimum has 479 and another top 3; with it the answer is the exact one."""
-    from solvers import admm
+    from convalue.solvers import admm
 
     G, g = _near_parallel(np.random.default_rng(3), 600, 1200, mix=400)
     K, beta = G @ G.T, G @ g
@@ -583,7 +583,7 @@ def test_a_tolerance_keeps_the_polish_where_it_is_cheaper_or_float32_cannot_reac
     """The polish with tol set: a support cheap to factor (EARLY_STOP_CUBE_RATIO), a tolerance below float32's floor
     (EARLY_STOP_MIN_TOL: the same iterations and answer as no tol), and a stalled early stop (that floor lifted),
     which gives up within two check windows and polishes exactly."""
-    from solvers import admm
+    from convalue.solvers import admm
 
     G, g = _clustered(400, 800, seed=5)
     K, beta = G @ G.T, G @ g
@@ -609,7 +609,7 @@ def test_early_stops_are_certified_and_match_the_independent_formulation(seed, n
     """Full-rank K at gammas dense by their ratio (ADMM's side of the chain), every support counted dear to factor
     and K's conditioning not asked (at these sizes none is by EARLY_STOP_CUBE_RATIO and EARLY_STOP_MIN_N): tol = 1e-6 answers are certified at it and their objectives
     match L-BFGS-B's on the split form."""
-    from solvers import admm
+    from convalue.solvers import admm
 
     G, g = random_gradients(seed, n, n + extra, False)
     K, beta = G @ G.T, G @ g
@@ -628,7 +628,7 @@ def test_early_stops_are_certified_and_match_the_independent_formulation(seed, n
 
 def test_anderson_acceleration_finds_a_linear_maps_fixed_point_in_fewer_steps():
     """On an affine contraction (ADMM once its signs hold) Anderson's steps reach the fixed point far sooner."""
-    from solvers.anderson import Anderson
+    from convalue.solvers.anderson import Anderson
 
     rng = np.random.default_rng(0)
     Q, _ = np.linalg.qr(rng.normal(size=(60, 60)))
@@ -681,7 +681,7 @@ def _clustered(n: int, p: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_validation_records_the_rank_and_the_operator_bounds_supports_by_it():
-    from solvers.operators import GramOperator
+    from convalue.solvers.operators import GramOperator
 
     G, g = random_gradients(3, 50, 12, True)
     prob = make_problem(G @ G.T, G @ g, gamma=0.1)
@@ -695,7 +695,7 @@ def test_validation_records_the_rank_and_the_operator_bounds_supports_by_it():
 def test_small_k_takes_the_pivoted_cholesky_and_eigvalsh_only_to_name_a_negative_eigenvalue(monkeypatch):
     """Up to EIGVALSH_MAX_N the Cholesky factors go first: a PSD K (full-rank, N > p, duplicated) gets the rank the
     spectrum gives without an eigvalsh; an indefinite K pays for one, which names its exact lambda_min."""
-    import solvers.problem as problem_module
+    import convalue.solvers.problem as problem_module
 
     calls = []
     real = np.linalg.eigvalsh
@@ -718,7 +718,7 @@ def test_a_full_rank_k_is_certified_by_the_unpivoted_cholesky_and_anything_else_
     below N goes to dpstrf, and every rank equals the spectrum's."""
     import scipy.linalg as sla
 
-    import solvers.problem as problem_module
+    import convalue.solvers.problem as problem_module
 
     calls = []
     for name in ("dpotrf", "dpstrf"):
@@ -750,7 +750,7 @@ def test_pivoted_cholesky_validation_records_the_rank_and_refuses_indefinite_k(m
     """Above EIGVALSH_MAX_N validation takes the Cholesky factors alone: the same rank, PSD-ness certified by the
     factor (the pivoted one: its Schur complement's norm), and a clear refusal with LOBPCG's lambda_min when K is
     indefinite."""
-    import solvers.problem as problem_module
+    import convalue.solvers.problem as problem_module
 
     monkeypatch.setattr(problem_module, "EIGVALSH_MAX_N", 10)  # the 3000 < N <= 8000 branch at a test's size
     G, g = random_gradients(3, 50, 12, True)
@@ -771,7 +771,7 @@ def test_the_estimate_beyond_the_pivoted_check_never_refuses_a_psd_k_and_finds_n
     """Above PIVOTED_MAX_N without an affordable rank bound, lambda_min comes from a fixed LOBPCG run: its Ritz
     value is never below lambda_min (a rank-deficient PSD K passes), and it finds an isolated negative
     eigenvalue and a cluster of them (a Gram matrix plus symmetric noise, as from low-precision gradients)."""
-    import solvers.problem as problem_module
+    import convalue.solvers.problem as problem_module
 
     monkeypatch.setattr(problem_module, "EIGVALSH_MAX_N", 10)
     monkeypatch.setattr(problem_module, "PIVOTED_MAX_N", 10)  # the N > 8000 branch at a test's size
@@ -794,7 +794,7 @@ def test_the_estimate_beyond_the_pivoted_check_never_refuses_a_psd_k_and_finds_n
 def test_a_callers_rank_bound_stands_in_where_validation_does_not_compute_the_rank(monkeypatch):
     """Above PIVOTED_MAX_N the rank is unknown unless the caller bounds it (p for K = G G^T); with the bound an
     N > p problem takes the homotopy and is exact. A bound caps a computed rank, and a bad one is refused."""
-    import solvers.problem as problem_module
+    import convalue.solvers.problem as problem_module
 
     G, g = _clustered(60, 15, seed=2)
     K, beta = G @ G.T, G @ g
@@ -818,7 +818,7 @@ def test_a_callers_rank_bound_stands_in_where_validation_does_not_compute_the_ra
 @pytest.mark.parametrize("gamma_ratio", [3e-2, 3e-4, 3e-6])
 def test_n_above_p_takes_the_homotopy_and_is_exact(gamma_ratio):
     """N = 300 > p = 100 at small gamma: the former ADMM/PDAS chain took 10-40 s here and once gave up."""
-    from solvers import solve_kmm_gradients
+    from convalue.solvers import solve_kmm_gradients
 
     G, g = random_gradients(0, 300, 100, False)
     K, beta = G @ G.T, G @ g
@@ -838,10 +838,10 @@ def test_gradient_form_homotopy_falls_back_to_the_gram_form_when_its_lars_ends_o
     """N = 1000 > p = 200 (50 clusters of 20) at gamma = 1e-3 max|beta|: LARS on X = G^T ends off the path (KKT
     1.2e-5 here; on bench/synthetic.py's data two PDAS steps did not mend it and ADMM then crawled for 35 s); the
     Gram-form LARS on K = G G^T, formed once, is exact."""
-    from solvers import solve_kmm_gradients
-    from solvers.active_set import kkt_from, residual
-    from solvers.homotopy import lars
-    from solvers.operators import GradientOperator
+    from convalue.solvers import solve_kmm_gradients
+    from convalue.solvers.active_set import kkt_from, residual
+    from convalue.solvers.homotopy import lars
+    from convalue.solvers.operators import GradientOperator
 
     rng = np.random.default_rng(0)
     centers = rng.normal(size=(50, 200))
@@ -864,7 +864,7 @@ def test_gradient_form_with_n_at_most_p_solves_dense_gammas_on_the_gram():
     """N <= p at a dense gamma: solve_kmm_gradients forms K once and solves the Gram form (near-parallel gradients,
     N = 300, p = 400: the gradient form's ADMM took 0.27 s against 0.06 s), with the Gram solver's answer; a sparse
     gamma stays in the gradient form."""
-    from solvers import solve_kmm_gradients
+    from convalue.solvers import solve_kmm_gradients
 
     rng = np.random.default_rng(29)
     G, g = _near_parallel(rng, 300, 400)
@@ -885,10 +885,10 @@ def test_a_dense_gamma_with_a_sparse_solution_is_certified_by_the_working_set_pr
     dense by the ratio, 5 candidates active. The working-set probe certifies at once in both forms, where the chain
     without it took 451 s in the Gram form and 64 s in the gradient form (bench/sparse_probe.py); on a full-rank K
     only from N = 2000."""
-    import solvers.penalised as penalised_module
-    from solvers import solve_kmm_gradients
-    from solvers.homotopy import affordable
-    from solvers.operators import GramOperator
+    import convalue.solvers.penalised as penalised_module
+    from convalue.solvers import solve_kmm_gradients
+    from convalue.solvers.homotopy import affordable
+    from convalue.solvers.operators import GramOperator
 
     rng = np.random.default_rng(31)
     G, g = _near_parallel(rng, 3000, 1000)
@@ -924,7 +924,7 @@ def test_dense_gamma_with_a_hundred_active_takes_the_working_set_after_admm_firs
     100 candidates are active, past the probe's cap (which does not run at this N either), and ADMM does not settle
     (the chain without the shortcut took 3.1 s at N = 1000 and over 120 s at N = 2000 with 100 rows mixed,
     bench/sparse_probe.py); after ADMM's first ADMM_FIRST_STEPS steps the full working set certifies it."""
-    import solvers.penalised as penalised_module
+    import convalue.solvers.penalised as penalised_module
 
     rng = np.random.default_rng(41)
     G, g = _near_parallel(rng, 400, 800, 60)
@@ -943,9 +943,9 @@ def test_the_working_set_after_admm_first_steps_starts_from_their_iterate(monkey
     """The working set after ADMM's first steps starts from ADMM's iterate (ADMM_FIRST_SEEDED): seeded by the
     optimum's support it solves in one LARS run where it grows from the largest |beta| in several; the chain certifies
     the same objective with the seed and without it, and the gradient form (no K) is not seeded."""
-    import solvers.penalised as penalised_module
-    import solvers.working_set as WS
-    from solvers.operators import GradientOperator, GramOperator
+    import convalue.solvers.penalised as penalised_module
+    import convalue.solvers.working_set as WS
+    from convalue.solvers.operators import GradientOperator, GramOperator
 
     G, g = _near_parallel(np.random.default_rng(41), 400, 800, 60)
     K, beta = G @ G.T, G @ g
@@ -989,9 +989,9 @@ def test_past_the_homotopy_limit_the_full_homotopy_follows_when_admm_and_the_wor
     duplicate group, certifies before ADMM runs in full. Where ADMM's iterate has as many nonzeros as the working
     set's cap (here all 305 after two steps, so the seeded working set would start full), the homotopy goes before the
     working set; unseeded (ADMM_FIRST_SEEDED off) after it."""
-    import solvers.homotopy as homotopy_module
-    import solvers.penalised as penalised_module
-    import solvers.working_set as WS
+    import convalue.solvers.homotopy as homotopy_module
+    import convalue.solvers.penalised as penalised_module
+    import convalue.solvers.working_set as WS
 
     monkeypatch.setattr(homotopy_module, "HOMOTOPY_MAX_WORK", 0.0)
     monkeypatch.setattr(penalised_module, "ADMM_FIRST_STEPS", 2)
@@ -1027,7 +1027,7 @@ def test_budget_past_the_homotopy_limit_warm_starts_admm_before_pdas_at_dense_ga
     active here): the gamma grid reaches dense gammas, where warm PDAS from the last grid point ran past 200 s (on
     bench/synthetic.py's data the whole solve took 349 s in gradient form, over 250 s in Gram form); ADMM now goes
     before warm PDAS there. Both forms agree."""
-    from solvers import solve_kmm_gradients
+    from convalue.solvers import solve_kmm_gradients
 
     G, g = _clustered(3000, 1000, seed=0)
     beta = G @ g
@@ -1039,7 +1039,7 @@ def test_budget_past_the_homotopy_limit_warm_starts_admm_before_pdas_at_dense_ga
     # the working set now reads it off before the grid runs (bench/budget_form.py: 2.2-6.2x); the grid, forced,
     # agrees
     assert grad.info["strategy"] == gram.info["strategy"] == "working_set_homotopy"
-    import solvers.budget as budget_module
+    import convalue.solvers.budget as budget_module
 
     monkeypatch.setattr(budget_module, "BUDGET_WORKING_SET_MAX", 0)
     grid = solve_kmm(G @ G.T, beta, budget=3.87, rank_bound=1000)
@@ -1050,7 +1050,7 @@ def test_gradient_form_budget_with_n_at_most_p_forms_the_gram_once_the_grid_is_d
     """solve_budget's gamma grid in the gradient form with N <= p forms K = G G^T when it first reaches a dense gamma
     (as the penalised form does: bench/gradient_form.py --budgets, 21-23 s before at 1000 x 4096), not for a sparse
     budget; both agree with the Gram form and the reference."""
-    from solvers import solve_kmm_gradients
+    from convalue.solvers import solve_kmm_gradients
 
     G, g = _clustered(200, 300, seed=5)
     K, beta = G @ G.T, G @ g
@@ -1070,9 +1070,9 @@ def test_budget_past_the_full_homotopy_is_read_off_a_working_set_exactly(monkeyp
     """N > p past the full homotopy's work limit (patched to this size): the budget is read off the homotopy's path on
     a working set, exactly, in both forms; with the working set off, or capped below what it needs, the gamma grid
     answers the same."""
-    import solvers.budget as budget_module
-    import solvers.homotopy as homotopy_module
-    from solvers import solve_kmm_gradients
+    import convalue.solvers.budget as budget_module
+    import convalue.solvers.homotopy as homotopy_module
+    from convalue.solvers import solve_kmm_gradients
 
     monkeypatch.setattr(homotopy_module, "HOMOTOPY_MAX_WORK", 0.0)
     G, g = _clustered(400, 60, seed=6)
@@ -1112,8 +1112,8 @@ def test_working_set_budget_certifies_every_binding_budget(seed, n, p, dup, budg
     """The budget form on a working set from two candidates (duplicates and N > p included): where the budget binds
     it certifies, spends the budget and matches the independent formulation; where it gives up, the budget does not
     bind."""
-    from solvers.operators import GramOperator
-    from solvers.working_set import working_set_budget
+    from convalue.solvers.operators import GramOperator
+    from convalue.solvers.working_set import working_set_budget
 
     K, beta = random_problem(seed, n, p, dup)
     gmax = float(np.abs(beta).max())
@@ -1130,8 +1130,8 @@ def test_working_set_budget_certifies_every_binding_budget(seed, n, p, dup, budg
 
 
 def test_duplicates_are_solved_once_and_keep_the_weight_on_one_copy():
-    from solvers.homotopy import representatives
-    from solvers.operators import GradientOperator, GramOperator
+    from convalue.solvers.homotopy import representatives
+    from convalue.solvers.operators import GradientOperator, GramOperator
 
     G, g = random_gradients(2, 16, 6, True)  # rows 0 and 1 equal
     G[5] = -G[3]  # a negated copy
@@ -1154,8 +1154,8 @@ def test_duplicate_search_finds_the_groups_a_pairwise_scan_finds(seed, n, p, cop
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
-    from solvers.homotopy import _duplicate_pairs
-    from solvers.operators import GradientOperator, GramOperator
+    from convalue.solvers.homotopy import _duplicate_pairs
+    from convalue.solvers.operators import GradientOperator, GramOperator
 
     rng = np.random.default_rng(seed)
     G = rng.normal(size=(n, p))
@@ -1193,8 +1193,8 @@ def test_budget_reads_the_homotopy_breakpoints_exactly():
 
 
 def test_path_on_rank_deficient_k_is_read_off_one_homotopy(monkeypatch):
-    import solvers.path as path_module
-    from solvers import kmm_path
+    import convalue.solvers.path as path_module
+    from convalue.solvers import kmm_path
 
     G, g = random_gradients(6, 300, 100, False)
     K, beta = G @ G.T, G @ g
@@ -1215,12 +1215,12 @@ def test_path_on_rank_deficient_k_is_read_off_one_homotopy(monkeypatch):
 def test_an_unconverged_solve_returns_the_closest_iterate_any_strategy_reached(monkeypatch):
     """When every strategy fails, the fallbacks start from (and return) the iterate with the smallest KKT
     violation: the first ADMM run's, not a later run's zero start (the former chain returned w = 0)."""
-    import solvers.active_set as AS
-    import solvers.admm as admm_module
-    import solvers.reference as ref_module
-    import solvers.working_set as WS
-    from solvers.operators import GramOperator
-    from solvers.penalised import solve_penalised
+    import convalue.solvers.active_set as AS
+    import convalue.solvers.admm as admm_module
+    import convalue.solvers.reference as ref_module
+    import convalue.solvers.working_set as WS
+    from convalue.solvers.operators import GramOperator
+    from convalue.solvers.penalised import solve_penalised
 
     G, g = random_gradients(8, 60, 20, False)
     K, beta = G @ G.T, G @ g
@@ -1249,8 +1249,8 @@ def test_an_unconverged_solve_returns_the_closest_iterate_any_strategy_reached(m
 def test_plain_pdas_stops_when_its_objective_climbs_and_returns_its_best_iterate():
     """Straight at a small gamma on clustered gradients, PDAS's objective climbs while its supports grow; it stops
     after two rises in a row (three support solves here) where it formerly ran on until a cycle (twelve)."""
-    from solvers.active_set import objective_at, pdas_plain, residual
-    from solvers.operators import GramOperator
+    from convalue.solvers.active_set import objective_at, pdas_plain, residual
+    from convalue.solvers.operators import GramOperator
 
     G, g = _clustered(200, 1000, seed=0)
     op = GramOperator(G @ G.T, G @ g)
@@ -1267,8 +1267,8 @@ def test_plain_pdas_stops_when_its_objective_climbs_and_returns_its_best_iterate
 
 @pytest.mark.parametrize("n, p", [(240, 600), (400, 120)])  # N < p, and N > p (K of rank p)
 def test_sparse_gradient_space_solves_take_the_working_set_homotopy_and_are_exact(n, p, monkeypatch):
-    import solvers.homotopy as homotopy_module
-    from solvers import solve_kmm_gradients
+    import convalue.solvers.homotopy as homotopy_module
+    from convalue.solvers import solve_kmm_gradients
 
     monkeypatch.setattr(homotopy_module, "HOMOTOPY_MAX_WORK", 0.0)  # N > p at a size beyond the full homotopy
     G, g = _clustered(n, p, seed=1)
@@ -1284,7 +1284,7 @@ def test_sparse_gradient_space_solves_take_the_working_set_homotopy_and_are_exac
 def test_working_set_homotopy_on_a_gram_beyond_the_full_homotopy_handles_duplicates(monkeypatch):
     """N > p where the full homotopy is not affordable (so no duplicate search ran first): the working set goes
     first, drops exact copies inside W before LARS, and is exact; the weight of a duplicate pair sits on one copy."""
-    import solvers.homotopy as homotopy_module
+    import convalue.solvers.homotopy as homotopy_module
 
     monkeypatch.setattr(homotopy_module, "HOMOTOPY_MAX_WORK", 0.0)
     G, g = _clustered(300, 80, seed=3)
@@ -1303,7 +1303,7 @@ def test_working_set_homotopy_on_a_gram_beyond_the_full_homotopy_handles_duplica
 def test_rank_deficient_sparse_solves_of_many_candidates_take_the_working_set_first(monkeypatch):
     """An affordable N > p problem: the working set goes before the full homotopy from WORKING_SET_FIRST_MIN_N
     candidates and WORKING_SET_FIRST_RATIO * max|beta| up (patched to this size), exactly; below either, the homotopy."""
-    import solvers.penalised as penalised_module
+    import convalue.solvers.penalised as penalised_module
 
     G, g = _clustered(400, 60, seed=4)
     K, beta = G @ G.T, G @ g
@@ -1321,9 +1321,9 @@ def test_rank_deficient_sparse_solves_of_many_candidates_take_the_working_set_fi
 
 
 def test_working_set_homotopy_gives_up_at_its_cap_and_the_chain_goes_on(monkeypatch):
-    import solvers.working_set as WS
-    from solvers import solve_kmm_gradients
-    from solvers.operators import GradientOperator
+    import convalue.solvers.working_set as WS
+    from convalue.solvers import solve_kmm_gradients
+    from convalue.solvers.operators import GradientOperator
 
     G, g = _clustered(240, 600, seed=1)
     gamma = 0.02 * float(np.abs(G @ g).max())

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.data import Example
-from engine.models import ModelError
+from convalue.engine.data.sources import Example
+from convalue.engine.model.loading import ModelError
 
 IGNORE = -100
 

@@ -10,9 +10,9 @@ import logging
 import math
 from pathlib import Path
 
-from engine.prepare import examples_digest
-from engine.report import package_versions, write_json
-from engine.tokenize import TokenizedExample
+from convalue.engine.data.prepare import examples_digest
+from convalue.engine.model.tokenize import TokenizedExample
+from convalue.engine.report.tables import package_versions, write_json
 
 log = logging.getLogger("convalue")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.config import FeaturesConfig, LoraConfig, ProjectionConfig
+from convalue.engine.config.sections import FeaturesConfig, LoraConfig, ProjectionConfig
 
 # model.split_cost_tokens on CPU workers (null): bench/length_runs.py measures it against no cuts (1.05-1.11x);
 # 96 timed about the same as 32, and 0 (a forward per distinct length) slower than no cuts
@@ -18,7 +18,7 @@ def featurised_parameters(model, features: FeaturesConfig, lora: LoraConfig) -> 
     is exactly 0, so it is never computed or stored), lora_A and lora_B for task vectors. `full`: every
     base-model weight (tied weights once), no adapter.
     """
-    from engine.models import attach_lora, lora_b_parameters
+    from convalue.engine.model.loading import attach_lora, lora_b_parameters
 
     if features.parameters == "full":
         named = list(model.named_parameters())  # named_parameters() yields a tied weight once
@@ -35,12 +35,12 @@ def featurised_parameters(model, features: FeaturesConfig, lora: LoraConfig) -> 
 
 
 def build_featurizer(spec: dict):
-    """The featuriser for a worker spec (see engine.pipeline._worker_spec): one of GroupGradients,
+    """The featuriser for a worker spec (see convalue.engine.driver.pipeline._worker_spec): one of GroupGradients,
     GroupTaskVectors or GroupGrpoGradients, with its model replica and projector."""
-    from engine.featurize import GroupGradients, GroupTaskVectors
-    from engine.grpo import GroupGrpoGradients
-    from engine.models import autocast_dtype, load_model, load_tokenizer
-    from engine.projection import make_projector
+    from convalue.engine.features.gradients import GroupGradients, GroupTaskVectors
+    from convalue.engine.features.grpo import GroupGrpoGradients
+    from convalue.engine.features.projection import make_projector
+    from convalue.engine.model.loading import autocast_dtype, load_model, load_tokenizer
 
     device = spec.get("device", "cpu")
     features = FeaturesConfig(**spec.get("features", {}))

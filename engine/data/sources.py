@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.config import DataConfig, SourceConfig
+from convalue.engine.config.sections import DataConfig, SourceConfig
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -164,7 +164,7 @@ def _load_mathematics(src: SourceConfig) -> dict[str, Group]:
         raise DataError("source kind `mathematics` needs `pip install mathematics-dataset==1.0.1` (make installs it)")
     # sympy's output depends on Python's string-hash seed; a child with a fixed seed makes the data reproducible
     request = {"include": src.include, "n": src.examples_per_group, "seed": src.seed}
-    proc = subprocess.run([sys.executable, "-m", "engine.mathgen", json.dumps(request)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "convalue.engine.data.mathgen", json.dumps(request)], capture_output=True,
                           text=True, env=os.environ | {"PYTHONHASHSEED": "0"}, check=False)
     try:
         reply = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -182,7 +182,7 @@ def _load_mathematics(src: SourceConfig) -> dict[str, Group]:
 def load_source(src: SourceConfig, *, embed=None) -> dict[str, Group]:
     """All groups of one source after include/exclude, each non-empty; with `clusters`, its k clusters instead.
 
-    embed: how a flat pool's texts are embedded (engine.clustering.Embed; default: in this process).
+    embed: how a flat pool's texts are embedded (convalue.engine.data.clustering.Embed; default: in this process).
     """
     if src.kind == "chatterbot":
         groups = _load_chatterbot(src)
@@ -221,7 +221,9 @@ def load_source(src: SourceConfig, *, embed=None) -> dict[str, Group]:
         if not g.examples:
             raise DataError(f"source {label!r}: group {g.name!r} ({g.origin}) is empty")
     if src.clusters is not None:
-        from engine.clustering import cluster_pool  # torch and scikit-learn, only for a flat pool
+        from convalue.engine.data.clustering import (
+            cluster_pool,  # torch and scikit-learn, only for a flat pool
+        )
 
         prefix = Path(src.path).stem if src.path else src.kind
         groups = cluster_pool(groups, src.clusters, src.embedding, src.seed, prefix, embed)

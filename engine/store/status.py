@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine.locks import held
-from engine.prepare import TARGET_KEY
-from engine.store import StoreError, read_manifest
+from convalue.engine.data.prepare import TARGET_KEY
+from convalue.engine.store.locks import held
+from convalue.engine.store.vectors import StoreError, read_manifest
 
 #: the state `convalue status` reports, and its exit code (scripts wait on 3, stop on 1)
 EXIT_CODES = {"complete": 0, "failed": 1, "interrupted": 1, "running": 3}

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.featurize import (
+from convalue.engine.features.gradients import (
     IGNORE,
     WorkItem,
     pad_batch,
@@ -29,15 +29,15 @@ from engine.featurize import (
     response_logits,
     take_flat_grad,
 )
-from engine.models import autocast
-from engine.rewards import RewardError, load_reward, score
-from engine.tokenize import PromptExample, TokenizedExample
+from convalue.engine.features.rewards import RewardError, load_reward, score
+from convalue.engine.model.loading import autocast
+from convalue.engine.model.tokenize import PromptExample, TokenizedExample
 
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedTokenizerBase
 
-    from engine.projection import Projector
+    from convalue.engine.features.projection import Projector
 
 ADV_EPS = 1e-4
 

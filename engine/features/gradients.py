@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from engine.models import autocast
-from engine.tokenize import IGNORE, TokenizedExample
+from convalue.engine.model.loading import autocast
+from convalue.engine.model.tokenize import IGNORE, TokenizedExample
 
 if TYPE_CHECKING:
     import torch
 
-    from engine.projection import Projector
+    from convalue.engine.features.projection import Projector
 
 
 PREFIX_CACHE_SIZE = 4  # shared prefixes kept per featuriser (one per owner count a batch has)

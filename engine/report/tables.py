@@ -12,9 +12,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from engine.data import Group
-from engine.evaluate import LABELS, CellLoss, cell_losses
-from engine.select import ranks
+from convalue.engine.data.sources import Group
+from convalue.engine.protocol.evaluate import LABELS, CellLoss, cell_losses
+from convalue.engine.selection.select import ranks
 
 PACKAGES = ("convalue", "torch", "transformers", "peft", "ray", "cvxpy", "osqp", "numpy", "pyarrow", "scikit-learn")
 

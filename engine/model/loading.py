@@ -9,8 +9,8 @@ import os
 import shutil
 from pathlib import Path
 
-from engine.config import LoraConfig, ModelConfig
-from engine.locks import exclusive
+from convalue.engine.config.sections import LoraConfig, ModelConfig
+from convalue.engine.store.locks import exclusive
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: what `from_pretrained` loads weights from: one file, or the index of a sharded checkpoint

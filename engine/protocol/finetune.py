@@ -8,10 +8,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from engine.config import FinetuneConfig, LoraConfig
-from engine.featurize import pad_batch, per_example_loss
-from engine.models import attach_lora, autocast
-from engine.tokenize import TokenizedExample
+from convalue.engine.config.sections import FinetuneConfig, LoraConfig
+from convalue.engine.features.gradients import pad_batch, per_example_loss
+from convalue.engine.model.loading import attach_lora, autocast
+from convalue.engine.model.tokenize import TokenizedExample
 
 
 @dataclass

@@ -17,19 +17,21 @@ from pathlib import Path
 import numpy as np
 import ray
 
-from actors.dispatch import WorkItemError, windowed
-from actors.embedder import embed_on_workers
-from actors.finetune_job import base_eval_task, finetune_task
-from actors.gradient_worker import GradientWorker
-from actors.progress import Progress
-from actors.solver import SolverActor, bootstrap_on_actors
-from engine.bootstrap import outputs as bootstrap_outputs
-from engine.bootstrap import resample_run
-from engine.clustering import EmbeddingCache
-from engine.config import ConfigError, FeaturesConfig, RunConfig
-from engine.costs import load_costs
-from engine.data import read_parquet
-from engine.evaluate import (
+from convalue.actors.dispatch import WorkItemError, windowed
+from convalue.actors.embedder import embed_on_workers
+from convalue.actors.finetune_job import base_eval_task, finetune_task
+from convalue.actors.gradient_worker import GradientWorker
+from convalue.actors.progress import Progress
+from convalue.actors.solver import SolverActor, bootstrap_on_actors
+from convalue.engine.config.sections import ConfigError, FeaturesConfig, RunConfig
+from convalue.engine.data.clustering import EmbeddingCache
+from convalue.engine.data.costs import load_costs
+from convalue.engine.data.prepare import TARGET_KEY, PreparedData, prepare, preview_key
+from convalue.engine.data.sources import read_parquet
+from convalue.engine.features.gradients import block_tokens, plan_blocks
+from convalue.engine.model.loading import check_lora_targets_in, load_tokenizer, resolve_model_dir
+from convalue.engine.model.tokenize import tokenize_examples
+from convalue.engine.protocol.evaluate import (
     BASELINE_METHODS,
     PlannedRun,
     distinct_jobs,
@@ -39,15 +41,8 @@ from engine.evaluate import (
     plan_runs,
     summarise,
 )
-from engine.featurize import block_tokens, plan_blocks
-from engine.finetune_store import FinetuneStore, job_settings
-from engine.gram import GramReducer, cosine, metric_vectors
-from engine.kmm_solve import solve_gram, solve_vectors
-from engine.locks import exclusive
-from engine.models import check_lora_targets_in, load_tokenizer, resolve_model_dir
-from engine.plots import plot_evaluation, plot_scores
-from engine.prepare import TARGET_KEY, PreparedData, prepare, preview_key
-from engine.report import (
+from convalue.engine.report.plots import plot_evaluation, plot_scores
+from convalue.engine.report.tables import (
     clusters_table,
     evaluation_table,
     format_ranking,
@@ -57,11 +52,16 @@ from engine.report import (
     write_npy,
     write_parquet,
 )
-from engine.run_status import read_summary
-from engine.select import select_top_k
-from engine.store import StoreError, VectorStore, read_manifest
-from engine.tokenize import tokenize_examples
-from solvers import KMMInputError
+from convalue.engine.selection.bootstrap import outputs as bootstrap_outputs
+from convalue.engine.selection.bootstrap import resample_run
+from convalue.engine.selection.gram import GramReducer, cosine, metric_vectors
+from convalue.engine.selection.select import select_top_k
+from convalue.engine.selection.solve import solve_gram, solve_vectors
+from convalue.engine.store.finetunes import FinetuneStore, job_settings
+from convalue.engine.store.locks import exclusive
+from convalue.engine.store.status import read_summary
+from convalue.engine.store.vectors import StoreError, VectorStore, read_manifest
+from convalue.solvers import KMMInputError
 
 log = logging.getLogger("convalue")
 RESULT_FILES = ("scores.parquet", "gram.npy", "beta.npy", "costs.npy", "clusters.parquet", "bootstrap.parquet",

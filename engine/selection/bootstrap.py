@@ -8,10 +8,10 @@ from collections.abc import Callable
 import numpy as np
 import pyarrow as pa
 
-from engine.gram import metric_vectors
-from engine.kmm_solve import solve_gram, solve_vectors
-from engine.prepare import TARGET_KEY
-from engine.select import rank_order, select_top_k
+from convalue.engine.data.prepare import TARGET_KEY
+from convalue.engine.selection.gram import metric_vectors
+from convalue.engine.selection.select import rank_order, select_top_k
+from convalue.engine.selection.solve import solve_gram, solve_vectors
 
 
 def kmm_scores(G: np.ndarray, g_tar: np.ndarray, metric: str, space: str, settings: dict) -> tuple[np.ndarray,

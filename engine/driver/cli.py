@@ -11,7 +11,10 @@ from pathlib import Path
 
 
 def _parser() -> argparse.ArgumentParser:
+    from convalue import __version__
+
     p = argparse.ArgumentParser(prog="convalue", description="Value candidate datasets for a target task (KMM in gradient space).")
+    p.add_argument("--version", action="version", version=f"convalue {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run a valuation from a YAML config")
     r.add_argument("config", help="run config (YAML)")
@@ -42,11 +45,16 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s convalue %(levelname)s %(message)s",
                         datefmt="%H:%M:%S", stream=sys.stderr)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models come from local folders; never reach for a hub
-    from engine.config import ConfigError, config_from_dict, load_config, reference_markdown
-    from engine.data import DataError
-    from engine.models import ModelError
-    from engine.store import StoreError
-    from solvers import KMMInputError, KMMSolveError
+    from convalue.engine.config.sections import (
+        ConfigError,
+        config_from_dict,
+        load_config,
+        reference_markdown,
+    )
+    from convalue.engine.data.sources import DataError
+    from convalue.engine.model.loading import ModelError
+    from convalue.engine.store.vectors import StoreError
+    from convalue.solvers import KMMInputError, KMMSolveError
 
     if args.command == "config-reference":
         print(reference_markdown())
@@ -54,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "status":  # no Ray: it reads the folder and probes its lock
         import json
 
-        from engine.run_status import EXIT_CODES, format_status, run_status
+        from convalue.engine.store.status import EXIT_CODES, format_status, run_status
 
         try:
             status = run_status(Path(args.run_dir))
@@ -63,10 +71,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(json.dumps(status) if args.json else format_status(status))
         return EXIT_CODES[status["state"]]
-    from actors.dispatch import WorkItemError
-    from engine.grpo import GrpoError
-    from engine.pipeline import ClusterError
-    from engine.rewards import RewardError
+    from convalue.actors.dispatch import WorkItemError
+    from convalue.engine.driver.pipeline import ClusterError
+    from convalue.engine.features.grpo import GrpoError
+    from convalue.engine.features.rewards import RewardError
 
     user_errors = (ConfigError, DataError, ModelError, StoreError, KMMInputError, KMMSolveError, GrpoError,
                    RewardError, ClusterError)
@@ -74,8 +82,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             import pyarrow.parquet as pq
 
-            from engine.pipeline import run
-            from engine.report import format_bootstrap, format_cluster_samples, format_evaluation
+            from convalue.engine.driver.pipeline import run
+            from convalue.engine.report.tables import (
+                format_bootstrap,
+                format_cluster_samples,
+                format_evaluation,
+            )
 
             cfg = load_config(args.config)
             if args.out or args.name:
@@ -99,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"outputs: {run_dir}/")
             return 0
         if args.command == "solve":
-            from engine.pipeline import resolve
+            from convalue.engine.driver.pipeline import resolve
 
             summary = resolve(Path(args.run_dir), gamma=args.gamma, budget=args.budget, method=args.method,
                               normalize=args.normalize, tol=args.tol)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from solvers import KMMSolution, solve_kmm, solve_kmm_gradients
+from convalue.solvers import KMMSolution, solve_kmm, solve_kmm_gradients
 
 
 def solve_gram(K: np.ndarray, beta: np.ndarray, settings: dict) -> KMMSolution:

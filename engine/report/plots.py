@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from engine.evaluate import LABELS, cell_losses
+from convalue.engine.protocol.evaluate import LABELS, cell_losses
 
 SCORES_SHOWN = 40  # most bars in scores.png; the whole ranking is in scores.parquet
 COLOURS = {"positive": "#2a9d8f", "negative": "#e76f51"}

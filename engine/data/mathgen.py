@@ -1,5 +1,5 @@
 """Question/answer groups from DeepMind's mathematics_dataset, one per module (run as a child process:
-`python -m engine.mathgen '{"include": [...] | null, "n": 64, "seed": 0}'` prints one JSON line)."""
+`python -m convalue.engine.data.mathgen '{"include": [...] | null, "n": 64, "seed": 0}'` prints one JSON line)."""
 
 from __future__ import annotations
 

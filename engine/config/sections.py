@@ -250,7 +250,7 @@ class FeaturesConfig:
         if not self.grpo_kl_coef >= 0:
             raise ConfigError("must be >= 0", field="grpo_kl_coef", value=self.grpo_kl_coef)
         if self.representation == "grpo":
-            from engine.rewards import RewardError, load_reward
+            from convalue.engine.features.rewards import RewardError, load_reward
 
             try:
                 load_reward(self.grpo_reward)

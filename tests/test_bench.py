@@ -1,4 +1,4 @@
-"""The README's config reference matches the code, and the solver benches still run (tiny sizes; no timing asserted)."""
+"""The benches still run and end with their JSON line (tiny sizes; no timing asserted)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from engine.config import reference_markdown
-
 ROOT = Path(__file__).parents[1]
 
 
@@ -18,36 +16,6 @@ def bench_json(script: str, *args: str, timeout: int = 300) -> dict:
     out = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args],
                          capture_output=True, text=True, check=True, timeout=timeout).stdout
     return json.loads(out.strip().splitlines()[-1])
-
-
-def test_readme_config_reference_is_current():
-    readme = ROOT.joinpath("README.md").read_text(encoding="utf-8")
-    start = readme.index("<!-- config-reference:start -->") + len("<!-- config-reference:start -->")
-    end = readme.index("<!-- config-reference:end -->")
-    assert readme[start:end].strip() == reference_markdown().strip(), "run `convalue config-reference` into README"
-
-
-def test_lowest_constraints_pin_every_floor_of_pyproject():
-    """constraints-lowest.txt (make test-lowest) pins each runtime dependency at pyproject's floor: a floor raised, or
-    a dependency added, in one file and not the other fails here."""
-    from packaging.requirements import Requirement
-    from packaging.utils import canonicalize_name
-    from packaging.version import Version
-
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10: pytest's own dependency
-        import tomli as tomllib
-
-    deps = [Requirement(r) for r in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]]
-    lines = (ROOT / "constraints-lowest.txt").read_text().splitlines()
-    pins = {canonicalize_name(n): Version(v) for n, v in
-            (line.split("==") for line in lines if line.strip() and not line.startswith("#"))}
-    assert set(pins) == {canonicalize_name(d.name) for d in deps}
-    for d in deps:
-        floor = next(Version(s.version) for s in d.specifier if s.operator == ">=")
-        pin = pins[canonicalize_name(d.name)]
-        assert pin in d.specifier and pin.release[:len(floor.release)] == floor.release, (d, pin)
 
 
 def test_solver_bench_runs_and_ends_with_json():

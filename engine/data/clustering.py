@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.config import BUILTIN_EMBEDDINGS
-from engine.data import DataError, Example, Group
-from engine.models import checked_folder
+from convalue.engine.config.sections import BUILTIN_EMBEDDINGS
+from convalue.engine.data.sources import DataError, Example, Group
+from convalue.engine.model.loading import checked_folder
 
 log = logging.getLogger("convalue")
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.config import ConfigError, FinetuneConfig
-from engine.select import select_top_k
+from convalue.engine.config.sections import ConfigError, FinetuneConfig
+from convalue.engine.selection.select import select_top_k
 
 BASELINE_METHODS = ("alignment", "cosine", "random")  # ranked like KMM, at every k
 LABELS = {"kmm": "KMM", "alignment": "alignment", "cosine": "one-step cosine", "random": "random",

@@ -6,8 +6,8 @@ import hashlib
 import logging
 from dataclasses import astuple, dataclass, field
 
-from engine.config import DataConfig
-from engine.data import (
+from convalue.engine.config.sections import DataConfig
+from convalue.engine.data.sources import (
     DataError,
     Example,
     Group,
@@ -16,8 +16,8 @@ from engine.data import (
     sample_order,
     split_target,
 )
-from engine.featurize import WorkItem
-from engine.tokenize import TokenizedExample, tokenize_examples, tokenize_prompt
+from convalue.engine.features.gradients import WorkItem
+from convalue.engine.model.tokenize import TokenizedExample, tokenize_examples, tokenize_prompt
 
 log = logging.getLogger("convalue")
 TARGET_KEY = "__target__"
@@ -75,7 +75,7 @@ def prepare(cfg: DataConfig, tokenizer, max_length: int, *, grpo: bool = False, 
     """Resolve groups, split the target, sample seeded previews of m usable examples, tokenise, validate.
 
     With grpo, previews hold prompts (PromptExample) rather than SFT examples; the fine-tune splits stay SFT.
-    embed: how a flat pool's texts are embedded (engine.clustering.Embed; default: in this process).
+    embed: how a flat pool's texts are embedded (convalue.engine.data.clustering.Embed; default: in this process).
     """
     target, candidates = resolve_groups(cfg, embed=embed)
     if any(g.name == TARGET_KEY for g in candidates):

@@ -22,7 +22,7 @@ except PackageNotFoundError:  # a source tree that was never installed
 #: public name -> the module that defines it
 _EXPORTS = {
     "run": "convalue.engine.driver.pipeline",
-    "resolve": "convalue.engine.driver.pipeline",
+    "resolve": "convalue.engine.driver.resolve",
     "load_config": "convalue.engine.config",
     "config_from_dict": "convalue.engine.config",
     "RunConfig": "convalue.engine.config",

@@ -8,8 +8,7 @@ from pathlib import Path
 import numpy as np
 import ray
 
-from convalue.actors.dispatch import windowed
-from convalue.actors.startup import DeferredStartup
+from convalue.actors.pool import ActorPool, DeferredStartup
 
 
 class EmbedderImpl(DeferredStartup):
@@ -19,7 +18,7 @@ class EmbedderImpl(DeferredStartup):
         import torch
 
         from convalue.engine.data.clustering import load_encoder
-        from convalue.engine.data.sources import DataError
+        from convalue.engine.data.examples import DataError
 
         torch.set_num_threads(threads)
         self.encoder = self._start(lambda: load_encoder(Path(model_dir)), (DataError,))
@@ -51,16 +50,11 @@ def embed_on_workers(texts: list[str], model_dir: Path, *, workers: int, cpus_pe
     """Embeddings of texts computed by up to `workers` Embedder actors (chunks of similar length, ray.wait)."""
     order = np.argsort([len(t) for t in texts], kind="stable")
     chunks = [Chunk(order[i : i + chunk]) for i in range(0, len(texts), chunk)][::-1]  # longest first: short tail
-    n = max(1, min(workers, len(chunks)))
-    actors = [Embedder.options(num_cpus=cpus_per_worker).remote(str(model_dir), cpus_per_worker) for _ in range(n)]
     out: np.ndarray | None = None
-    try:
-        for c, X in windowed(actors, chunks, lambda a, c: a.embed.remote([texts[i] for i in c.index]),
-                             max_in_flight * n):
+    with ActorPool(Embedder, min(workers, len(chunks)), str(model_dir), cpus_per_worker,
+                   options={"num_cpus": cpus_per_worker}) as pool:
+        for c, X in pool.map(chunks, lambda a, c: a.embed.remote([texts[i] for i in c.index]), max_in_flight):
             if out is None:
                 out = np.empty((len(texts), X.shape[1]), np.float32)
             out[c.index] = X
-    finally:
-        for a in actors:
-            ray.kill(a)
     return out if out is not None else np.empty((0, 0), np.float32)

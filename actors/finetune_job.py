@@ -4,39 +4,39 @@ from __future__ import annotations
 
 import ray
 
-from convalue.engine.config.sections import FinetuneConfig, LoraConfig
+from convalue.engine.model.spec import ReplicaSpec
 from convalue.engine.model.tokenize import TokenizedExample
 from convalue.engine.protocol.finetune import FinetuneResult, evaluate_loss, finetune
 
 
-def _replica(spec: dict):
+def _replica(spec: ReplicaSpec):
     """(theta_0 on the job's device, device, autocast dtype), with the job's torch threads and seed set."""
     import torch
 
     from convalue.engine.model.loading import autocast_dtype, load_model
 
-    torch.set_num_threads(int(spec["threads"]))
-    torch.manual_seed(spec["finetune"]["seed"])
-    device = spec.get("device", "cpu")
-    return load_model(spec["model_dir"], spec["dtype"], device), device, autocast_dtype(device, spec["dtype"])
+    torch.set_num_threads(spec.threads)
+    torch.manual_seed(spec.finetune.seed)
+    return (load_model(spec.model_dir, spec.model.dtype, spec.device), spec.device,
+            autocast_dtype(spec.device, spec.model.dtype))
 
 
-def run_finetune_job(spec: dict, label: str, target: list[TokenizedExample],
+def run_finetune_job(spec: ReplicaSpec, label: str, target: list[TokenizedExample],
                      aux: dict[str, list[TokenizedExample]], val: list[TokenizedExample],
                      with_base: bool, weights: dict[str, float] | None = None) -> FinetuneResult:
     """Load theta_0, optionally evaluate it, then fine-tune (aux groups drawn by `weights`, else uniformly) and
     evaluate (one job)."""
     model, device, amp_dtype = _replica(spec)
-    cfg = FinetuneConfig(**spec["finetune"])
-    base = evaluate_loss(model, val, cfg.eval_batch_size, spec["pad_id"], device, amp_dtype) if with_base else None
-    return finetune(model, spec["pad_id"], cfg, LoraConfig(**spec["lora"]), label=label, target=target,
-                    aux=aux, val=val, base_val_loss=base, device=device, autocast_dtype=amp_dtype, weights=weights)
+    cfg = spec.finetune
+    base = evaluate_loss(model, val, cfg.eval_batch_size, spec.pad_id, device, amp_dtype) if with_base else None
+    return finetune(model, spec.pad_id, cfg, spec.lora, label=label, target=target, aux=aux, val=val,
+                    base_val_loss=base, device=device, autocast_dtype=amp_dtype, weights=weights)
 
 
-def run_base_eval(spec: dict, val: list[TokenizedExample]) -> float:
+def run_base_eval(spec: ReplicaSpec, val: list[TokenizedExample]) -> float:
     """The base model's validation loss alone (when every fine-tune was already stored)."""
     model, device, amp_dtype = _replica(spec)
-    return evaluate_loss(model, val, spec["finetune"]["eval_batch_size"], spec["pad_id"], device, amp_dtype)
+    return evaluate_loss(model, val, spec.finetune.eval_batch_size, spec.pad_id, device, amp_dtype)
 
 
 finetune_task = ray.remote(max_retries=1)(run_finetune_job)

@@ -8,13 +8,14 @@ import time
 import numpy as np
 import ray
 
-from convalue.actors.startup import DeferredStartup
-from convalue.engine.config.sections import ConfigError
-from convalue.engine.features.gradients import WorkItem
+from convalue.actors.pool import DeferredStartup
+from convalue.engine.config import ConfigError
+from convalue.engine.features.batching import WorkItem
 from convalue.engine.features.grpo import GrpoError
 from convalue.engine.features.projection import ProjectionError
 from convalue.engine.features.rewards import RewardError
 from convalue.engine.model.loading import ModelError
+from convalue.engine.model.spec import ReplicaSpec
 
 USER_ERRORS = (ConfigError, ModelError, ProjectionError, GrpoError, RewardError)  # what a replica's inputs can raise
 
@@ -22,12 +23,12 @@ USER_ERRORS = (ConfigError, ModelError, ProjectionError, GrpoError, RewardError)
 class GradientWorkerImpl(DeferredStartup):
     """Loads theta_0 (with a seeded LoRA adapter, unless full-parameter) once; returns projected group vectors."""
 
-    def __init__(self, spec: dict):
+    def __init__(self, spec: ReplicaSpec):
         import torch
 
         from convalue.engine.features.replica import build_featurizer
 
-        torch.set_num_threads(int(spec["threads"]))
+        torch.set_num_threads(spec.threads)
         t0 = time.perf_counter()
         self.grads = self._start(lambda: build_featurizer(spec), USER_ERRORS)
         self.load_seconds = time.perf_counter() - t0

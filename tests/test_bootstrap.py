@@ -8,15 +8,15 @@ import pytest
 from convalue.engine.report.tables import format_bootstrap
 from convalue.engine.selection.bootstrap import (
     bootstrap_table,
-    kmm_scores,
     resample,
     split_resamples,
     stability,
 )
 from convalue.engine.selection.select import rank_order, select_top_k
+from convalue.engine.selection.solve import SolveSpec
 from convalue.solvers import solve_kmm
 
-SETTINGS = {"gamma": 0.01, "normalize": "cosine", "method": "auto"}
+SPEC = SolveSpec(gamma=0.01, normalize="cosine")
 
 
 def _groups(noise: float, seed: int = 0) -> tuple[list[np.ndarray], np.ndarray]:
@@ -29,16 +29,16 @@ def _groups(noise: float, seed: int = 0) -> tuple[list[np.ndarray], np.ndarray]:
 
 
 def _solve(G, g):
-    return kmm_scores(G, g, "euclidean", "gram", SETTINGS)
+    return SPEC.scores(G, g)
 
 
-def test_kmm_scores_is_the_runs_solve():
+def test_a_resample_is_solved_as_the_run_solves():
     examples, target = _groups(0.3)
     G, g = np.stack([x.mean(0) for x in examples]), target.mean(0)
-    w, beta = kmm_scores(G, g, "euclidean", "gram", SETTINGS)
+    w, beta = SPEC.scores(G, g)
     np.testing.assert_allclose(beta, G @ g)
     np.testing.assert_allclose(w, solve_kmm(G @ G.T, G @ g, gamma=0.01, normalize="cosine").w, atol=1e-10)
-    w2, _ = kmm_scores(G, g, "euclidean", "gradients", SETTINGS)  # the gradient-space solver, same optimum
+    w2, _ = SPEC.replace(space="gradients").scores(G, g)  # the gradient-space solver, same optimum
     np.testing.assert_allclose(w2, w, atol=1e-6)
 
 

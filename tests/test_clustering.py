@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from conftest import chatterbot_pairs, write_jsonl
 
-from convalue.engine.config.sections import SourceConfig
+from convalue.engine.config import SourceConfig
 from convalue.engine.data.clustering import kmeans_labels
-from convalue.engine.data.sources import DataError, load_source
+from convalue.engine.data.examples import DataError
+from convalue.engine.data.sources import load_source
 from convalue.engine.report.tables import clusters_table
 
 TOPICS = ["english/computers", "english/food", "english/sports"]
@@ -121,8 +122,8 @@ def test_embedding_on_ray_workers_matches_the_driver(ray_session):
 def test_an_encoder_that_fails_on_the_workers_is_reported_as_a_data_error(ray_session, tmp_path):
     import shutil
 
-    from convalue.actors.dispatch import WorkItemError
     from convalue.actors.embedder import embed_on_workers
+    from convalue.actors.pool import WorkItemError
     from convalue.engine.data.clustering import embedding_dir
 
     copy = tmp_path / "minilm"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from convalue.engine.config.sections import ConfigError, load_config, reference_markdown
+from convalue.engine.config import ConfigError, load_config, reference_markdown
 
 BASE = {
     "name": "x",

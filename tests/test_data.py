@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
+import ast
 import json
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import chatterbot_pairs, write_jsonl
 
-from convalue.engine.config.sections import DataConfig, SourceConfig
+import convalue
+from convalue.engine.config import DataConfig, SourceConfig
+from convalue.engine.data.examples import DataError, Example
 from convalue.engine.data.prepare import prepare
-from convalue.engine.data.sources import (
-    DataError,
-    load_source,
-    preview_indices,
-    resolve_groups,
-    split_target,
-)
+from convalue.engine.data.sources import load_source, preview_indices, resolve_groups, split_target
 from convalue.engine.model.tokenize import IGNORE, tokenize_example
 
 
@@ -121,7 +119,6 @@ def test_split_and_previews_are_seeded():
 
 
 def test_labels_cover_only_the_response(smollm2_dir):
-    from convalue.engine.data.sources import Example
     from convalue.engine.model.loading import load_tokenizer
 
     tok = load_tokenizer(smollm2_dir)
@@ -134,7 +131,6 @@ def test_labels_cover_only_the_response(smollm2_dir):
 
 
 def test_a_chat_template_that_is_not_prefix_stable_is_a_model_error(smollm2_dir):
-    from convalue.engine.data.sources import Example
     from convalue.engine.model.loading import ModelError, load_tokenizer
 
     tok = load_tokenizer(smollm2_dir)
@@ -175,3 +171,49 @@ def test_target_with_no_response_tokens(tmp_path, smollm2_dir):
     pool = [r | {"g": "a"} for r in chatterbot_pairs("english", 4)]
     with pytest.raises(DataError, match="target group .* has no response tokens"):
         prepare(_prep_cfg(tmp_path, target, pool, preview_size=2), tok, 64)
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Every module a source file imports at run time, at the top or inside a function (not under TYPE_CHECKING);
+    `from package import name` counts as importing package.name too (name may be a module)."""
+    out: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")))
+    return out
+
+
+def test_no_data_module_imports_one_that_imports_it_back():
+    """The data modules' imports go one way (examples <- clustering <- sources <- prepare): no import chain, through
+    any convalue module, leads from a data module back to itself."""
+    root = Path(convalue.__file__).parent
+    files = [root / "__init__.py", root / "__main__.py"]
+    files += [f for d in ("engine", "actors", "solvers") for f in (root / d).rglob("*.py")]
+    modules = {}
+    for f in files:
+        parts = ("convalue",) + f.relative_to(root).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    graph = {m: sorted(n for n in _imported_modules(f) if n in modules and n != m) for m, f in modules.items()}
+    data = sorted(m for m in modules if m.startswith("convalue.engine.data."))
+    assert "convalue.engine.data.examples" in data and "convalue.engine.data.sources" in data
+    for start in data:
+        stack, seen = [(start, [start])], set()
+        while stack:
+            m, chain = stack.pop()
+            for n in graph[m]:
+                assert n != start, f"import cycle: {' -> '.join(chain + [n])}"
+                if n not in seen:
+                    seen.add(n)
+                    stack.append((n, chain + [n]))

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from convalue.engine.config.sections import ConfigError
+from convalue.engine.config import ConfigError
 from convalue.engine.protocol.evaluate import (
     borda_points,
     distinct_jobs,

@@ -7,10 +7,21 @@ import pytest
 import torch
 from conftest import chatterbot_pairs
 
-from convalue.engine.config.sections import LoraConfig
-from convalue.engine.data.sources import Example
-from convalue.engine.features.gradients import GroupGradients, pad_batch, per_example_loss
+from convalue.engine.config import LoraConfig
+from convalue.engine.data.examples import Example
+from convalue.engine.features.batching import (
+    WorkItem,
+    block_tokens,
+    length_runs,
+    pack_by_tokens,
+    pad_batch,
+    plan_blocks,
+    shared_prefix_length,
+)
+from convalue.engine.features.gradients import PREFIX_CACHE_SHARE, GroupGradients, PrefixForward
+from convalue.engine.features.losses import per_example_loss
 from convalue.engine.features.projection import make_projector
+from convalue.engine.features.task_vectors import GroupTaskVectors
 from convalue.engine.model.loading import attach_lora, load_model, load_tokenizer, lora_b_parameters
 from convalue.engine.model.tokenize import tokenize_examples
 
@@ -50,8 +61,6 @@ def test_mean_gradient_does_not_depend_on_batching(tiny_model_dir, examples):
 
 
 def test_same_seeds_give_identical_projected_vectors(tiny_model_dir, examples):
-    from convalue.engine.features.gradients import WorkItem
-
     items = [WorkItem("a", examples[:3]), WorkItem("b", examples[3:])]
     a = build(tiny_model_dir, proj=("countsketch", 256)).featurize(items)
     b = build(tiny_model_dir, proj=("countsketch", 256)).featurize(items)
@@ -104,7 +113,7 @@ def test_a_damaged_model_folder_is_refused_in_the_driver(tiny_model_dir, tmp_pat
     """Missing or truncated weights and a missing tokenizer are ModelErrors before any worker starts."""
     import shutil
 
-    from convalue.engine.config.sections import ModelConfig
+    from convalue.engine.config import ModelConfig
     from convalue.engine.model.loading import ModelError, resolve_model_dir
 
     folder = tmp_path / "model"
@@ -116,8 +125,6 @@ def test_a_damaged_model_folder_is_refused_in_the_driver(tiny_model_dir, tmp_pat
 
 
 def test_pack_by_tokens_covers_everything_within_budget():
-    from convalue.engine.features.gradients import pack_by_tokens
-
     lengths = [5, 30, 12, 12, 7, 30, 1, 22]
     batches = pack_by_tokens(lengths, 40)
     assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
@@ -127,8 +134,6 @@ def test_pack_by_tokens_covers_everything_within_budget():
 
 def test_length_runs_minimise_padding_plus_calls():
     import itertools
-
-    from convalue.engine.features.gradients import length_runs
 
     lengths = [30, 5, 29, 12, 12, 31, 6, 13]
 
@@ -150,7 +155,6 @@ def test_length_runs_minimise_padding_plus_calls():
 
 
 def test_plan_blocks_sends_the_longest_groups_first():
-    from convalue.engine.features.gradients import WorkItem, block_tokens, plan_blocks
     from convalue.engine.model.tokenize import TokenizedExample
 
     def group(name, *lengths):
@@ -162,7 +166,7 @@ def test_plan_blocks_sends_the_longest_groups_first():
     assert [block_tokens(b) for b in blocks] == [29, 8, 2]
 
 
-def _packed(model_dir, budget, keep=False):
+def _packed(model_dir, budget, keep=False, **kwargs):
     from convalue.engine.model.loading import lora_b_parameters
 
     model = load_model(model_dir)
@@ -172,12 +176,10 @@ def _packed(model_dir, budget, keep=False):
     d = sum(p.numel() for p in params)
     return GroupGradients(peft_model, params, make_projector("identity", d, d, 0),
                           pad_id=load_tokenizer(model_dir).pad_token_id, param_names=[n for n, _ in named],
-                          token_budget=budget, keep_per_example=keep)
+                          token_budget=budget, keep_per_example=keep, **kwargs)
 
 
 def test_packing_changes_no_group_vector(tiny_model_dir, examples):
-    from convalue.engine.features.gradients import WorkItem
-
     items = [WorkItem("a", examples[:3]), WorkItem("b", examples[3:4]), WorkItem("c", examples[4:])]
     loop = build(tiny_model_dir).featurize(items)
     for budget in (64, 200, 4096):  # from one example per batch to all groups in one batch
@@ -186,8 +188,6 @@ def test_packing_changes_no_group_vector(tiny_model_dir, examples):
 
 
 def test_per_example_gradients_sum_to_the_batch_gradient(tiny_model_dir, examples):
-    from convalue.engine.features.gradients import WorkItem
-
     g = _packed(tiny_model_dir, 4096, keep=True)
     g.featurize([WorkItem("all", examples)])
     per_example = g.per_example["all"]
@@ -198,15 +198,11 @@ def test_per_example_gradients_sum_to_the_batch_gradient(tiny_model_dir, example
 
 
 def test_example_longer_than_budget_is_an_error(tiny_model_dir, examples):
-    from convalue.engine.features.gradients import WorkItem
-
     with pytest.raises(ValueError, match="exceeds the token budget 8"):
         _packed(tiny_model_dir, 8).featurize([WorkItem("a", examples)])
 
 
 def _task_vectors(model_dir, steps=3, autocast_dtype=None):
-    from convalue.engine.features.gradients import GroupTaskVectors
-
     peft_model = attach_lora(load_model(model_dir), LoraConfig(r=4, alpha=8), dropout=0.0)
     named = lora_b_parameters(peft_model, with_a=True)
     d = sum(p.numel() for _, p in named)
@@ -216,8 +212,6 @@ def _task_vectors(model_dir, steps=3, autocast_dtype=None):
 
 
 def test_task_vectors_are_deterministic_and_reset_between_groups(tiny_model_dir, examples):
-    from convalue.engine.features.gradients import WorkItem
-
     a, b = WorkItem("a", examples[:3]), WorkItem("b", examples[3:])
     tv = _task_vectors(tiny_model_dir)
     both = tv.featurize([a, b])
@@ -234,8 +228,6 @@ def test_task_vectors_are_deterministic_and_reset_between_groups(tiny_model_dir,
 
 
 def test_shared_prefix_is_used_and_changes_no_group_vector(tiny_model_dir, examples):
-    from convalue.engine.features.gradients import WorkItem, shared_prefix_length
-
     assert shared_prefix_length(list(examples)) >= 8  # the chat template's system prompt + user header
     items = [WorkItem("a", examples[:4]), WorkItem("b", examples[4:])]
     shared = _packed(tiny_model_dir, 4096)
@@ -246,8 +238,6 @@ def test_shared_prefix_is_used_and_changes_no_group_vector(tiny_model_dir, examp
 
 @pytest.mark.parametrize("share_prefix", [True, False])
 def test_length_runs_change_no_vector(tiny_model_dir, varied, share_prefix):
-    from convalue.engine.features.gradients import WorkItem, length_runs
-
     assert len(length_runs([len(e) for e in varied], 0)) > 2  # the lengths differ: real cuts
     items = [WorkItem("a", varied[:4]), WorkItem("b", varied[4:])]
     one = _packed(tiny_model_dir, 4096)
@@ -259,14 +249,12 @@ def test_length_runs_change_no_vector(tiny_model_dir, varied, share_prefix):
         np.testing.assert_allclose(cut.featurize(items), X, rtol=2e-4, atol=1e-7)
 
 
-def test_length_runs_keep_rows_and_owners_in_order(tiny_model_dir, varied, monkeypatch):
-    import convalue.engine.features.gradients as fz
-
-    items = [fz.WorkItem("a", varied[:4]), fz.WorkItem("b", varied[4:])]
-    one, cut = _packed(tiny_model_dir, 4096, keep=True), _packed(tiny_model_dir, 4096, keep=True)
-    X = one.featurize(items)
+def test_length_runs_keep_rows_and_owners_in_order(tiny_model_dir, varied):
+    items = [WorkItem("a", varied[:4]), WorkItem("b", varied[4:])]
+    one = _packed(tiny_model_dir, 4096, keep=True)
     # one batch in the examples' own order (pack_by_tokens sorts it, which would hide a row mix-up)
-    monkeypatch.setattr(fz, "pack_by_tokens", lambda lengths, budget: [list(range(len(lengths)))])
+    cut = _packed(tiny_model_dir, 4096, keep=True, pack=lambda lengths, budget: [list(range(len(lengths)))])
+    X = one.featurize(items)
     for share in (False, True):  # per-example rows (no shared prefix), then group sums with the prefix
         cut.split_cost_tokens, cut.keep_per_example, cut.share_prefix = 0, not share, share
         np.testing.assert_allclose(cut.featurize(items), X, rtol=2e-4, atol=1e-7)
@@ -277,7 +265,6 @@ def test_length_runs_keep_rows_and_owners_in_order(tiny_model_dir, varied, monke
 
 def test_bf16_autocast_reaches_the_task_vector_steps(tiny_model_dir, examples):
     """The autocast of a CUDA replica with model.dtype bfloat16, run here on the CPU: rounding, nothing more."""
-    from convalue.engine.features.gradients import WorkItem
     from convalue.engine.model.loading import autocast_dtype
 
     assert autocast_dtype("cuda:0", "bfloat16") is torch.bfloat16
@@ -290,33 +277,31 @@ def test_bf16_autocast_reaches_the_task_vector_steps(tiny_model_dir, examples):
     assert cos > 0.99, cos
 
 
-def _count_prefix_forwards(monkeypatch) -> list[int]:
-    import convalue.engine.features.gradients as fz
+def _counted_prefix_forward() -> tuple[list[int], PrefixForward]:
+    """(rows of every shared prefix computed, a prefix_forward for GroupGradients that records them)."""
+    from convalue.engine.features.losses import prefix_forward
 
-    computed = []
-    real = fz.prefix_forward
-    monkeypatch.setattr(fz, "prefix_forward",
-                        lambda model, ids, rows, device: computed.append(rows) or real(model, ids, rows, device))
-    return computed
+    computed: list[int] = []
+
+    def counted(model, ids, rows, device):
+        computed.append(rows)
+        return prefix_forward(model, ids, rows, device)
+
+    return computed, counted
 
 
 def _owner_counts(examples, budget: int, split: tuple[int, int]) -> list[int]:
     """Groups per shared-prefix batch when groups are examples[:split[0]], [split[0]:split[1]], [split[1]:]."""
-    from convalue.engine.features.gradients import pack_by_tokens
-
     batches = pack_by_tokens([len(e) for e in examples], budget)
     return [len({sum(i >= s for s in split) for i in b}) for b in batches if len(b) > 1]
 
 
-def test_shared_prefix_is_kept_across_batches_and_calls_until_the_weights_change(tiny_model_dir, examples,
-                                                                                 monkeypatch):
-    from convalue.engine.features.gradients import PREFIX_CACHE_SHARE, WorkItem
-
-    computed = _count_prefix_forwards(monkeypatch)
+def test_shared_prefix_is_kept_across_batches_and_calls_until_the_weights_change(tiny_model_dir, examples):
+    computed, counted = _counted_prefix_forward()
     items = [WorkItem("a", examples[:3]), WorkItem("b", examples[3:5]), WorkItem("c", examples[5:])]
     budget = 256  # two batches, {a, b} and {b, c}: the second reuses the first's prefix
     assert _owner_counts(examples, budget, (3, 5)) == [2, 2]
-    cached, plain = _packed(tiny_model_dir, budget), _packed(tiny_model_dir, budget)
+    cached, plain = _packed(tiny_model_dir, budget, prefix_forward=counted), _packed(tiny_model_dir, budget)
     plain.share_prefix = False
     X = cached.featurize(items)
     assert computed == [2]  # the second batch reused the first's
@@ -334,14 +319,12 @@ def test_shared_prefix_is_kept_across_batches_and_calls_until_the_weights_change
     assert not np.allclose(Y, X, rtol=1e-3)
 
 
-def test_shared_prefix_too_large_to_keep_is_recomputed(tiny_model_dir, examples, monkeypatch):
-    from convalue.engine.features.gradients import WorkItem
-
-    computed = _count_prefix_forwards(monkeypatch)
+def test_shared_prefix_too_large_to_keep_is_recomputed(tiny_model_dir, examples):
+    computed, counted = _counted_prefix_forward()
     items = [WorkItem("a", examples[:3]), WorkItem("b", examples[3:5]), WorkItem("c", examples[5:])]
     budget = 160  # 2-example batches; one prefix row fits in a quarter of the budget, two do not
     assert _owner_counts(examples, budget, (3, 5)) == [1, 2, 2]
-    small = _packed(tiny_model_dir, budget)
+    small = _packed(tiny_model_dir, budget, prefix_forward=counted)
     X = small.featurize(items)
     assert computed == [1, 2, 2] and [rows for _, rows in small._prefixes] == [1]
     np.testing.assert_array_equal(small.featurize(items), X)

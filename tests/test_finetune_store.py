@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 
 import pytest
 
+from convalue.engine.config import (
+    FeaturesConfig,
+    FinetuneConfig,
+    LoraConfig,
+    ModelConfig,
+    ProjectionConfig,
+)
 from convalue.engine.data.prepare import examples_digest
+from convalue.engine.model.spec import ReplicaSpec
 from convalue.engine.model.tokenize import IGNORE, TokenizedExample
 from convalue.engine.store.finetunes import FinetuneStore, job_settings
 
@@ -16,10 +25,14 @@ def _ex(*ids: int) -> TokenizedExample:
     return TokenizedExample(tuple(ids), (IGNORE,) + tuple(ids[1:]))
 
 
-SPEC = {"model_dir": "/cache/smollm2-x", "dtype": "float32", "pad_id": 2, "lora": {"r": 8, "alpha": 16},
-        "device": "cpu", "threads": 1,
-        "finetune": {"enabled": True, "steps": 24, "rho": 0.5, "batch_size": 4, "lr": 2e-4, "max_grad_norm": 1.0,
-                     "eval_batch_size": 8, "seed": 0, "baselines": ["target_only"], "ks": None}}
+SPEC = ReplicaSpec(model_dir="/cache/smollm2-x", model=ModelConfig(), lora=LoraConfig(r=8, alpha=16),
+                   features=FeaturesConfig(), projection=ProjectionConfig(),
+                   finetune=FinetuneConfig(steps=24, rho=0.5, batch_size=4, lr=2e-4), pad_id=2)
+
+
+def _with(spec: ReplicaSpec = SPEC, **finetune) -> ReplicaSpec:
+    """spec with some finetune settings changed."""
+    return replace(spec, finetune=replace(spec.finetune, **finetune))
 TRAIN, VAL = [_ex(1, 2, 3), _ex(4, 5)], [_ex(6, 7, 8)]
 AUX = {"hindi": [_ex(9, 10)], "urdu": [_ex(11, 12, 13)]}
 RESULT = {"label": "target + KMM top-2", "groups": ["hindi", "urdu"], "steps": 24, "target_steps": 12,
@@ -28,7 +41,7 @@ RESULT = {"label": "target + KMM top-2", "groups": ["hindi", "urdu"], "steps": 2
 
 
 def _store(tmp_path, spec=SPEC, train=TRAIN, val=VAL) -> FinetuneStore:
-    return FinetuneStore(tmp_path / "finetunes", job_settings(spec, "smollm2-135m-instruct"), train, val)
+    return FinetuneStore(tmp_path / "finetunes", job_settings(spec), train, val)
 
 
 def test_a_stored_fine_tune_is_read_back(tmp_path):
@@ -44,28 +57,28 @@ def test_a_stored_fine_tune_is_read_back(tmp_path):
 
 
 @pytest.mark.parametrize("change", [
-    lambda s: s | {"finetune": s["finetune"] | {"steps": 25}},
-    lambda s: s | {"finetune": s["finetune"] | {"rho": 0.4}},
-    lambda s: s | {"finetune": s["finetune"] | {"seed": 1}},
-    lambda s: s | {"lora": {"r": 4, "alpha": 16}},
-    lambda s: s | {"dtype": "bfloat16"},
-    lambda s: s | {"device": "cuda"},
-    lambda s: s | {"threads": 2},
-    lambda s: s | {"model_dir": "/elsewhere/other-model"},
+    lambda s: _with(s, steps=25),
+    lambda s: _with(s, rho=0.4),
+    lambda s: _with(s, seed=1),
+    lambda s: replace(s, lora=LoraConfig(r=4, alpha=16)),
+    lambda s: replace(s, model=ModelConfig(dtype="bfloat16")),
+    lambda s: replace(s, device="cuda"),
+    lambda s: replace(s, threads=2),
+    lambda s: replace(s, model_dir="/elsewhere/other-model"),
 ])
 def test_every_setting_that_decides_the_result_is_in_the_key(tmp_path, change):
     assert _store(tmp_path, change(SPEC)).job_key(AUX) != _store(tmp_path).job_key(AUX)
 
 
 def test_which_runs_happen_is_not_in_the_key(tmp_path):
-    wider = SPEC | {"finetune": SPEC["finetune"] | {"ks": [1, 2, 3], "baselines": ["random"], "repeats": 5}}
+    wider = _with(ks=[1, 2, 3], baselines=["random"], repeats=5)
     assert _store(tmp_path, wider).job_key(AUX) == _store(tmp_path).job_key(AUX)
 
 
 def test_a_repeat_seed_keys_as_a_run_with_that_seed(tmp_path):
     """Seed 1 of a run with repeats is the fine-tune of a run whose finetune.seed is 1: one record serves both."""
-    seed = SPEC["finetune"]["seed"]
-    seeded = SPEC | {"finetune": SPEC["finetune"] | {"seed": seed + 1}}
+    seed = SPEC.finetune.seed
+    seeded = _with(seed=seed + 1)
     store = _store(tmp_path)
     assert store.job_key(AUX, seed) == store.job_key(AUX)
     assert store.job_key(AUX, seed + 1) == _store(tmp_path, seeded).job_key(AUX) != store.job_key(AUX)
@@ -82,13 +95,12 @@ def test_rho_k_is_in_the_key_as_the_run_of_that_rho(tmp_path):
     """A budget's rho_k keys like a run whose finetune.rho is rho_k; the mapping itself (and the given mixture
     weights, which reach the key as each job's weights) is not in the key."""
     store = _store(tmp_path)
-    rho = SPEC["finetune"]["rho"]
+    rho = SPEC.finetune.rho
     assert store.job_key(AUX, rho=rho) == store.job_key(AUX)
-    other = SPEC | {"finetune": SPEC["finetune"] | {"rho": 0.25}}
+    other = _with(rho=0.25)
     assert store.job_key(AUX, rho=0.25) == _store(tmp_path, other).job_key(AUX) != store.job_key(AUX)
     assert store.job_key(AUX, 3, rho=0.25) != store.job_key(AUX, rho=0.25)
-    mapped = SPEC | {"finetune": SPEC["finetune"] | {"rho_by_k": {1: 0.25}, "mixture": "given",
-                                                      "mixture_weights": {"hindi": 2.0, "urdu": 1.0}}}
+    mapped = _with(rho_by_k={1: 0.25}, mixture="given", mixture_weights={"hindi": 2.0, "urdu": 1.0})
     assert _store(tmp_path, mapped).job_key(AUX) == store.job_key(AUX)
 
 

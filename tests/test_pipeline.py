@@ -3,43 +3,27 @@
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import pipeline_run_config, tiny_run_config
+from conftest import own_copy, tiny_run_config
 
-from convalue.engine.config.sections import ConfigError, config_from_dict
-from convalue.engine.data.sources import DataError
-from convalue.engine.driver.pipeline import resolve, run
+from convalue.engine.config import ConfigError, config_from_dict
+from convalue.engine.data.examples import DataError
+from convalue.engine.driver.pipeline import run
+from convalue.engine.driver.resolve import resolve
 from convalue.engine.model.loading import ModelError
 from convalue.engine.store.vectors import StoreError
-from convalue.solvers import KMMInputError, solve_kmm
 
 COLUMNS = ["group", "n_examples", "n_preview", "score", "beta", "cosine", "rank", "selected"]
-
-
-@pytest.fixture(scope="module")
-def first_run(ray_session, tiny_model_dir, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("pipe")
-    data = pipeline_run_config(tmp, tiny_model_dir)
-    summary = run(config_from_dict(data))
-    return tmp, data, summary
-
-
-def own_copy(first_run, dest: Path) -> Path:
-    """A copy of the first run's folder at dest, for a test that changes its folder (the first run is shared)."""
-    shutil.copytree(first_run[0] / "runs" / "t", dest)
-    return dest
 
 
 def test_outputs_are_complete_and_consistent(first_run):
     tmp, data, summary = first_run
     run_dir = tmp / "runs" / "t"
-    assert summary["status"] == "complete"
+    assert summary.status == "complete"
     table = pq.read_table(run_dir / "scores.parquet")
     assert table.column_names == COLUMNS
     assert sorted(table.column("group").to_pylist()) == ["english", "german", "hindi", "italian", "spanish"]
@@ -104,17 +88,17 @@ def test_a_wider_evaluation_trains_only_the_new_selections(first_run, tmp_path):
     own_copy(first_run, tmp_path / "runs" / "t")
     wider = data | {"out": str(tmp_path / "runs"), "finetune": data["finetune"] | {"ks": [1, 2, 3]}}
     out = run(config_from_dict(wider))
-    assert out["featurize"]["groups_computed"] == 0
-    old = {(r["method"], r["k"]): r for r in first["finetune"]}
-    new = {(r["method"], r["k"]): r for r in out["finetune"]}
+    assert out.featurize["groups_computed"] == 0
+    old = {(r["method"], r["k"]): r for r in first.finetune}
+    new = {(r["method"], r["k"]): r for r in out.finetune}
     assert set(new) == set(old) | {("kmm", 3), ("alignment", 3), ("random", 3)}
     for cell, r in old.items():  # the same selection, read back: the same loss, not trained again
         assert new[cell]["reused"] and new[cell]["groups"] == r["groups"] and new[cell]["val_loss"] == r["val_loss"]
     trained_before = {tuple(r["groups"]) for r in old.values()}
     fresh = {tuple(r["groups"]) for r in new.values()} - trained_before
-    assert fresh and out["evaluation"]["fine_tunes"] == {"trained": len(fresh), "reused": len(trained_before)}
+    assert fresh and out.evaluation["fine_tunes"] == {"trained": len(fresh), "reused": len(trained_before)}
     assert all(r["reused"] == (tuple(r["groups"]) in trained_before) for r in new.values())
-    assert {r["base_val_loss"] for r in out["finetune"]} == {first["finetune"][0]["base_val_loss"]}
+    assert {r["base_val_loss"] for r in out.finetune} == {first.finetune[0]["base_val_loss"]}
 
 
 def test_repeats_add_seeds_and_report_each_cells_mean_and_spread(first_run, tmp_path):
@@ -127,22 +111,22 @@ def test_repeats_add_seeds_and_report_each_cells_mean_and_spread(first_run, tmp_
     run_dir = own_copy(first_run, tmp_path / "runs" / "t")
     out = run(config_from_dict(data | {"out": str(tmp_path / "runs"),
                                        "finetune": data["finetune"] | {"repeats": 2}}))
-    rows, ev = out["finetune"], out["evaluation"]
+    rows, ev = out.finetune, out.evaluation
     assert [(r["method"], r["k"], r["seed"]) for r in rows] == [
-        (r["method"], r["k"], s) for r in first["finetune"] for s in (0, 1)]
+        (r["method"], r["k"], s) for r in first.finetune for s in (0, 1)]
     seed0 = {(r["method"], r["k"]): r for r in rows if r["seed"] == 0}
     seed1 = {(r["method"], r["k"]): r for r in rows if r["seed"] == 1}
-    names, beta = out["order"], np.load(run_dir / "beta.npy")
+    names, beta = out.order, np.load(run_dir / "beta.npy")
     order1 = {r.k: r.groups for r in plan_runs(names, method_scores(["random"], beta, beta, beta, seed=1), beta,
                                                [1, 2], target_only=False)}
-    for r in first["finetune"]:
+    for r in first.finetune:
         cell = r["method"], r["k"]
         assert seed0[cell]["reused"] and seed0[cell]["val_loss"] == r["val_loss"]
         assert seed1[cell]["groups"] == (list(order1[r["k"]]) if r["method"] == "random" else r["groups"])
         assert not seed1[cell]["reused"]
     assert any(seed1["random", k]["groups"] != seed0["random", k]["groups"] for k in (1, 2))  # its own order
     assert any(seed1[c]["val_loss"] != seed0[c]["val_loss"] for c in seed0)  # other draws, another model
-    jobs0 = {tuple(r["groups"]) for r in first["finetune"]}
+    jobs0 = {tuple(r["groups"]) for r in first.finetune}
     jobs1 = {tuple(r["groups"]) for r in seed1.values()}
     assert ev["fine_tunes"] == {"trained": len(jobs1), "reused": len(jobs0)} and ev["seeds"] == [0, 1]
     assert [(d["method"], d["k"], d["seeds"]) for d in ev["kmm_minus"]] == [
@@ -153,14 +137,14 @@ def test_repeats_add_seeds_and_report_each_cells_mean_and_spread(first_run, tmp_
     table = pq.read_table(tmp_path / "runs" / "t" / "evaluation.parquet")
     assert table.column("seed").to_pylist() == [r["seed"] for r in rows]
     tasks = len(jobs0) + len(jobs1)
-    assert out["progress"]["finetune"] == out["progress"]["finetune"] | {"done": tasks, "total": tasks}
+    assert out.progress["finetune"] == out.progress["finetune"] | {"done": tasks, "total": tasks}
     one = run(config_from_dict(data | {"out": str(tmp_path / "runs"),
                                        "finetune": data["finetune"] | {"repeats": 2, "random_orders": "one"}}))
-    again = {(r["method"], r["k"], r["seed"]): r for r in one["finetune"]}
+    again = {(r["method"], r["k"], r["seed"]): r for r in one.finetune}
     for m, k in seed1:  # seed 1 buys seed 0's random selections, trained under seed 1's draws
         assert again[m, k, 1]["groups"] == seed0[m, k]["groups"]
         assert again[m, k, 1]["reused"] == (tuple(seed0[m, k]["groups"]) in jobs1)
-    assert one["evaluation"]["fine_tunes"]["trained"] == len(jobs0 - jobs1)
+    assert one.evaluation["fine_tunes"]["trained"] == len(jobs0 - jobs1)
 
 
 def test_softmax_mixture_weighs_each_bought_group_by_its_score(first_run, tmp_path):
@@ -173,9 +157,9 @@ def test_softmax_mixture_weighs_each_bought_group_by_its_score(first_run, tmp_pa
                                        "finetune": data["finetune"] | {"mixture": "softmax"}}))
     ranked = {r["group"]: r for r in pq.read_table(tmp_path / "runs" / "t" / "scores.parquet").to_pylist()}
     column = {"kmm": "score", "alignment": "beta"}
-    before = {(r["method"], r["k"]): r for r in first["finetune"]}
+    before = {(r["method"], r["k"]): r for r in first.finetune}
     mixed = 0
-    for r in out["finetune"]:
+    for r in out.finetune:
         assert r["groups"] == before[r["method"], r["k"]]["groups"]
         if len(r["groups"]) > 1 and r["method"] != "random":
             s = np.array([ranked[g][column[r["method"]]] for g in r["groups"]])
@@ -186,7 +170,7 @@ def test_softmax_mixture_weighs_each_bought_group_by_its_score(first_run, tmp_pa
             assert r["weights"] is None and r["reused"] and r["val_loss"] == before[r["method"], r["k"]]["val_loss"]
     assert mixed > 0
     table = pq.read_table(tmp_path / "runs" / "t" / "evaluation.parquet")
-    assert table.column("weights").null_count == len(out["finetune"]) - mixed
+    assert table.column("weights").null_count == len(out.finetune) - mixed
 
 
 def test_given_mixture_and_rho_k_train_what_they_change(first_run, tmp_path):
@@ -194,7 +178,6 @@ def test_given_mixture_and_rho_k_train_what_they_change(first_run, tmp_path):
     folder: k = 1 trains anew under its rho_k, a two-group run with unequal given weights trains anew drawn by them,
     and the rest are read back; weights naming a group that is not a candidate, or leaving one out without
     mixture_default_weight, are refused before any work. The run names two groups and gives the rest the default."""
-    from convalue.engine.config.sections import ConfigError
     from convalue.engine.protocol.finetune import mixing_schedule
 
     _, data, first = first_run
@@ -210,9 +193,9 @@ def test_given_mixture_and_rho_k_train_what_they_change(first_run, tmp_path):
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "complete"  # the folder is untouched
     out = run(config_from_dict(data | {"out": str(tmp_path / "runs"), "finetune": tuned | {
         "mixture_weights": named, "mixture_default_weight": 1.0}}))
-    before = {(r["method"], r["k"]): r for r in first["finetune"]}
+    before = {(r["method"], r["k"]): r for r in first.finetune}
     steps, mixed = data["finetune"]["steps"], 0
-    for r in out["finetune"]:
+    for r in out.finetune:
         old = before[r["method"], r["k"]]
         assert r["groups"] == old["groups"]
         if r["k"] == 1:
@@ -230,7 +213,7 @@ def test_given_mixture_and_rho_k_train_what_they_change(first_run, tmp_path):
             assert r["weights"] is None and r["reused"] and r["val_loss"] == old["val_loss"]
     assert mixed > 0
     table = pq.read_table(run_dir / "evaluation.parquet")
-    assert table.column("rho").to_pylist() == [r["rho"] for r in out["finetune"]]
+    assert table.column("rho").to_pylist() == [r["rho"] for r in out.finetune]
 
 
 def test_a_failed_protocol_lists_the_fine_tunes_it_has(first_run, tmp_path, monkeypatch):
@@ -238,7 +221,8 @@ def test_a_failed_protocol_lists_the_fine_tunes_it_has(first_run, tmp_path, monk
     and counts it in `progress`."""
     import ray
 
-    import convalue.engine.driver.pipeline as pipeline
+    import convalue.engine.driver.finetunes as finetunes
+    from convalue.actors.pool import WorkItemError
 
     _, data, first = first_run
     own_copy(first_run, tmp_path / "runs" / "t")
@@ -247,13 +231,13 @@ def test_a_failed_protocol_lists_the_fine_tunes_it_has(first_run, tmp_path, monk
     def failing_finetune(spec, label, target, aux, val, with_base, weights):
         raise RuntimeError(f"no memory for {label}")
 
-    monkeypatch.setattr(pipeline, "finetune_task", failing_finetune)
+    monkeypatch.setattr(finetunes, "finetune_task", failing_finetune)
     wider = data | {"out": str(tmp_path / "runs"), "finetune": data["finetune"] | {"ks": [1, 2, 3]}}
-    with pytest.raises(ray.exceptions.RayTaskError, match="no memory for target \\+"):
+    with pytest.raises(WorkItemError, match="no memory for target \\+"):
         run(config_from_dict(wider))
     summary = json.loads((tmp_path / "runs" / "t" / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["failed_stage"] == "finetune"
-    stored = {tuple(r["groups"]): r["val_loss"] for r in first["finetune"]}
+    stored = {tuple(r["groups"]): r["val_loss"] for r in first.finetune}
     listed = summary["finetune_finished"]
     assert {tuple(r["groups"]): r["val_loss"] for r in listed} == stored
     assert all(r["reused"] and r["seed"] == 0 for r in listed)
@@ -269,23 +253,9 @@ def test_a_rerun_with_every_fine_tune_stored_evaluates_only_a_missing_base(first
     assert len(base_records) == 1
     base_records[0].unlink()
     out = run(config_from_dict(data | {"out": str(tmp_path / "runs")}))
-    assert out["evaluation"]["fine_tunes"]["trained"] == 0
-    assert out["evaluation"]["base_val_loss"] == first["finetune"][0]["base_val_loss"]  # the same evaluation
+    assert out.evaluation["fine_tunes"]["trained"] == 0
+    assert out.evaluation["base_val_loss"] == first.finetune[0]["base_val_loss"]  # the same evaluation
     assert base_records[0].is_file()  # stored again
-
-
-def test_resolving_saved_gram_gives_saved_scores(first_run, tmp_path):
-    _, data, summary = first_run
-    run_dir = own_copy(first_run, tmp_path / "t")
-    saved = {r["group"]: r["score"] for r in pq.read_table(run_dir / "scores.parquet").to_pylist()}
-    K, beta = np.load(run_dir / "gram.npy"), np.load(run_dir / "beta.npy")
-    sol = solve_kmm(K, beta, gamma=data["solver"]["gamma"], normalize=data["solver"]["normalize"])
-    np.testing.assert_allclose(sol.w, [saved[n] for n in summary["order"]], atol=1e-9)
-    out = resolve(run_dir, gamma=None, budget=None, method=None, normalize=None)
-    again = {r["group"]: r["score"] for r in pq.read_table(run_dir / "scores.parquet").to_pylist()}
-    assert again == pytest.approx(saved, abs=1e-9)
-    assert out["resolved"] and out["solver"]["gamma"] == data["solver"]["gamma"]
-    assert out["solver"]["rank_bound"] == summary["solver"]["rank_bound"]  # passed again to the re-solve
 
 
 def test_same_seed_same_scores_with_one_worker_and_other_blocks(first_run):
@@ -306,11 +276,11 @@ def test_rerun_resumes_from_stored_vectors(first_run, tmp_path):
     _, data, _ = first_run
     run_dir = own_copy(first_run, tmp_path / "runs" / "t")
     again = run(config_from_dict(data | {"out": str(tmp_path / "runs"), "finetune": {"enabled": False}}))
-    assert again["featurize"]["groups_computed"] == 0 and again["featurize"]["groups_reused"] == 6
-    assert again["status"] == "complete"
+    assert again.featurize["groups_computed"] == 0 and again.featurize["groups_reused"] == 6
+    assert again.status == "complete"
     # the first run's fine-tune results are not left beside the new scores
     assert not (run_dir / "evaluation.parquet").exists() and not (run_dir / "evaluation.png").exists()
-    assert (run_dir / "scores.png").is_file() and "evaluation" not in again
+    assert (run_dir / "scores.png").is_file() and again.evaluation is None
 
 
 def test_bad_data_fails_before_writing_anything(ray_session, tiny_model_dir, tmp_path):
@@ -342,7 +312,7 @@ def test_failure_mid_run_leaves_no_complete_looking_result(ray_session, tiny_mod
     once, with the worker's own error, and leaves a failed summary and no scores."""
     from conftest import chatterbot_pairs, write_jsonl
 
-    from convalue.actors.dispatch import WorkItemError
+    from convalue.actors.pool import WorkItemError
 
     target = write_jsonl(tmp_path / "t.jsonl", chatterbot_pairs("marathi", 8))
     pool = write_jsonl(tmp_path / "p.jsonl", [r | {"group": "en"} for r in chatterbot_pairs("english", 4)])
@@ -366,190 +336,6 @@ def test_unknown_lora_module_is_refused_before_ray_or_the_run_folder(tiny_model_
     with pytest.raises(ModelError, match=r"lora.target_modules \['no_such_proj'\] not found"):
         run(config_from_dict(cfg))
     assert not (tmp_path / "runs").exists()
-
-
-def test_resolve_with_a_budget_rewrites_scores(first_run, tmp_path):
-    run_dir = own_copy(first_run, tmp_path / "t")
-    out = resolve(run_dir, gamma=None, budget=1.5, method=None, normalize=None)
-    assert out["solver"]["form"] == "budget" and out["solver"]["l1"] <= 1.5 + 1e-6
-    table = pq.read_table(run_dir / "scores.parquet").to_pylist()
-    assert sum(abs(r["score"]) for r in table) <= 1.5 + 1e-6
-
-
-def test_resolve_with_a_tolerance_records_it_and_a_budget_drops_it(first_run, tmp_path):
-    """--tol reaches the solver (certified at it, echoed in the summary); a later re-solve keeps the run's tol in the
-    penalised form and leaves it out of the budget form, which is always exact."""
-    _, data, _ = first_run
-    run_dir = own_copy(first_run, tmp_path / "tol")
-    out = resolve(run_dir, gamma=data["solver"]["gamma"], budget=None, method=None, normalize=None, tol=1e-6)
-    beta = np.load(run_dir / "beta.npy")
-    assert out["solver"]["tol"] == 1e-6 and out["solver"]["kkt"] <= 1e-6 * max(1.0, float(np.abs(beta).max()))
-    again = resolve(run_dir, gamma=None, budget=None, method=None, normalize=None)
-    assert again["solver"]["tol"] == 1e-6
-    budget = resolve(run_dir, gamma=None, budget=1.5, method=None, normalize=None)
-    assert budget["solver"]["form"] == "budget" and "tol" not in budget["solver"]
-    with pytest.raises(KMMInputError, match="budget form is always solved exactly"):
-        resolve(run_dir, gamma=None, budget=1.5, method=None, normalize=None, tol=1e-6)
-    from convalue.engine.driver.cli import main
-
-    before = (run_dir / "scores.parquet").read_bytes()
-    assert main(["solve", str(run_dir), "--budget", "1.5", "--tol", "1e-6"]) == 2  # a user error, scores untouched
-    assert (run_dir / "scores.parquet").read_bytes() == before
-    assert main(["solve", str(run_dir), "--gamma", str(data["solver"]["gamma"]), "--tol", "1e-5"]) == 0
-    assert json.loads((run_dir / "summary.json").read_text())["solver"]["tol"] == 1e-5
-
-
-def test_resolve_marks_fine_tunes_stale_only_while_the_selection_differs(first_run, tmp_path):
-    """A re-solve that changes the selection flags the fine-tunes as stale; one back to their selection clears it."""
-    _, data, first = first_run
-    run_dir = own_copy(first_run, tmp_path / "copy")
-    tuned = next(r["groups"] for r in first["finetune"] if r["method"] == "kmm" and r["k"] == 2)  # select.k
-    beta = np.load(run_dir / "beta.npy")
-    out = resolve(run_dir, gamma=2 * float(np.abs(beta).max()), budget=None, method=None, normalize=None)
-    assert out["selected"] == [] and "finetune_stale" in out  # gamma above max|beta|: w = 0, nothing selected
-    out = resolve(run_dir, gamma=data["solver"]["gamma"], budget=None, method=None, normalize=None)
-    assert sorted(out["selected"]) == tuned
-    on_disk = json.loads((run_dir / "summary.json").read_text())
-    assert "finetune_stale" not in out and "finetune_stale" not in on_disk
-
-
-def test_resolve_marks_softmax_fine_tunes_stale_when_their_weights_change(first_run, tmp_path):
-    """With finetune.mixture softmax a KMM run's weights follow w: a re-solve that keeps its groups but not its
-    weights leaves it stale; the tuned weights keep it current."""
-    _, data, first = first_run
-    run_dir = tmp_path / "soft"
-    own_copy(first_run, run_dir)
-    gamma = data["solver"]["gamma"]
-    resolve(run_dir, gamma=gamma, budget=None, method=None, normalize=None)  # the tuned solve, as the run left it
-    summary = json.loads((run_dir / "summary.json").read_text())
-    w = {r["group"]: r["score"] for r in pq.read_table(run_dir / "scores.parquet").to_pylist()}
-    rows = [dict(r) for r in first["finetune"]]
-    kmm2 = next(r for r in rows if r["method"] == "kmm" and r["k"] == 2)
-    assert len(kmm2["groups"]) == 2
-    e = {g: float(np.exp(w[g])) for g in kmm2["groups"]}
-    kmm2["weights"] = {g: v / sum(e.values()) for g, v in e.items()}  # as the tuned run drew them
-    config = summary["config"] | {"finetune": summary["config"]["finetune"] | {"mixture": "softmax"}}
-    (run_dir / "summary.json").write_text(json.dumps(summary | {"finetune": rows, "config": config}))
-    assert "finetune_stale" not in resolve(run_dir, gamma=gamma, budget=None, method=None, normalize=None)
-    kmm2["weights"] = {g: 0.5 for g in kmm2["groups"]}  # weights another solution would give
-    (run_dir / "summary.json").write_text(json.dumps(summary | {"finetune": rows, "config": config}))
-    out = resolve(run_dir, gamma=gamma, budget=None, method=None, normalize=None)
-    assert sorted(out["selected"]) == kmm2["groups"] and "k = [2]" in out["finetune_stale"]
-
-
-def test_resolve_reads_fine_tunes_saved_before_the_evaluation_protocol(first_run, tmp_path):
-    """An older summary lists KMM's top-select.k fine-tune first, without `method` and `k`."""
-    _, data, first = first_run
-    run_dir = tmp_path / "old"
-    own_copy(first_run, run_dir)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    old_rows = [{k: v for k, v in r.items() if k not in ("method", "k", "points", "best")}
-                for r in first["finetune"] if r["method"] in ("kmm", "target_only") and r["k"] in (2, None)]
-    (run_dir / "summary.json").write_text(json.dumps(summary | {"finetune": old_rows}))
-    beta = np.load(run_dir / "beta.npy")
-    assert "finetune_stale" in resolve(run_dir, gamma=2 * float(np.abs(beta).max()), budget=None, method=None,
-                                       normalize=None)
-    assert "finetune_stale" not in resolve(run_dir, gamma=data["solver"]["gamma"], budget=None, method=None,
-                                           normalize=None)
-
-
-def test_resolve_names_the_saved_file_that_is_bad_and_keeps_the_scores(first_run, tmp_path):
-    """A re-solve of a damaged run folder fails naming the file and value; scores.parquet is left as it was."""
-    run_dir = tmp_path / "copy"
-    own_copy(first_run, run_dir)
-    scores_before = (run_dir / "scores.parquet").read_bytes()
-    K = np.load(run_dir / "gram.npy")
-    K[1, 0] = np.inf
-    np.save(run_dir / "gram.npy", K)
-    with pytest.raises(KMMInputError, match=r"copy \(beta.npy, gram.npy\): K contains NaN or inf: K\[1, 0\] = inf"):
-        resolve(run_dir, gamma=0.01, budget=None, method=None, normalize=None)
-    (run_dir / "beta.npy").write_bytes(b"not an array")
-    with pytest.raises(StoreError, match=r"beta.npy: not a readable .npy array"):
-        resolve(run_dir, gamma=0.01, budget=None, method=None, normalize=None)
-    assert (run_dir / "scores.parquet").read_bytes() == scores_before
-
-
-def _summary_edit(change):
-    def damage(run_dir):
-        path = run_dir / "summary.json"
-        summary = json.loads(path.read_text())
-        change(summary)
-        path.write_text(json.dumps(summary))
-    return damage
-
-
-def _scores_edit(change):
-    def damage(run_dir):
-        path = run_dir / "scores.parquet"
-        pq.write_table(change(pq.read_table(path)), path)
-    return damage
-
-
-DAMAGED_RUN_FOLDERS = [
-    (lambda d: (d / "summary.json").write_text("{oops"), r"summary.json: not readable JSON"),
-    (lambda d: (d / "summary.json").write_text("[1, 2]"), r"summary.json: expected a JSON object, got list"),
-    (_summary_edit(lambda s: s.pop("order")), r"summary.json: field `order` must list .* \(got null\)"),
-    (_summary_edit(lambda s: s["order"].append(s["order"][0])), r"field `order` must list the run's candidate names, each once"),
-    (_summary_edit(lambda s: s["order"].pop()), r"beta.npy: shape \(5,\), but summary.json's order lists 4 groups"),
-    (_summary_edit(lambda s: s["config"]["select"].update(k=0)), r"field `config.select.k` must be an integer >= 1 \(got 0\)"),
-    (_summary_edit(lambda s: s.update(finetune=[{}])), r"field `finetune` is malformed"),
-    (_summary_edit(lambda s: s.update(finetune=[{"groups": ["a", "b"], "weights": {"a": 1.0}}])),
-     r"field `finetune` is malformed"),
-    (_summary_edit(lambda s: s.update(solver="x")), r"field `solver` is malformed"),
-    (_summary_edit(lambda s: s.update(space="other")), r"field `space` is malformed"),
-    (_summary_edit(lambda s: s.update(status="running")), r"summary.json: field `status` is \"running\": the run was stopped"),
-    (_summary_edit(lambda s: s.update(status="resolving")), r"field `resolving.status` must name the status"),
-    (lambda d: (d / "scores.parquet").unlink(), r"scores.parquet: missing"),
-    (lambda d: (d / "scores.parquet").write_bytes(b"junk"), r"scores.parquet: not a readable Parquet file"),
-    (_scores_edit(lambda t: t.drop_columns(["cosine"])), r"scores.parquet: missing column\(s\) \['cosine'\]"),
-    (_scores_edit(lambda t: t.slice(1)), r"scores.parquet: its 4 rows do not match summary.json's order of 5 groups"),
-]
-
-
-@pytest.mark.parametrize("damage, message", DAMAGED_RUN_FOLDERS)
-def test_resolve_refuses_a_damaged_summary_or_scores_table(first_run, tmp_path, damage, message):
-    """Each damage is a clear StoreError naming the file and field, raised before anything is rewritten."""
-    run_dir = tmp_path / "copy"
-    own_copy(first_run, run_dir)
-    damage(run_dir)
-    before = {f.name: f.read_bytes() for f in run_dir.iterdir() if f.is_file()}
-    with pytest.raises(StoreError, match=message):
-        resolve(run_dir, gamma=0.01, budget=None, method=None, normalize=None)
-    assert {f.name: f.read_bytes() for f in run_dir.iterdir() if f.is_file()} == before
-
-
-def test_a_stopped_re_solve_reads_back_as_resolving_and_a_rerun_finishes_it(first_run, tmp_path, monkeypatch):
-    """A re-solve that stops between its files leaves summary.json saying so (status "resolving", with what it was
-    doing), never an old summary beside new scores; `convalue solve` again completes it and restores the status."""
-    import convalue.engine.driver.pipeline as pipeline
-
-    _, data, _ = first_run
-    run_dir = tmp_path / "copy"
-    own_copy(first_run, run_dir)
-    before = json.loads((run_dir / "summary.json").read_text())  # other tests may have re-solved this folder
-    gamma = data["solver"]["gamma"] / 3
-    write_parquet = pipeline.write_parquet
-
-    def stop_after_scores(table, path):
-        write_parquet(table, path)
-        raise KeyboardInterrupt  # stopped right after scores.parquet, before summary.json
-
-    monkeypatch.setattr(pipeline, "write_parquet", stop_after_scores)
-    with pytest.raises(KeyboardInterrupt):
-        resolve(run_dir, gamma=gamma, budget=None, method=None, normalize=None)
-    on_disk = json.loads((run_dir / "summary.json").read_text())
-    assert on_disk["status"] == "resolving" and on_disk["solver"] == before["solver"]
-    assert on_disk["resolving"] == {"status": before["status"], "gamma": gamma, "budget": None, "method": "auto",
-                                    "normalize": before["solver"]["normalize"]}
-    monkeypatch.setattr(pipeline, "write_parquet", write_parquet)
-    out = resolve(run_dir, gamma=gamma, budget=None, method=None, normalize=None)
-    on_disk = json.loads((run_dir / "summary.json").read_text())
-    assert out["status"] == on_disk["status"] == before["status"] and "resolving" not in on_disk
-    assert on_disk["solver"]["gamma"] == gamma
-    scores = {r["group"]: r["score"] for r in pq.read_table(run_dir / "scores.parquet").to_pylist()}
-    assert [scores[n] for n in on_disk["order"]] == pytest.approx(
-        solve_kmm(np.load(run_dir / "gram.npy"), np.load(run_dir / "beta.npy"), gamma=gamma,
-                  normalize=on_disk["solver"]["normalize"]).w, abs=1e-9)
 
 
 def test_a_run_says_running_until_it_ends(ray_session, tiny_model_dir, tmp_path, monkeypatch):
@@ -595,45 +381,10 @@ def test_a_run_folder_in_use_is_refused_and_left_untouched(first_run, tmp_path):
         with pytest.raises(StoreError, match="in use by another convalue process"):
             run(config_from_dict(data | {"out": str(tmp_path / "runs")}))
         assert snapshot() == before
-    assert resolve(run_dir, gamma=0.01, budget=None, method=None, normalize=None)["resolved"]  # released
+    assert resolve(run_dir, gamma=0.01, budget=None, method=None, normalize=None).resolved  # released
     with pytest.raises(FileNotFoundError, match=r"not a finished run folder \(no such folder\)"):
         resolve(tmp_path / "absent", gamma=0.01, budget=None, method=None, normalize=None)
     assert not (tmp_path / "absent").exists()
-
-
-def test_gradient_space_run_matches_the_gram_space_solution_and_resolves(first_run):
-    """solver.space: gradients reduces and writes no Gram (gram.npy); its scores equal the Gram-space solution, and it
-    re-solves."""
-    tmp, data, _ = first_run
-    cfg = data | {"name": "gs", "finetune": {"enabled": False}, "solver": data["solver"] | {"space": "gradients"}}
-    summary = run(config_from_dict(cfg))
-    gs = tmp / "runs" / "gs"
-    assert summary["status"] == "complete" and summary["space"] == "gradients" and not (gs / "gram.npy").exists()
-    K, beta = np.load(tmp / "runs" / "t" / "gram.npy"), np.load(tmp / "runs" / "t" / "beta.npy")
-    order = summary["order"]
-
-    def scores(run_dir):
-        rows = pq.read_table(run_dir / "scores.parquet").to_pylist()
-        return np.array([{r["group"]: r["score"] for r in rows}[n] for n in order])
-
-    expected = solve_kmm(K, beta, gamma=data["solver"]["gamma"], normalize="cosine").w
-    np.testing.assert_allclose(scores(gs), expected, rtol=1e-6, atol=1e-9)
-    np.testing.assert_allclose(np.load(gs / "beta.npy"), beta, rtol=1e-6)
-    resolve(gs, gamma=0.004, budget=None, method=None, normalize=None)
-    np.testing.assert_allclose(scores(gs), solve_kmm(K, beta, gamma=0.004, normalize="cosine").w, rtol=1e-6,
-                               atol=1e-9)
-    with pytest.raises(ConfigError, match="method: .*needs the Gram \\(got 'cvxpy'\\)"):
-        resolve(gs, gamma=0.004, budget=None, method="cvxpy", normalize=None)
-    with pytest.raises(ValueError, match="space: gram"):
-        config_from_dict(cfg | {"solver": cfg["solver"] | {"method": "cvxpy"}})
-    # the stored vectors are read in the summary's metric: a damaged entry is refused, never read as Euclidean
-    _summary_edit(lambda s: s["config"]["features"].update(metric="cosine"))(gs)
-    with pytest.raises(StoreError, match="field `config.features.metric` is malformed"):
-        resolve(gs, gamma=0.004, budget=None, method=None, normalize=None)
-    (gs / "vectors" / "manifest.json").write_text("{oops")
-    _summary_edit(lambda s: s["config"]["features"].update(metric="euclidean"))(gs)
-    with pytest.raises(StoreError, match="manifest.json: not readable JSON"):
-        resolve(gs, gamma=0.004, budget=None, method=None, normalize=None)
 
 
 def test_an_unreachable_cluster_address_fails_fast_before_any_stage(first_run, ray_session, tmp_path):
@@ -644,7 +395,7 @@ def test_an_unreachable_cluster_address_fails_fast_before_any_stage(first_run, r
 
     import yaml
 
-    from convalue.engine.driver.pipeline import ClusterError, check_reachable
+    from convalue.engine.driver.session import ClusterError, check_reachable
 
     check_reachable(ray_session.get_runtime_context().gcs_address, "--address")  # the session's cluster listens
     check_reachable("auto", "RAY_ADDRESS")  # a form Ray resolves itself is left to Ray
@@ -702,11 +453,11 @@ def test_cost_weighted_budget_from_a_prices_file(first_run):
                   "finetune": {"enabled": False}}
     summary = run(config_from_dict(cfg))
     run_dir = tmp / "runs" / "priced"
-    assert summary["solver"]["form"] == "cost_budget" and summary["solver"]["status"] == "optimal"
+    assert summary.solver.form == "cost_budget" and summary.solver.status == "optimal"
     rows = pq.read_table(run_dir / "scores.parquet").to_pylist()
     assert sum(prices[r["group"]] * abs(r["score"]) for r in rows) <= 0.5 + 1e-6
     again = resolve(run_dir, gamma=None, budget=None, method=None, normalize=None)  # reuses costs.npy
-    assert again["solver"]["form"] == "cost_budget"
+    assert again.solver.form == "cost_budget"
 
 
 def test_prices_file_errors(tmp_path):
@@ -754,7 +505,7 @@ def test_status_tells_a_live_run_from_an_interrupted_one(first_run, tmp_path, ca
     assert status["vectors"] == {"stored": 6, "needed": 6, "target": True, "complete": True}  # 5 groups, the target
     records = [json.loads(p.read_text()) for p in (run_dir / "finetunes").glob("*.json")]
     assert status["finetune_records"] == sum("val_loss" in r for r in records) >= len(
-        {tuple(r["groups"]) for r in first["finetune"]})  # finetunes/ keeps the first run's fine-tunes
+        {tuple(r["groups"]) for r in first.finetune})  # finetunes/ keeps the first run's fine-tunes
     assert status["selected"] == summary["selected"]
     assert status.get("best_k") == (summary.get("evaluation") or {}).get("best_k")
     assert main(["status", str(run_dir)]) == 0
@@ -777,3 +528,4 @@ def test_status_tells_a_live_run_from_an_interrupted_one(first_run, tmp_path, ca
     (run_dir / "summary.json").write_text("{")
     assert main(["status", str(run_dir)]) == 2
     assert "summary.json: not readable JSON" in capsys.readouterr().err
+

@@ -14,8 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import pipeline_run_config
 
-from convalue.engine.config.sections import config_from_dict
-from convalue.engine.driver.pipeline import resolve, run
+from convalue.engine.config import config_from_dict
+from convalue.engine.driver.pipeline import run
+from convalue.engine.driver.resolve import resolve
 
 
 @pytest.fixture(scope="module")
@@ -30,11 +31,11 @@ def test_task_vector_representation_from_config(pipeline_config):
     cfg = data | {"name": "tv", "features": {"representation": "task_vector", "tv_steps": 2, "tv_batch_size": 2},
                   "finetune": {"enabled": False}}
     summary = run(config_from_dict(cfg))
-    assert summary["status"] == "complete"
+    assert summary.status == "complete"
     manifest = json.loads((tmp / "runs" / "tv" / "vectors" / "manifest.json").read_text())
     assert manifest["fingerprint"]["parameters"] == "lora_A+lora_B"
     assert manifest["fingerprint"]["features"]["representation"] == "task_vector"
-    assert summary["featurize"]["dim_in"] > 0
+    assert summary.featurize["dim_in"] > 0
 
 
 def test_grpo_representation_from_config(pipeline_config):
@@ -45,8 +46,8 @@ def test_grpo_representation_from_config(pipeline_config):
                   "features": {"representation": "grpo", "grpo_generations": 3, "grpo_max_new_tokens": 6,
                                "grpo_reward": f"{reward}:length"}}
     summary = run(config_from_dict(cfg))
-    assert summary["status"] == "complete" and summary["solver"]["kkt"] < 1e-6
-    stats = summary["featurize"]["grpo"]
+    assert summary.status == "complete" and summary.solver.kkt < 1e-6
+    stats = summary.featurize["grpo"]
     assert stats["prompts"] == 6 * 4 and stats["zero_advantage_prompts"] == 0 and stats["mean_reward"] > 0
     manifest = json.loads((tmp / "runs" / "grpo" / "vectors" / "manifest.json").read_text())
     assert manifest["fingerprint"]["features"]["grpo_reward"].endswith(":length")
@@ -84,9 +85,9 @@ def test_full_parameters_with_the_diagonal_fisher_metric(pipeline_config):
     cfg = data | {"name": "full", "finetune": {"enabled": False},
                   "features": {"parameters": "full", "metric": "diag_fisher"}}
     summary = run(config_from_dict(cfg))
-    assert summary["status"] == "complete" and summary["solver"]["kkt"] < 1e-6
-    assert summary["featurize"]["dim_in"] > 3_000_000  # every weight of the tiny Llama
-    assert summary["metric"]["kind"] == "diag_fisher" and summary["metric"]["support"] > 0
+    assert summary.status == "complete" and summary.solver.kkt < 1e-6
+    assert summary.featurize["dim_in"] > 3_000_000  # every weight of the tiny Llama
+    assert summary.metric["kind"] == "diag_fisher" and summary.metric["support"] > 0
     manifest = json.loads((tmp / "runs" / "full" / "vectors" / "manifest.json").read_text())
     assert manifest["fingerprint"]["parameters"] == "full"
     table = pq.read_table(tmp / "runs" / "full" / "scores.parquet")
@@ -100,17 +101,17 @@ def test_per_example_vectors_are_kept_and_average_to_the_group_vector(pipeline_c
     cfg = data | {"name": "pe", "finetune": {"enabled": False}, "model": data["model"] | {"token_budget": 512},
                   "features": {"keep_per_example": True}, "bootstrap": {"samples": 12, "seed": 1}}
     summary = run(config_from_dict(cfg))
-    assert summary["status"] == "complete"
+    assert summary.status == "complete"
     # the bootstrap over the previews: one row per group in rank order, the run's scores beside the spread
     boot = pq.read_table(tmp / "runs" / "pe" / "bootstrap.parquet").to_pylist()
     scores = pq.read_table(tmp / "runs" / "pe" / "scores.parquet").to_pylist()
     assert [r["group"] for r in boot] == [r["group"] for r in scores]
     assert [r["score"] for r in boot] == [r["score"] for r in scores]
     assert all(0 <= r["p_selected"] <= 1 and r["score_q025"] <= r["score_q975"] for r in boot)
-    stats = summary["bootstrap"]
+    stats = summary.bootstrap
     assert stats["samples"] == 12 and stats["seed"] == 1 and 0 <= stats["same_selection"] <= 1
-    assert summary["progress"]["bootstrap"]["done"] == summary["progress"]["bootstrap"]["total"] == 12
-    assert set(stats["p_selected"]) == set(summary["selected"])
+    assert summary.progress["bootstrap"]["done"] == summary.progress["bootstrap"]["total"] == 12
+    assert set(stats["p_selected"]) == set(summary.selected)
     assert sum(r["p_selected"] for r in boot) <= data["select"]["k"] + 1e-9  # at most k per resample
     # the run spread its 12 resamples over 2 solver actors in 8 parts; a re-solve at the run's own settings redoes
     # them one after another in this process: the same resamples, so the same table
@@ -126,10 +127,10 @@ def test_per_example_vectors_are_kept_and_average_to_the_group_vector(pipeline_c
     rescored = pq.read_table(tmp / "runs" / "pe" / "scores.parquet").to_pylist()
     assert [(r["group"], r["score"]) for r in again] == [(r["group"], r["score"]) for r in rescored]
     assert [r["score"] for r in again] != [r["score"] for r in boot]
-    assert out["bootstrap"]["samples"] == 12 and set(out["bootstrap"]["p_selected"]) == set(out["selected"])
+    assert out.bootstrap["samples"] == 12 and set(out.bootstrap["p_selected"]) == set(out.selected)
     root = tmp / "runs" / "pe" / "vectors"
     store = VectorStore(root, json.loads((root / "manifest.json").read_text())["fingerprint"])
-    names = summary["order"]
+    names = summary.order
     X, counts = store.load(names)
     per_example = store.load_examples(names)
     for name, x in zip(names, X):
@@ -153,8 +154,8 @@ def test_a_flat_pool_is_clustered_valued_and_mapped_back(pipeline_config, capsys
                                           "small_groups": "keep"}}
     summary = run(config_from_dict(cfg))
     run_dir = tmp / "runs" / "flat"
-    stats = summary["data"]["clusters"]
-    assert summary["status"] == "complete" and (stats["groups"], stats["examples"]) == (4, 24)
+    stats = summary.data["clusters"]
+    assert summary.status == "complete" and (stats["groups"], stats["examples"]) == (4, 24)
     scores = pq.read_table(run_dir / "scores.parquet")
     clusters = pq.read_table(run_dir / "clusters.parquet").to_pylist()
     assert sorted(scores["group"].to_pylist()) == ["flat/c0", "flat/c1", "flat/c2", "flat/c3"]

@@ -42,15 +42,13 @@ def test_identity_is_exact_and_bad_dims_raise():
         make_projector("fourier", 10, 4, 0)
 
 
-def test_streamed_countsketch_equals_the_cached_one(monkeypatch):
+def test_streamed_countsketch_equals_the_cached_one():
     """Large inputs (full-model gradients) hash block by block instead of holding a d-sized matrix: same map."""
     from convalue.engine.features.projection import CountSketchProjector
 
-    monkeypatch.setattr(CountSketchProjector, "block", 1000)
     X = np.random.default_rng(3).normal(size=(3, 4500)).astype(np.float32)
-    cached = CountSketchProjector(4500, 64, 5)
-    monkeypatch.setattr(CountSketchProjector, "cache_limit", 0)
-    streamed = CountSketchProjector(4500, 64, 5)
+    cached = CountSketchProjector(4500, 64, 5, block=1000)
+    streamed = CountSketchProjector(4500, 64, 5, block=1000, cache_limit=0)
     assert cached._S is not None and streamed._S is None
     np.testing.assert_allclose(streamed.project(X), cached.project(X), rtol=1e-5, atol=1e-5)
 

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -14,24 +13,23 @@ import pytest
 import torch
 from conftest import chatterbot_pairs
 
-from convalue.engine.config.sections import (
+from convalue.engine.config import (
     ConfigError,
     DataConfig,
     FeaturesConfig,
+    FinetuneConfig,
     LoraConfig,
+    ModelConfig,
+    ProjectionConfig,
     SourceConfig,
     config_from_dict,
 )
+from convalue.engine.data.examples import DataError, Example
 from convalue.engine.data.prepare import prepare
-from convalue.engine.data.sources import DataError, Example, load_source
-from convalue.engine.features.gradients import (
-    IGNORE,
-    WorkItem,
-    pad_batch,
-    per_example_loss,
-    response_logits,
-)
+from convalue.engine.data.sources import load_source
+from convalue.engine.features.batching import WorkItem, pad_batch
 from convalue.engine.features.grpo import GrpoError, advantages, surrogate_loss
+from convalue.engine.features.losses import per_example_loss, response_logits
 from convalue.engine.features.rewards import (
     RewardError,
     load_reward,
@@ -39,7 +37,9 @@ from convalue.engine.features.rewards import (
     numeric_exact_match,
 )
 from convalue.engine.model.loading import load_model, load_tokenizer
+from convalue.engine.model.spec import ReplicaSpec
 from convalue.engine.model.tokenize import (
+    IGNORE,
     PromptExample,
     TokenizedExample,
     tokenize_examples,
@@ -50,11 +50,15 @@ from convalue.engine.selection.gram import diag_fisher_vectors
 REWARDS = Path(__file__).parent / "rewards_for_tests.py"
 
 
-def spec_for(model_dir: Path, **features) -> dict:
+def spec_for(model_dir: Path, split_cost_tokens: int | None = None, **features) -> ReplicaSpec:
+    """A replica spec of the tiny model: identity projection, LoRA r = 4, packed batches of 1024 tokens."""
     tok = load_tokenizer(model_dir)
-    return {"model_dir": str(model_dir), "dtype": "float32", "lora": asdict(LoraConfig(r=4, alpha=8)),
-            "max_length": 96, "projection": {"kind": "identity", "dim": 1, "seed": 0}, "pad_id": tok.pad_token_id,
-            "batch_size": 4, "token_budget": 1024, "threads": 1, "features": asdict(FeaturesConfig(**features))}
+    return ReplicaSpec(model_dir=str(model_dir), model=ModelConfig(source=str(model_dir), max_length=96, batch_size=4,
+                                                                   token_budget=1024,
+                                                                   split_cost_tokens=split_cost_tokens),
+                       lora=LoraConfig(r=4, alpha=8), features=FeaturesConfig(**features),
+                       projection=ProjectionConfig(kind="identity", dim=1, seed=0), finetune=FinetuneConfig(),
+                       pad_id=tok.pad_token_id)
 
 
 @pytest.fixture(scope="module")
@@ -337,10 +341,10 @@ def test_mathematics_every_module_runs_under_numpy_2_and_is_reproducible():
 
 
 def test_split_cost_tokens_defaults_per_device_and_is_validated(tiny_model_dir):
-    from convalue.engine.config.sections import ModelConfig
+    from convalue.engine.config import ModelConfig
     from convalue.engine.features.replica import CPU_SPLIT_COST_TOKENS, build_featurizer
 
     assert build_featurizer(spec_for(tiny_model_dir)).split_cost_tokens == CPU_SPLIT_COST_TOKENS  # null, CPU
-    assert build_featurizer(spec_for(tiny_model_dir) | {"split_cost_tokens": 7}).split_cost_tokens == 7
+    assert build_featurizer(spec_for(tiny_model_dir, split_cost_tokens=7)).split_cost_tokens == 7
     with pytest.raises(ConfigError, match="split_cost_tokens"):
         ModelConfig(split_cost_tokens=-1).validate()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 
-from convalue.engine.config.sections import config_from_dict
+from convalue.engine.config import config_from_dict
 
 pytestmark = pytest.mark.slow
 
@@ -28,11 +28,11 @@ def test_real_model_values_real_languages(ray_session, smollm2_dir, tmp_path):
         "ray": {"workers": 2, "cpus_per_worker": 1, "groups_per_call": 1},
     }
     summary = run(config_from_dict(cfg))
-    assert summary["status"] == "complete"
-    assert summary["featurize"]["dim_in"] == 184_320  # 30 layers x (576 + 192) x r=8 lora_B entries
+    assert summary.status == "complete"
+    assert summary.featurize["dim_in"] == 184_320  # 30 layers x (576 + 192) x r=8 lora_B entries
     table = pq.read_table(tmp_path / "smol" / "scores.parquet").to_pylist()
     assert sorted(r["group"] for r in table) == ["english", "hindi", "spanish"]
     assert all(-1 <= r["cosine"] <= 1 for r in table)
     assert any(r["cosine"] > 0.05 for r in table)  # real gradients of related chat data align with the target
-    ft = summary["finetune"]
+    ft = summary.finetune
     assert ft[0]["base_val_loss"] > 0.5 and all(r["val_loss"] > 0 for r in ft)

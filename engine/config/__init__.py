@@ -1,12 +1,44 @@
 """The run configuration: typed sections, validated from YAML with errors that name the file, field and value."""
 
-from convalue.engine.config.sections import *  # noqa: F403
-from convalue.engine.config.sections import (  # noqa: F401
+from convalue.engine.config.fields import ConfigError
+from convalue.engine.config.inputs import (
     BUILTIN_EMBEDDINGS,
     BUILTIN_MODELS,
-    ConfigError,
-    RunConfig,
-    config_from_dict,
-    load_config,
-    reference_markdown,
+    DataConfig,
+    FeaturesConfig,
+    LoraConfig,
+    ModelConfig,
+    ProjectionConfig,
+    SourceConfig,
 )
+from convalue.engine.config.parsing import config_from_dict, load_config
+from convalue.engine.config.reference import reference_markdown
+from convalue.engine.config.run import RunConfig
+from convalue.engine.config.settings import (
+    BootstrapConfig,
+    FinetuneConfig,
+    RayConfig,
+    SelectConfig,
+    SolverConfig,
+)
+
+__all__ = [
+    "BUILTIN_EMBEDDINGS",
+    "BUILTIN_MODELS",
+    "BootstrapConfig",
+    "ConfigError",
+    "DataConfig",
+    "FeaturesConfig",
+    "FinetuneConfig",
+    "LoraConfig",
+    "ModelConfig",
+    "ProjectionConfig",
+    "RayConfig",
+    "RunConfig",
+    "SelectConfig",
+    "SolverConfig",
+    "SourceConfig",
+    "config_from_dict",
+    "load_config",
+    "reference_markdown",
+]

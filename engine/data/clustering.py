@@ -9,12 +9,18 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from convalue.engine.config.sections import BUILTIN_EMBEDDINGS
-from convalue.engine.data.sources import DataError, Example, Group
+from convalue.engine.config import BUILTIN_EMBEDDINGS
+from convalue.engine.data.examples import DataError, Example, Group
 from convalue.engine.model.loading import checked_folder
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    Encoder = tuple[PreTrainedTokenizerBase, PreTrainedModel]
 
 log = logging.getLogger("convalue")
 
@@ -40,7 +46,7 @@ def example_text(ex: Example) -> str:
     return "\n".join(content for _, content in ex.messages)
 
 
-def load_encoder(model_dir: Path) -> tuple:
+def load_encoder(model_dir: Path) -> Encoder:
     """(tokenizer, model) of a Hugging Face encoder folder, in eval mode."""
     from transformers import AutoModel, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -56,7 +62,7 @@ def load_encoder(model_dir: Path) -> tuple:
             hf_logging.enable_progress_bar()
 
 
-def encode(encoder: tuple, texts: list[str], *, batch_size: int = 64, max_length: int = MAX_LENGTH) -> np.ndarray:
+def encode(encoder: Encoder, texts: list[str], *, batch_size: int = 64, max_length: int = MAX_LENGTH) -> np.ndarray:
     """Unit-norm mean-pooled embeddings, one float32 row per text (texts batched by length)."""
     import torch
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from convalue.engine.data.sources import DataError, read_parquet
+from convalue.engine.data.examples import DataError, read_parquet
 
 
 def _unique(path: Path, pairs: Iterable[tuple]) -> dict:

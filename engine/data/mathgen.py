@@ -71,6 +71,7 @@ class _EntityOrder:
         self.counter = itertools.count()
 
     def install(self, entity_class: type) -> None:
+        """Number every new entity_class instance and hash it by its number."""
         init = entity_class.__init__
         order = self
 
@@ -82,6 +83,7 @@ class _EntityOrder:
         entity_class.__hash__ = lambda entity: entity._convalue_order  # equality stays identity
 
     def restart(self) -> None:
+        """Number from 0 again (before each module's stream)."""
         self.counter = itertools.count()
 
 
@@ -90,8 +92,7 @@ _ENTITY_ORDER = _EntityOrder()
 
 def generators() -> dict[str, object]:
     """The package's training modules by flat name (e.g. `arithmetic__add_or_sub`)."""
-    # shims for the 2019 code (see ../shared/notes): sympy moved base_solution_linear; numpy 2 dropped np.object
-    # and ndarray.itemset;
+    # shims for the 2019 code: sympy moved base_solution_linear; numpy 2 dropped np.object and ndarray.itemset;
     # Python 3.12 refuses the integral floats that numbers__round_number & co. pass to random.randint (the
     # draws are the same as on 3.11, which converted them).
     random.Random.randrange = _randrange_integral_floats
@@ -151,6 +152,7 @@ def generate(include: list[str] | None, n: int, seed: int) -> dict:
 
 
 def main() -> None:
+    """Print generate's reply to the JSON request in argv[1] as one JSON line."""
     request = json.loads(sys.argv[1])
     print(json.dumps(generate(request["include"], int(request["n"]), int(request["seed"]))))
 

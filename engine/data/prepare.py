@@ -5,19 +5,17 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import astuple, dataclass, field
+from typing import TYPE_CHECKING
 
-from convalue.engine.config.sections import DataConfig
-from convalue.engine.data.sources import (
-    DataError,
-    Example,
-    Group,
-    preview_indices,
-    resolve_groups,
-    sample_order,
-    split_target,
-)
-from convalue.engine.features.gradients import WorkItem
+from convalue.engine.config import DataConfig
+from convalue.engine.data.clustering import Embed
+from convalue.engine.data.examples import DataError, Example, Group
+from convalue.engine.data.sources import preview_indices, resolve_groups, sample_order, split_target
+from convalue.engine.features.batching import WorkItem
 from convalue.engine.model.tokenize import TokenizedExample, tokenize_examples, tokenize_prompt
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger("convalue")
 TARGET_KEY = "__target__"
@@ -71,11 +69,12 @@ def _preview_units(tokenizer, examples: list[Example], max_length: int, grpo: bo
     return good, too_long
 
 
-def prepare(cfg: DataConfig, tokenizer, max_length: int, *, grpo: bool = False, embed=None) -> PreparedData:
+def prepare(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, max_length: int, *, grpo: bool = False,
+            embed: Embed | None = None) -> PreparedData:
     """Resolve groups, split the target, sample seeded previews of m usable examples, tokenise, validate.
 
     With grpo, previews hold prompts (PromptExample) rather than SFT examples; the fine-tune splits stay SFT.
-    embed: how a flat pool's texts are embedded (convalue.engine.data.clustering.Embed; default: in this process).
+    embed: how a flat pool's texts are embedded (default: in this process).
     """
     target, candidates = resolve_groups(cfg, embed=embed)
     if any(g.name == TARGET_KEY for g in candidates):

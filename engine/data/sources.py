@@ -9,44 +9,13 @@ import os
 import subprocess
 import sys
 import zlib
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from convalue.engine.config.sections import DataConfig, SourceConfig
-
-if TYPE_CHECKING:
-    import pyarrow as pa
-
-ROLES = ("system", "user", "assistant")
-
-
-class DataError(ValueError):
-    """A data problem, naming the source (file, row, field) and what is wrong."""
-
-
-@dataclass(frozen=True)
-class Example:
-    """One chat example: a tuple of (role, content) messages; assistant turns are the response."""
-
-    messages: tuple[tuple[str, str], ...]
-
-    def as_chat(self) -> list[dict]:
-        """Messages in the Hugging Face chat-template format."""
-        return [{"role": r, "content": c} for r, c in self.messages]
-
-
-@dataclass
-class Group:
-    """A named candidate (or the target) and its examples."""
-
-    name: str
-    examples: list[Example]
-    origin: str
-    #: a cluster of a flat pool: (source group, index of the example there) for each example
-    members: list[tuple[str, int]] | None = None
+from convalue.engine.config import DataConfig, SourceConfig
+from convalue.engine.data.clustering import Embed, cluster_pool
+from convalue.engine.data.examples import ROLES, DataError, Example, Group, read_parquet
 
 
 def _pair(prompt: object, response: object, where: str) -> Example:
@@ -81,16 +50,6 @@ def _row_example(row: dict, src: SourceConfig, where: str) -> Example:
         raise DataError(f"{where}: missing field(s) {missing}; expected `{src.prompt_field}` and "
                         f"`{src.response_field}`, or `{src.messages_field}` (row has {sorted(row)})")
     return _pair(row[src.prompt_field], row[src.response_field], where)
-
-
-def read_parquet(path: Path, error: type[Exception] = DataError) -> pa.Table:
-    """The pyarrow Table of a Parquet file; error(message naming the file) where it cannot be read."""
-    import pyarrow.parquet as pq
-
-    try:
-        return pq.read_table(path)
-    except Exception as exc:  # pyarrow raises several types for unreadable files
-        raise error(f"{path}: not a readable Parquet file ({exc})") from None
 
 
 def _read_rows(path: Path) -> list[tuple[str, dict]]:
@@ -179,10 +138,10 @@ def _load_mathematics(src: SourceConfig) -> dict[str, Group]:
             for name, pairs in reply["groups"].items()}
 
 
-def load_source(src: SourceConfig, *, embed=None) -> dict[str, Group]:
+def load_source(src: SourceConfig, *, embed: Embed | None = None) -> dict[str, Group]:
     """All groups of one source after include/exclude, each non-empty; with `clusters`, its k clusters instead.
 
-    embed: how a flat pool's texts are embedded (convalue.engine.data.clustering.Embed; default: in this process).
+    embed: how a flat pool's texts are embedded (default: in this process).
     """
     if src.kind == "chatterbot":
         groups = _load_chatterbot(src)
@@ -221,16 +180,12 @@ def load_source(src: SourceConfig, *, embed=None) -> dict[str, Group]:
         if not g.examples:
             raise DataError(f"source {label!r}: group {g.name!r} ({g.origin}) is empty")
     if src.clusters is not None:
-        from convalue.engine.data.clustering import (
-            cluster_pool,  # torch and scikit-learn, only for a flat pool
-        )
-
         prefix = Path(src.path).stem if src.path else src.kind
         groups = cluster_pool(groups, src.clusters, src.embedding, src.seed, prefix, embed)
     return groups
 
 
-def resolve_groups(cfg: DataConfig, *, embed=None) -> tuple[Group, list[Group]]:
+def resolve_groups(cfg: DataConfig, *, embed: Embed | None = None) -> tuple[Group, list[Group]]:
     """The target group and the candidate groups (unique names, target not among them); embed: see load_source."""
     target_groups = load_source(cfg.target)
     if len(target_groups) != 1:

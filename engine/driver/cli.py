@@ -45,13 +45,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s convalue %(levelname)s %(message)s",
                         datefmt="%H:%M:%S", stream=sys.stderr)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models come from local folders; never reach for a hub
-    from convalue.engine.config.sections import (
+    from convalue.engine.config import (
         ConfigError,
         config_from_dict,
         load_config,
         reference_markdown,
     )
-    from convalue.engine.data.sources import DataError
+    from convalue.engine.data.examples import DataError
     from convalue.engine.model.loading import ModelError
     from convalue.engine.store.vectors import StoreError
     from convalue.solvers import KMMInputError, KMMSolveError
@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(json.dumps(status) if args.json else format_status(status))
         return EXIT_CODES[status["state"]]
-    from convalue.actors.dispatch import WorkItemError
-    from convalue.engine.driver.pipeline import ClusterError
+    from convalue.actors.pool import WorkItemError
+    from convalue.engine.driver.session import ClusterError
     from convalue.engine.features.grpo import GrpoError
     from convalue.engine.features.rewards import RewardError
 
@@ -95,32 +95,29 @@ def main(argv: list[str] | None = None) -> int:
                 cfg = config_from_dict(data, file=args.config)
             summary = run(cfg, address=args.address, overwrite=args.overwrite)
             run_dir = Path(cfg.out).expanduser() / cfg.name
-            print("\n".join(summary["ranking"]))
-            print(f"\nselected (top-{cfg.select.k} with positive score): {', '.join(summary['selected']) or 'none'}")
-            if summary.get("bootstrap"):
-                print(format_bootstrap(summary["bootstrap"]))
-            if (run_dir / "clusters.parquet").is_file() and summary["selected"]:
+            print("\n".join(summary.ranking))
+            print(f"\nselected (top-{cfg.select.k} with positive score): {', '.join(summary.selected) or 'none'}")
+            if summary.bootstrap:
+                print(format_bootstrap(summary.bootstrap))
+            if (run_dir / "clusters.parquet").is_file() and summary.selected:
                 print(format_cluster_samples(pq.read_table(run_dir / "clusters.parquet", columns=["group", "prompt"]),
-                                             summary["selected"]))
-            print(format_evaluation(summary["finetune"], summary.get("evaluation")))
-            sol = summary["solver"]
-            print(f"\nsolver: {sol['method']} {sol['form']} "
-                  f"({'gamma=' + str(sol['gamma']) if sol['gamma'] is not None else 'budget=' + str(sol['budget'])}, "
-                  f"normalize={sol['normalize']}) status={sol['status']} kkt={sol['kkt']:.2e}")
-            print("timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in summary["timings_s"].items()))
+                                             summary.selected))
+            print(format_evaluation(summary.finetune, summary.evaluation))
+            print(f"\nsolver: {summary.solver.describe()}")
+            print("timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in summary.timings_s.items()))
             print(f"outputs: {run_dir}/")
             return 0
         if args.command == "solve":
-            from convalue.engine.driver.pipeline import resolve
+            from convalue.engine.driver.resolve import resolve
 
             summary = resolve(Path(args.run_dir), gamma=args.gamma, budget=args.budget, method=args.method,
                               normalize=args.normalize, tol=args.tol)
-            print("\n".join(summary["ranking"]))
-            sol = summary["solver"]
-            print(f"\nselected: {', '.join(summary['selected']) or 'none'}; solver {sol['method']} "
-                  f"{sol['form']} status={sol['status']} kkt={sol['kkt']:.2e}")
-            if summary.get("finetune_stale"):
-                print(f"note: {summary['finetune_stale']}")
+            print("\n".join(summary.ranking))
+            sol = summary.solver
+            print(f"\nselected: {', '.join(summary.selected) or 'none'}; solver {sol.method} {sol.form} "
+                  f"status={sol.status} kkt={sol.kkt:.2e}")
+            if summary.finetune_stale:
+                print(f"note: {summary.finetune_stale}")
             return 0
     except (*user_errors, FileNotFoundError) as exc:
         print(f"convalue: error: {exc}", file=sys.stderr)

@@ -21,17 +21,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from convalue.engine.features.gradients import (
-    IGNORE,
-    WorkItem,
-    pad_batch,
-    per_row_mean,
-    response_logits,
-    take_flat_grad,
-)
+from convalue.engine.features.batching import WorkItem, pad_batch
+from convalue.engine.features.gradients import take_flat_grad
+from convalue.engine.features.losses import per_row_mean, response_logits
 from convalue.engine.features.rewards import RewardError, load_reward, score
 from convalue.engine.model.loading import autocast
-from convalue.engine.model.tokenize import PromptExample, TokenizedExample
+from convalue.engine.model.tokenize import IGNORE, PromptExample, TokenizedExample
 
 if TYPE_CHECKING:
     import torch
@@ -52,7 +47,8 @@ def advantages(rewards: np.ndarray) -> np.ndarray:
     return (r - r.mean()) / (r.std() + ADV_EPS)
 
 
-def surrogate_loss(logp, ref_logp, adv, weight, valid, kl_coef: float):
+def surrogate_loss(logp: torch.Tensor, ref_logp: torch.Tensor, adv: torch.Tensor, weight: torch.Tensor,
+                   valid: torch.Tensor, kl_coef: float) -> torch.Tensor:
     """-sum_j weight_j mean_t [exp(logp - logp.detach()) A_j - kl_coef * k3(ref_logp - logp)] (a scalar tensor).
 
     logp, ref_logp: token log-probabilities at the valid positions (row-major); adv, weight: per row [R];
@@ -68,7 +64,7 @@ def surrogate_loss(logp, ref_logp, adv, weight, valid, kl_coef: float):
     return -(per_row_mean(per_token, valid) * weight).sum()
 
 
-def token_logprobs(logits, target, temperature: float):
+def token_logprobs(logits: torch.Tensor, target: torch.Tensor, temperature: float) -> torch.Tensor:
     """log pi(o_t | .) of the sampled tokens under the sampling policy (logits / temperature, as TRL's GRPO)."""
     import torch
 

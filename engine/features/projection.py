@@ -19,7 +19,9 @@ class Projector(Protocol):
     dim_out: int
     seed: int
 
-    def project(self, X: np.ndarray) -> np.ndarray: ...
+    def project(self, X: np.ndarray) -> np.ndarray:
+        """The [B, dim_out] float32 projections of the [B, dim_in] rows of X."""
+        ...
 
 
 class _Base:
@@ -63,11 +65,11 @@ class CountSketchProjector(_Base):
     """
 
     kind = "countsketch"
-    block = 1 << 22
-    cache_limit = 1 << 24
 
-    def __init__(self, dim_in: int, dim_out: int, seed: int):
+    def __init__(self, dim_in: int, dim_out: int, seed: int, *, block: int = 1 << 22, cache_limit: int = 1 << 24):
+        """block: input coordinates hashed at a time; cache_limit: the largest dim_in kept as one sparse matrix."""
         super().__init__(dim_in, dim_out, seed)
+        self.block, self.cache_limit = block, cache_limit
         self._S = None
         if dim_in <= self.cache_limit:
             import scipy.sparse as sp

@@ -8,9 +8,15 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from convalue.engine.config.sections import LoraConfig, ModelConfig
+from convalue.engine.config import LoraConfig, ModelConfig
 from convalue.engine.store.locks import exclusive
+
+if TYPE_CHECKING:
+    import torch
+    from peft import PeftModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: what `from_pretrained` loads weights from: one file, or the index of a sharded checkpoint
@@ -101,7 +107,7 @@ def _safetensors_keys(path: Path) -> list[str]:
     return keys
 
 
-def load_tokenizer(model_dir: Path):
+def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
     """The model's tokenizer (a fast tokenizer: offsets are needed to mark response tokens)."""
     from transformers import AutoTokenizer
 
@@ -117,21 +123,21 @@ def load_tokenizer(model_dir: Path):
     return tok
 
 
-def torch_dtype(name: str):
+def torch_dtype(name: str) -> torch.dtype:
     """torch dtype for a config dtype name."""
     import torch
 
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
 
 
-def autocast_dtype(device: str, dtype: str):
+def autocast_dtype(device: str, dtype: str) -> torch.dtype | None:
     """torch.bfloat16 for a CUDA replica with model.dtype bfloat16 (bf16 autocast), else None (no autocast)."""
     import torch
 
     return torch.bfloat16 if device.startswith("cuda") and dtype == "bfloat16" else None
 
 
-def autocast(device: str, dtype=None):
+def autocast(device: str, dtype: torch.dtype | None = None) -> contextlib.AbstractContextManager:
     """torch.autocast to `dtype` on `device`'s type, or a no-op context when dtype is None."""
     if dtype is None:
         return contextlib.nullcontext()
@@ -140,7 +146,7 @@ def autocast(device: str, dtype=None):
     return torch.autocast(device_type=device.split(":")[0], dtype=dtype)
 
 
-def load_model(model_dir: Path, dtype: str = "float32", device: str = "cpu"):
+def load_model(model_dir: str | Path, dtype: str = "float32", device: str = "cpu") -> PreTrainedModel:
     """The base causal LM theta_0 in eval mode."""
     from transformers import AutoModelForCausalLM
 
@@ -148,7 +154,7 @@ def load_model(model_dir: Path, dtype: str = "float32", device: str = "cpu"):
     return model.to(device).eval()
 
 
-def check_lora_targets(model, lora: LoraConfig) -> None:
+def check_lora_targets(model: torch.nn.Module, lora: LoraConfig) -> None:
     """ModelError unless every lora.target_modules name is a module of the model."""
     names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
     missing = [m for m in lora.target_modules if m not in names]
@@ -171,7 +177,7 @@ def check_lora_targets_in(model_dir: Path, lora: LoraConfig) -> None:
     check_lora_targets(model, lora)
 
 
-def attach_lora(model, lora: LoraConfig, *, dropout: float | None = None):
+def attach_lora(model: PreTrainedModel, lora: LoraConfig, *, dropout: float | None = None) -> PeftModel:
     """Wrap model with a LoRA adapter whose A init is fixed by lora.init_seed (B = 0, so theta = theta_0)."""
     import torch
     from peft import LoraConfig as PeftLoraConfig
@@ -190,7 +196,8 @@ def attach_lora(model, lora: LoraConfig, *, dropout: float | None = None):
             raise ModelError(f"lora.target_modules {list(lora.target_modules)}: {exc}") from None
 
 
-def lora_b_parameters(peft_model, *, with_a: bool = False) -> list[tuple[str, object]]:
+def lora_b_parameters(peft_model: torch.nn.Module, *,
+                      with_a: bool = False) -> list[tuple[str, torch.nn.Parameter]]:
     """The featurised parameters in a fixed (name) order: every lora_B weight (and lora_A, for task vectors)."""
     keys = ("lora_A", "lora_B") if with_a else ("lora_B",)
     params = [(n, p) for n, p in peft_model.named_parameters() if any(k in n for k in keys)]

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from convalue.engine.data.sources import Example
+from convalue.engine.data.examples import Example
 from convalue.engine.model.loading import ModelError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 IGNORE = -100
 
@@ -26,7 +30,7 @@ class TokenizedExample:
         return len(self.input_ids)
 
 
-def _render(tokenizer, chat: list[dict], *, generation_prompt: bool) -> str:
+def _render(tokenizer: PreTrainedTokenizerBase, chat: list[dict], *, generation_prompt: bool) -> str:
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=generation_prompt)
     # plain fallback for tokenizers without a chat template
@@ -34,7 +38,7 @@ def _render(tokenizer, chat: list[dict], *, generation_prompt: bool) -> str:
     return text + ("Assistant: " if generation_prompt else "")
 
 
-def response_spans(tokenizer, example: Example) -> tuple[str, list[tuple[int, int]]]:
+def response_spans(tokenizer: PreTrainedTokenizerBase, example: Example) -> tuple[str, list[tuple[int, int]]]:
     """The rendered conversation and the character spans of its assistant turns (through end-of-turn)."""
     chat = example.as_chat()
     full = _render(tokenizer, chat, generation_prompt=False)
@@ -53,7 +57,7 @@ def response_spans(tokenizer, example: Example) -> tuple[str, list[tuple[int, in
     return full, spans
 
 
-def tokenize_example(tokenizer, example: Example, max_length: int) -> TokenizedExample:
+def tokenize_example(tokenizer: PreTrainedTokenizerBase, example: Example, max_length: int) -> TokenizedExample:
     """Tokenise one example; labels cover assistant tokens only; cut on the right at max_length."""
     text, spans = response_spans(tokenizer, example)
     if all(not c.strip() for r, c in example.messages if r == "assistant"):
@@ -68,7 +72,7 @@ def tokenize_example(tokenizer, example: Example, max_length: int) -> TokenizedE
     return TokenizedExample(tuple(ids), tuple(labels))
 
 
-def tokenize_examples(tokenizer, examples: list[Example], max_length: int) -> list[TokenizedExample]:
+def tokenize_examples(tokenizer: PreTrainedTokenizerBase, examples: list[Example], max_length: int) -> list[TokenizedExample]:
     """Tokenise a list of examples (order kept)."""
     return [tokenize_example(tokenizer, ex, max_length) for ex in examples]
 
@@ -84,7 +88,7 @@ class PromptExample:
         return len(self.input_ids)
 
 
-def tokenize_prompt(tokenizer, example: Example) -> PromptExample:
+def tokenize_prompt(tokenizer: PreTrainedTokenizerBase, example: Example) -> PromptExample:
     """The prompt tokens of an example (its last assistant turn removed) and that turn's text as the reference."""
     chat = example.as_chat()
     last = max(i for i, m in enumerate(chat) if m["role"] == "assistant")

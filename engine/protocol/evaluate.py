@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from convalue.engine.config.sections import ConfigError, FinetuneConfig
+from convalue.engine.config import ConfigError, FinetuneConfig
 from convalue.engine.selection.select import select_top_k
 
 BASELINE_METHODS = ("alignment", "cosine", "random")  # ranked like KMM, at every k

@@ -8,8 +8,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from convalue.engine.config.sections import FinetuneConfig, LoraConfig
-from convalue.engine.features.gradients import pad_batch, per_example_loss
+from convalue.engine.config import FinetuneConfig, LoraConfig
+from convalue.engine.features.batching import pad_batch
+from convalue.engine.features.losses import per_example_loss
 from convalue.engine.model.loading import attach_lora, autocast
 from convalue.engine.model.tokenize import TokenizedExample
 

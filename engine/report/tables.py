@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from convalue.engine.data.sources import Group
+from convalue.engine.data.examples import Group
 from convalue.engine.protocol.evaluate import LABELS, CellLoss, cell_losses
 from convalue.engine.selection.select import ranks
 

@@ -9,19 +9,8 @@ import numpy as np
 import pyarrow as pa
 
 from convalue.engine.data.prepare import TARGET_KEY
-from convalue.engine.selection.gram import metric_vectors
 from convalue.engine.selection.select import rank_order, select_top_k
-from convalue.engine.selection.solve import solve_gram, solve_vectors
-
-
-def kmm_scores(G: np.ndarray, g_tar: np.ndarray, metric: str, space: str, settings: dict) -> tuple[np.ndarray,
-                                                                                                    np.ndarray]:
-    """(w, beta) for group vectors G and g_tar as the run solves them: its metric, its space (K = G G^T formed,
-    or solved from the vectors), its solver settings."""
-    Gm, gm, _ = metric_vectors(metric, np.asarray(G, np.float64), np.asarray(g_tar, np.float64))
-    beta = Gm @ gm
-    sol = solve_vectors(Gm, gm, settings) if space == "gradients" else solve_gram(Gm @ Gm.T, beta, settings)
-    return sol.w, beta
+from convalue.engine.selection.solve import SolveSpec
 
 
 def resample(examples: list[np.ndarray], target: np.ndarray, samples: int, seed: int, k: int,
@@ -46,12 +35,11 @@ def resample(examples: list[np.ndarray], target: np.ndarray, samples: int, seed:
     return W, S
 
 
-def resample_run(examples: dict[str, np.ndarray], names: list[str], run: dict, samples: int,
+def resample_run(examples: dict[str, np.ndarray], names: list[str], spec: SolveSpec, k: int, samples: int,
                  seed: int, first: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """resample() of the groups `names` and the target (TARGET_KEY) from their per-example vectors, each resample
-    solved as the run was: run = {metric, space, settings, k}."""
-    return resample([examples[n] for n in names], examples[TARGET_KEY], samples, seed, run["k"],
-                    lambda G, g: kmm_scores(G, g, run["metric"], run["space"], run["settings"]), first)
+    solved as the run was (spec) and its top-k selected."""
+    return resample([examples[n] for n in names], examples[TARGET_KEY], samples, seed, k, spec.scores, first)
 
 
 def split_resamples(samples: int, parts: int) -> list[tuple[int, int]]:

@@ -1,22 +1,79 @@
-"""The run's KMM solve from its settings {gamma | budget, costs, method, normalize, rank_bound, tol}: in the Gram or in
-gradient space. One place for the run's solve, the solver actor, a re-solve and the bootstrap's resamples."""
+"""SolveSpec: how a run solves KMM (form, solver settings, metric, space); one object for the run's solve, the
+solver actor, a re-solve and the bootstrap's resamples."""
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 
+from convalue.engine.selection.gram import metric_vectors
 from convalue.solvers import KMMSolution, solve_kmm, solve_kmm_gradients
 
 
-def solve_gram(K: np.ndarray, beta: np.ndarray, settings: dict) -> KMMSolution:
-    """solve_kmm on K and beta with the run's settings; raises on a failed solve."""
-    return solve_kmm(K, beta, gamma=settings.get("gamma"), budget=settings.get("budget"), costs=settings.get("costs"),
-                     method=settings.get("method") or "auto", normalize=settings.get("normalize") or "none",
-                     rank_bound=settings.get("rank_bound"), tol=settings.get("tol"))
+@dataclass(frozen=True, eq=False)
+class KMMProblemData:
+    """The run's problem in its metric: beta, and K (Gram space) or the vectors (gradient space)."""
+
+    beta: np.ndarray
+    K: np.ndarray | None
+    G: np.ndarray | None
+    g_tar: np.ndarray | None
+    M: np.ndarray | None  # the diagonal Fisher metric's weights (None: Euclidean)
 
 
-def solve_vectors(G: np.ndarray, g_tar: np.ndarray, settings: dict) -> KMMSolution:
-    """solve_kmm_gradients from the vectors (no Gram reduced or written) with the run's settings (the active set)."""
-    return solve_kmm_gradients(G, g_tar, gamma=settings.get("gamma"), budget=settings.get("budget"),
-                               costs=settings.get("costs"), normalize=settings.get("normalize") or "none",
-                               tol=settings.get("tol"))
+@dataclass(frozen=True, eq=False)
+class SolveSpec:
+    """The form (gamma or budget), solver settings, metric and space a run solves KMM with."""
+
+    gamma: float | None = None
+    budget: float | None = None
+    method: str = "auto"
+    normalize: str = "none"
+    tol: float | None = None
+    costs: np.ndarray | None = None
+    rank_bound: int | None = None
+    metric: str = "euclidean"
+    space: str = "gram"
+
+    @classmethod
+    def from_config(cls, cfg: Any, *, costs: np.ndarray | None, rank_bound: int | None, space: str) -> SolveSpec:
+        """The spec of a run config (cfg: RunConfig), with its prices, K's rank bound (p) and the chosen space."""
+        s = cfg.solver
+        return cls(gamma=s.gamma, budget=s.budget, method=s.method, normalize=s.normalize, tol=s.tol, costs=costs,
+                   rank_bound=rank_bound, metric=cfg.features.metric, space=space)
+
+    def replace(self, **changes: Any) -> SolveSpec:
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+    def problem(self, G: np.ndarray, g_tar: np.ndarray) -> KMMProblemData:
+        """The problem of group vectors G and g_tar in the run's metric: K = G G^T formed only in Gram space."""
+        Gm, gm, M = metric_vectors(self.metric, np.asarray(G, np.float64), np.asarray(g_tar, np.float64))
+        beta = Gm @ gm
+        if self.space == "gradients":
+            return KMMProblemData(beta=beta, K=None, G=Gm, g_tar=gm, M=M)
+        return KMMProblemData(beta=beta, K=Gm @ Gm.T, G=None, g_tar=None, M=M)
+
+    def solve(self, problem: KMMProblemData) -> KMMSolution:
+        """Solve a problem in the run's space; raises on a failed solve."""
+        if problem.K is not None:
+            return self.solve_gram(problem.K, problem.beta)
+        return self.solve_vectors(problem.G, problem.g_tar)
+
+    def solve_gram(self, K: np.ndarray, beta: np.ndarray) -> KMMSolution:
+        """solve_kmm on K and beta with these settings."""
+        return solve_kmm(K, beta, gamma=self.gamma, budget=self.budget, costs=self.costs, method=self.method,
+                         normalize=self.normalize, rank_bound=self.rank_bound, tol=self.tol)
+
+    def solve_vectors(self, G: np.ndarray, g_tar: np.ndarray) -> KMMSolution:
+        """solve_kmm_gradients from vectors already in the run's metric (K formed only on active sets)."""
+        return solve_kmm_gradients(G, g_tar, gamma=self.gamma, budget=self.budget, costs=self.costs,
+                                   normalize=self.normalize, tol=self.tol)
+
+    def scores(self, G: np.ndarray, g_tar: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(w, beta) for raw group vectors, solved as the run solves (a bootstrap resample)."""
+        problem = self.problem(G, g_tar)
+        return self.solve(problem).w, problem.beta

@@ -8,9 +8,11 @@ import hashlib
 import json
 import logging
 import math
+from dataclasses import asdict
 from pathlib import Path
 
 from convalue.engine.data.prepare import examples_digest
+from convalue.engine.model.spec import ReplicaSpec
 from convalue.engine.model.tokenize import TokenizedExample
 from convalue.engine.report.tables import package_versions, write_json
 
@@ -23,14 +25,14 @@ RESULT_FIELDS = {"label": str, "groups": list, "steps": int, "target_steps": int
                  "val_loss": float, "first_train_loss": float, "last_train_loss": float, "seconds": float}
 
 
-def job_settings(spec: dict, model_source: str) -> dict:
+def job_settings(spec: ReplicaSpec) -> dict:
     """What a fine-tune's result depends on besides its data: model, LoRA, training settings, device, threads,
     and the versions of the packages that compute it."""
     versions = package_versions(("torch", "transformers", "peft"))
-    return {"model": model_source, "model_dir": Path(spec["model_dir"]).name, "dtype": spec["dtype"],
-            "pad_id": spec["pad_id"], "lora": spec["lora"], "device": spec.get("device", "cpu"),
-            "threads": spec["threads"], "packages": versions,
-            "finetune": {k: v for k, v in spec["finetune"].items() if k not in NOT_IN_KEY}}
+    return {"model": spec.model.source, "model_dir": Path(spec.model_dir).name, "dtype": spec.model.dtype,
+            "pad_id": spec.pad_id, "lora": asdict(spec.lora), "device": spec.device,
+            "threads": spec.threads, "packages": versions,
+            "finetune": {k: v for k, v in asdict(spec.finetune).items() if k not in NOT_IN_KEY}}
 
 
 class FinetuneStore:

@@ -9,6 +9,8 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from convalue.engine.store.vectors import StoreError
+
 log = logging.getLogger("convalue")
 
 
@@ -48,3 +50,10 @@ def held(path: Path) -> bool:
             return False
     except _Held:
         return True
+
+
+def run_folder_lock(run_dir: Path) -> contextlib.AbstractContextManager:
+    """The run folder's lock, refused at once (StoreError) while another run or re-solve holds it."""
+    return exclusive(run_dir, busy=lambda: StoreError(
+        f"{run_dir}: in use by another convalue process (a run or a re-solve); wait for it to finish, "
+        "or use another run name/--out"))

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from convalue.engine.data.prepare import TARGET_KEY
+from convalue.engine.report.summary import RunSummary
 from convalue.engine.store.locks import held
 from convalue.engine.store.vectors import StoreError, read_manifest
 
@@ -14,29 +15,12 @@ from convalue.engine.store.vectors import StoreError, read_manifest
 EXIT_CODES = {"complete": 0, "failed": 1, "interrupted": 1, "running": 3}
 
 
-def read_summary(run_dir: Path, missing: str) -> dict:
-    """A run folder's summary.json as a dict: FileNotFoundError `<run_dir>: <missing>` without one, a StoreError
-    naming the file where it is not a JSON object."""
-    path = Path(run_dir) / "summary.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{run_dir}: {missing}")
-    try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise StoreError(f"{path}: not readable JSON ({exc})") from None
-    if not isinstance(summary, dict):
-        raise StoreError(f"{path}: expected a JSON object, got {type(summary).__name__}")
-    return summary
-
-
 def run_status(run_dir: Path) -> dict:
     """The folder's state (complete, failed, running: a live process holds it, interrupted: none does), what it
     stores (vectors, fine-tune records) and, from summary.json, its progress, selection and failure."""
     run_dir = Path(run_dir)
-    summary = read_summary(run_dir, "not a run folder (no summary.json)")
-    if not isinstance(summary.get("status"), str):
-        raise StoreError(f"{run_dir / 'summary.json'}: field `status` is missing (not a convalue summary)")
-    written = summary["status"]
+    summary = RunSummary.read(run_dir)
+    written = summary.status
     live = held(run_dir)
     if written in ("running", "resolving"):
         state = "running" if live else "interrupted"
@@ -46,22 +30,21 @@ def run_status(run_dir: Path) -> dict:
            "command": "solve" if written == "resolving" else "run",
            "vectors": _vectors(run_dir, summary), "finetune_records": _records(run_dir / "finetunes")}
     for field in ("failed_stage", "error", "selected", "timings_s", "progress", "finetune_stale"):
-        if summary.get(field) is not None:
-            out[field] = summary[field]
-    evaluation = summary.get("evaluation")
-    if isinstance(evaluation, dict) and isinstance(evaluation.get("best_k"), dict):
-        out["best_k"] = evaluation["best_k"]
+        if getattr(summary, field) is not None:
+            out[field] = getattr(summary, field)
+    if summary.evaluation is not None and isinstance(summary.evaluation.get("best_k"), dict):
+        out["best_k"] = summary.evaluation["best_k"]
     return out
 
 
-def _vectors(run_dir: Path, summary: dict) -> dict | None:
+def _vectors(run_dir: Path, summary: RunSummary) -> dict | None:
     """Group vectors stored (the target's included) against those the run needs; None before the store exists."""
     try:
         manifest = read_manifest(run_dir / "vectors")
     except StoreError:
         return None
     stored = {g for b in manifest["blocks"] for g in b["groups"]}
-    data = summary.get("data") if isinstance(summary.get("data"), dict) else {}
+    data = summary.data or {}
     needed = data.get("candidates") + 1 if isinstance(data.get("candidates"), int) else None
     return {"stored": len(stored), "needed": needed, "target": TARGET_KEY in stored,
             "complete": bool(manifest.get("complete"))}

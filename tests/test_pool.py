@@ -8,7 +8,7 @@ import pytest
 def test_window_assigns_by_outstanding_cost_and_names_failures(ray_session):
     import ray
 
-    from convalue.actors.dispatch import WorkItemError, windowed
+    from convalue.actors.pool import WorkItemError, windowed
 
     @ray.remote
     class Echo:

@@ -1,0 +1,129 @@
+"""Plain data and YAML files to a validated RunConfig: each value coerced to its field's type, errors naming the
+file, field and value."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from convalue.engine.config.fields import ConfigError, type_name
+from convalue.engine.config.run import RunConfig
+
+
+def _coerce(tp: Any, value: Any, path: str) -> Any:
+    """`value` as the field type `tp` (path: the field, for errors); sections are built and validated."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(inner[0], value, path)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"must be one of {list(args)}", field=path, value=value)
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError("must be a list", field=path, value=value)
+        return [_coerce(args[0], v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict) or not value:
+            raise ConfigError("must be a non-empty mapping", field=path, value=value)
+        return {_key(args[0], k, path): _coerce(args[1], v, f"{path}.{k}") for k, v in value.items()}
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, path)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError("must be true or false", field=path, value=value)
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError("must be an integer", field=path, value=value)
+        return value
+    if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads `1e-4` as a string
+            try:
+                value = float(value)
+            except ValueError:
+                raise ConfigError("must be a number", field=path, value=value) from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError("must be a number", field=path, value=value)
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError("must be a string", field=path, value=value)
+        return value
+    raise TypeError(f"unsupported config type {type_name(tp)} at {path}")
+
+
+def _key(tp: Any, key: Any, path: str) -> Any:
+    """A mapping's key as its type: str, or int (a JSON round trip writes `1` as "1", so digits are read back)."""
+    if tp is int and isinstance(key, str) and key.strip().lstrip("-").isdigit():
+        key = int(key)
+    if not isinstance(key, tp) or isinstance(key, bool):
+        raise ConfigError(f"keys must be {type_name(tp)}s", field=f"{path}.{key}", value=key)
+    return key
+
+
+def _build(cls: type, data: Any, path: str) -> Any:
+    """The section `cls` from a mapping, every field coerced, then validated (path: the section, for errors)."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError("must be a mapping", field=path or "<top level>", value=data)
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"unknown field; known fields are {sorted(names)}",
+                          field=f"{path}.{unknown[0]}" if path else unknown[0], value=data[unknown[0]])
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        sub = f"{path}.{f.name}" if path else f.name
+        if f.name in data:
+            kwargs[f.name] = _coerce(hints[f.name], data[f.name], sub)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError("is required", field=sub)
+    obj = cls(**kwargs)
+    validate = getattr(obj, "validate", None)
+    if validate is not None:
+        try:
+            validate()
+        except ConfigError as exc:
+            if exc.field is not None and exc.file is None and not exc.field.startswith(path + ".") and path:
+                raise ConfigError(exc.reason, field=f"{path}.{exc.field}", value=exc.value) from None
+            raise
+    return obj
+
+
+def config_from_dict(data: Any, *, file: str | None = None) -> RunConfig:
+    """Validate plain data into a RunConfig; errors name the file, field and value."""
+    try:
+        return _build(RunConfig, data, "")
+    except ConfigError as exc:
+        if file is None:
+            raise
+        raise ConfigError(exc.reason, file=file, field=exc.field, value=exc.value) from None
+
+
+def load_config(path: str | Path) -> RunConfig:
+    """Read and validate a YAML run config."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("config file not found", file=str(path))
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"malformed YAML: {exc}", file=str(path)) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
+                          "save the file as UTF-8", file=str(path)) from None
+    if data is None:
+        raise ConfigError("config file is empty", file=str(path))
+    return config_from_dict(data, file=str(path))

@@ -1,0 +1,77 @@
+"""RunConfig: a whole valuation run, its sections and the checks that span them."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from convalue.engine.config.fields import ConfigError, opt
+from convalue.engine.config.inputs import (
+    DataConfig,
+    FeaturesConfig,
+    LoraConfig,
+    ModelConfig,
+    ProjectionConfig,
+)
+from convalue.engine.config.settings import (
+    BootstrapConfig,
+    FinetuneConfig,
+    RayConfig,
+    SelectConfig,
+    SolverConfig,
+)
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    """A whole valuation run."""
+
+    name: str = opt("run", "Run name; outputs go to `<out>/<name>/`.")
+    out: str = opt("runs", "Parent folder of run folders.")
+    model: ModelConfig = opt(help="Base model.", factory=ModelConfig)
+    lora: LoraConfig = opt(help="LoRA adapter.", factory=LoraConfig)
+    features: FeaturesConfig = opt(help="Group representation.", factory=FeaturesConfig)
+    data: DataConfig = opt(help="Target and candidates.")
+    projection: ProjectionConfig = opt(help="Gradient projection.", factory=ProjectionConfig)
+    solver: SolverConfig = opt(help="KMM solver.", factory=lambda: SolverConfig(gamma=0.05))
+    select: SelectConfig = opt(help="Selection.", factory=SelectConfig)
+    finetune: FinetuneConfig = opt(help="Evaluation fine-tunes.", factory=FinetuneConfig)
+    bootstrap: BootstrapConfig = opt(help="Score uncertainty by bootstrap over the previews.",
+                                     factory=BootstrapConfig)
+    ray: RayConfig = opt(help="Ray cluster and workers.", factory=RayConfig)
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the first field, or combination of sections, that does not hold."""
+        if not self.name or "/" in self.name or self.name in (".", ".."):
+            raise ConfigError("must be a plain folder name", field="name", value=self.name)
+        run_dir = Path(self.out).expanduser() / self.name
+        existing = next(q for q in (run_dir, *run_dir.parents) if q.exists())  # the nearest existing path
+        if not existing.is_dir():
+            raise ConfigError(f"the run folder {run_dir} cannot be made: {existing} is a file", field="out",
+                              value=self.out)
+        if self.features.keep_per_example and (self.features.representation != "one_step"
+                                               or self.features.parameters != "lora"
+                                               or self.model.token_budget is None):
+            raise ConfigError("needs representation `one_step`, parameters `lora` and a model.token_budget "
+                              "(per-example gradients come from the packed path's hooks)",
+                              field="features.keep_per_example", value=True)
+        if self.bootstrap.samples > 0 and not self.features.keep_per_example:
+            raise ConfigError("resamples the previews' per-example vectors: set features.keep_per_example: true",
+                              field="bootstrap.samples", value=self.bootstrap.samples)
+        if self.features.parameters == "full" and self.projection.kind == "identity":
+            raise ConfigError("full-parameter gradients need a compressing projection (`countsketch`, `rademacher` "
+                              "or `gaussian`): one identity vector per group would be the size of the model",
+                              field="projection.kind", value=self.projection.kind)
+        if stray := sorted(set(self.finetune.rho_by_k or {}) - set(self.evaluation_ks())):
+            raise ConfigError(f"names budgets that are not evaluated (the budgets are {self.evaluation_ks()}: "
+                              "finetune.ks, or select.k)", field=f"finetune.rho_by_k.{stray[0]}",
+                              value=self.finetune.rho_by_k[stray[0]])
+
+    def evaluation_ks(self) -> list[int]:
+        """The evaluation protocol's budgets: finetune.ks ascending, or select.k alone."""
+        return sorted(self.finetune.ks or [self.select.k])
+
+    def to_dict(self) -> dict:
+        """The config as plain data (for summary.json and for sending to actors)."""
+        return dataclasses.asdict(self)

@@ -1,0 +1,217 @@
+"""The settings sections: the KMM solver, the selection, the evaluation fine-tunes, the bootstrap and Ray."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from convalue.engine.config.fields import ConfigError, opt
+
+
+@dataclass(kw_only=True)
+class SolverConfig:
+    """The KMM quadratic program."""
+
+    gamma: float | None = opt(None, "l1 penalty of the penalised form (paper eq. kmm_l1_penalized).")
+    budget: float | None = opt(None, "k of the budget form ||w||_1 <= k (paper eq. kmm_qp).")
+    method: Literal["auto", "active_set", "cvxpy", "cvxpy_paper"] = opt(
+        "auto", "`auto`/`active_set`: convalue's exact active-set solver; `cvxpy`: the CVXPY + OSQP reference "
+        "(tight tolerances); `cvxpy_paper`: CVXPY + OSQP called as the paper does.")
+    space: Literal["auto", "gram", "gradients"] = opt(
+        "auto", "`gram`: form K = G G^T (written to gram.npy); `gradients`: solve from the stored vectors, K formed only "
+        "on the active set (for pools whose N x N Gram does not fit in memory; whole and in memory at a dense "
+        "gamma with N <= p, where it is no larger than the vectors), no gram.npy; `auto`: `gradients` above "
+        "20,000 candidates.")
+    normalize: Literal["none", "cosine"] = opt(
+        "none", "`cosine` divides K_ij by sqrt(K_ii K_jj) and beta_i by sqrt(K_ii), removing gradient norms.")
+    costs_file: str | None = opt(
+        None, "Prices per candidate, a JSON object {group: price} or a Parquet file (group, cost): the l1 term "
+        "becomes sum_i c_i |w_i| (with `budget`: the marketplace's cost-weighted budget). Every candidate needs "
+        "exactly one price > 0; a group priced twice is an error.")
+    tol: float | None = opt(
+        None, "With `gamma`: the KKT violation (relative to max(1, max|beta|)) at which convalue's solver may stop "
+        "instead of polishing to round-off, in (0, 0.001]; dense solutions on a well-conditioned K then finish ADMM "
+        "(1.4x faster at 1000 candidates, 779 active); every other answer stays exact. null: exact. Not with "
+        "`budget` or the CVXPY methods.")
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the first field whose value does not hold."""
+        if self.space == "gradients" and self.method.startswith("cvxpy"):
+            raise ConfigError("the CVXPY reference needs the Gram matrix: use `space: gram` with it",
+                              field="method", value=self.method)
+        if self.costs_file is not None and not Path(self.costs_file).expanduser().is_file():
+            raise ConfigError("is not an existing file", field="costs_file", value=self.costs_file)
+        if (self.gamma is None) == (self.budget is None):
+            raise ConfigError("give exactly one of `gamma` or `budget`", field="gamma",
+                              value={"gamma": self.gamma, "budget": self.budget})
+        if self.gamma is not None and (not math.isfinite(self.gamma) or self.gamma < 0):
+            raise ConfigError("must be a finite number >= 0", field="gamma", value=self.gamma)
+        if self.budget is not None and (not math.isfinite(self.budget) or self.budget <= 0):
+            raise ConfigError("must be a finite number > 0", field="budget", value=self.budget)
+        if self.tol is not None:
+            if isinstance(self.tol, bool) or not math.isfinite(self.tol) or not 0 < self.tol <= 1e-3:
+                raise ConfigError("must be a number in (0, 0.001]", field="tol", value=self.tol)
+            if self.budget is not None:
+                raise ConfigError("applies to the penalised form (`gamma`) only: the budget form is solved exactly",
+                                  field="tol", value=self.tol)
+            if self.method.startswith("cvxpy"):
+                raise ConfigError(f"applies to convalue's solver, not to method {self.method!r}", field="tol",
+                                  value=self.tol)
+
+
+@dataclass(kw_only=True)
+class SelectConfig:
+    """Which candidates are bought."""
+
+    k: int = opt(3, "Select the top-k candidates with a positive score.")
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the first field whose value does not hold."""
+        if self.k <= 0:
+            raise ConfigError("must be > 0", field="k", value=self.k)
+
+
+@dataclass(kw_only=True)
+class FinetuneConfig:
+    """The fixed-compute fine-tune that shows what a selection is worth (paper Alg. 1)."""
+
+    enabled: bool = opt(True, "Run the fine-tune jobs.")
+    steps: int = opt(30, "T: optimizer steps, the same for every compared run.")
+    rho: float = opt(0.5, "Probability that a step draws a target batch (otherwise an auxiliary batch).")
+    rho_by_k: dict[int, float] | None = opt(
+        None, "Alg. 1's target-mixing ratio rho_k for some budgets: {k: rho}, e.g. {1: 0.7, 5: 0.4}; a k of `ks` not "
+              "listed uses `rho`. Every k listed must be an evaluated budget. A fine-tune at k is keyed by its rho_k, "
+              "so it is the same fine-tune as one run with `rho: rho_k`.")
+    batch_size: int = opt(4, "Examples per optimizer step.")
+    lr: float = opt(1e-4, "AdamW learning rate (cosine schedule, 3% warm-up).")
+    max_grad_norm: float = opt(1.0, "Gradient clipping norm.")
+    eval_batch_size: int = opt(8, "Batch size of the validation-loss evaluation.")
+    seed: int = opt(0, "Seed of batch sampling and the Bernoulli(rho) draws.")
+    repeats: int = opt(1, "R: fine-tunes per cell of the protocol, seeded seed, seed + 1, ..., seed + R - 1; the "
+                          "run reports each cell's mean validation loss and its sample standard deviation over "
+                          "the R seeds (paper App., multi-seed results), and best k and Borda on the means. The seeds "
+                          "vary the training's draws and the random baseline's order (see `random_orders`); the "
+                          "adapter starts at lora.init_seed, the valuation's linearisation point.")
+    random_orders: Literal["per_seed", "one"] = opt(
+        "per_seed", "The random baseline's order under `repeats`: `per_seed` (seed s draws its own order, so the "
+        "cell's mean and the paired differences are over random selections as well as the training's draws) or "
+        "`one` (every seed buys the order of `seed`: the spread is the training's alone). With one seed both are "
+        "the order of `seed`.")
+    mixture: Literal["uniform", "proportional", "softmax", "given"] = opt(
+        "uniform", "How an auxiliary step picks one of the bought groups (paper App., auxiliary weighting): "
+        "`uniform` (each alike), `proportional` (to its number of usable examples), `softmax` (softmax of the "
+        "method's scores of the bought groups over `mixture_temperature`: the scores as mixture weights; the random "
+        "baseline's scores are an order, so it stays uniform), `given` (the user's `mixture_weights`, e.g. the "
+        "paper's popularity weights). The weights are normalised over each run's bought groups and are in its row.")
+    mixture_weights: dict[str, float] | None = opt(
+        None, "Weights of `mixture: given`: {group name: weight > 0} naming every candidate group, or only some with "
+              "`mixture_default_weight` (a weight is relative: only the bought groups' weights are normalised, so "
+              "{english: 2, hindi: 1} draws english twice as often as hindi where both are bought).")
+    mixture_default_weight: float | None = opt(
+        None, "Weight of `mixture: given` for a candidate group that `mixture_weights` does not name (the paper's "
+              "popularity table gives the datasets it does not list its lowest tier; with a flat pool, the clusters "
+              "whose names a run has not shown yet). null: `mixture_weights` must name every candidate.")
+    mixture_temperature: float = opt(1.0, "T of `mixture: softmax`: weights exp(s_i / T), normalised; the scores' scale "
+                                          "differs by method (KMM's w, beta, the cosine), so a lower T sharpens them.")
+    baselines: list[Literal["target_only", "alignment", "cosine", "random"]] = opt(
+        help="Comparison runs with the same step budget: `target_only` (rho = 1, the same at every k); and "
+        "methods ranked like KMM at every k in `ks`: `alignment` (top-k by beta), `cosine` (top-k by the "
+        "cosine of g_i and g_tar: the paper's one-step baseline, free of gradient norms), `random` (a seeded "
+        "random order, from `seed`; under `repeats`, see `random_orders`).", factory=lambda: ["target_only"])
+    ks: list[int] | None = opt(
+        None, "The budgets K of the evaluation protocol (paper Alg. 1): KMM and every ranked baseline are "
+        "fine-tuned on their top-k positive groups at each k, and the run reports each method's best k and its "
+        "Borda count over K. null: [select.k].")
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the first field whose value does not hold."""
+        if self.steps <= 0:
+            raise ConfigError("must be > 0", field="steps", value=self.steps)
+        if not 0 <= self.rho <= 1:
+            raise ConfigError("must be in [0, 1]", field="rho", value=self.rho)
+        if self.batch_size <= 0:
+            raise ConfigError("must be > 0", field="batch_size", value=self.batch_size)
+        if not (self.mixture_temperature > 0 and math.isfinite(self.mixture_temperature)):
+            raise ConfigError("must be a finite number > 0", field="mixture_temperature", value=self.mixture_temperature)
+        if self.repeats <= 0:
+            raise ConfigError("must be >= 1", field="repeats", value=self.repeats)
+        for k, r in (self.rho_by_k or {}).items():
+            if k <= 0 or not 0 <= r <= 1:
+                raise ConfigError("must map budgets k > 0 to ratios in [0, 1]", field=f"rho_by_k.{k}", value=r)
+        if self.mixture == "given" and self.mixture_weights is None:
+            raise ConfigError("is required with `mixture: given` ({group name: weight})", field="mixture_weights")
+        for name in ("mixture_weights", "mixture_default_weight"):
+            if self.mixture != "given" and getattr(self, name) is not None:
+                raise ConfigError(f"must be `given` to use {name} (or drop {name})", field="mixture",
+                                  value=self.mixture)
+        weights = {f"mixture_weights.{name}": v for name, v in (self.mixture_weights or {}).items()}
+        if self.mixture_default_weight is not None:
+            weights["mixture_default_weight"] = self.mixture_default_weight
+        for where, v in weights.items():
+            if not (v > 0 and math.isfinite(v)):
+                raise ConfigError("must be a finite number > 0", field=where, value=v)
+        if self.eval_batch_size <= 0:
+            raise ConfigError("must be > 0", field="eval_batch_size", value=self.eval_batch_size)
+        if not self.lr > 0:
+            raise ConfigError("must be > 0", field="lr", value=self.lr)
+        if len(set(self.baselines)) != len(self.baselines):
+            raise ConfigError("lists a baseline twice", field="baselines", value=self.baselines)
+        if self.ks is not None:
+            if not self.ks or any(k <= 0 for k in self.ks) or len(set(self.ks)) != len(self.ks):
+                raise ConfigError("must list distinct budgets k > 0 (or be null: select.k alone)", field="ks",
+                                  value=self.ks)
+
+    def seeds(self) -> list[int]:
+        """The seeds every protocol cell is fine-tuned under: seed and the next repeats - 1."""
+        return [self.seed + r for r in range(self.repeats)]
+
+    def random_order_seed(self, seed: int) -> int:
+        """The seed of the random baseline's order in the fine-tunes of `seed` (see random_orders)."""
+        return seed if self.random_orders == "per_seed" else self.seed
+
+    def rho_at(self, k: int | None) -> float:
+        """rho_k of Alg. 1: the ratio of budget k (None: the target-only run), `rho` unless `rho_by_k` lists k."""
+        return (self.rho_by_k or {}).get(k, self.rho)
+
+
+@dataclass(kw_only=True)
+class BootstrapConfig:
+    """Uncertainty of the scores: KMM re-solved on previews resampled with replacement."""
+
+    samples: int = opt(0, "B: bootstrap resamples. Each draws every group's preview examples (and the target's) with "
+                          "replacement, re-forms the group vectors, K and beta in the run's metric, and solves KMM "
+                          "with the run's solver settings; the run reports each group's score spread and how often "
+                          "it is selected (bootstrap.parquet). 0: off. Needs features.keep_per_example. The "
+                          "resamples are spread over ray.workers solver actors (ray.cpus_per_worker CPUs each); "
+                          "each has its own seed, so the result does not depend on the spread.")
+    seed: int = opt(0, "Seed of the resampling.")
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the first field whose value does not hold."""
+        if self.samples < 0:
+            raise ConfigError("must be >= 0", field="samples", value=self.samples)
+
+
+@dataclass(kw_only=True)
+class RayConfig:
+    """Where and how wide the run goes."""
+
+    address: str | None = opt(None, "Existing cluster (`auto`, `ray://…` or host:port); absent: an embedded local cluster. "
+                              "`--address` and RAY_ADDRESS override it.")
+    workers: int = opt(2, "W: gradient-worker actors, each holding one model replica.")
+    cpus_per_worker: int = opt(1, "CPUs (and torch threads) per worker.")
+    gpus_per_worker: float = opt(0.0, "GPUs per worker (0: CPU).")
+    max_in_flight: int = opt(2, "Calls in flight per worker (backpressure).")
+    groups_per_call: int = opt(4, "Groups featurised per actor call (one returned block; their examples are packed together).")
+    object_store_memory_mb: int | None = opt(None, "Object store size of the embedded cluster (default: Ray's).")
+    dashboard: bool = opt(False, "Start the Ray dashboard with the embedded cluster (about 0.9 GB more memory).")
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the first field whose value does not hold."""
+        for name in ("workers", "cpus_per_worker", "max_in_flight", "groups_per_call"):
+            if getattr(self, name) <= 0:
+                raise ConfigError("must be > 0", field=name, value=getattr(self, name))
+        if self.gpus_per_worker < 0:
+            raise ConfigError("must be >= 0", field="gpus_per_worker", value=self.gpus_per_worker)

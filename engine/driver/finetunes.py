@@ -1,0 +1,140 @@
+"""The evaluation stage (paper Alg. 1): every cell of the protocol fine-tuned under each seed as a Ray task, each
+distinct selection once per seed and only where the run folder does not hold it already."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import ray
+
+from convalue.actors.finetune_job import base_eval_task, finetune_task
+from convalue.actors.pool import windowed
+from convalue.actors.progress import Progress
+from convalue.engine.config import RunConfig
+from convalue.engine.data.prepare import PreparedData
+from convalue.engine.model.spec import ReplicaSpec
+from convalue.engine.model.tokenize import tokenize_examples
+from convalue.engine.protocol.evaluate import (
+    PlannedRun,
+    distinct_jobs,
+    mix_runs,
+    plan_runs,
+    summarise,
+)
+from convalue.engine.store.finetunes import FinetuneStore, job_settings
+
+log = logging.getLogger("convalue")
+
+
+@dataclass(frozen=True)
+class FinetuneTask:
+    """One fine-tune to run: job j of the distinct jobs under one seed (-1: the base model's loss alone)."""
+
+    index: int
+    label: str
+    seed: int | None
+
+    def __repr__(self) -> str:
+        return "base-model evaluation" if self.index < 0 else f"fine-tune {self.label!r} (seed {self.seed})"
+
+
+@dataclass
+class FinetuneOutcome:
+    """The protocol's rows (one per cell and seed) and its evaluation; while it runs, the fine-tunes finished so
+    far, which a failed summary lists (`finished`)."""
+
+    rows: list[dict] = field(default_factory=list)
+    evaluation: dict | None = None
+    finished: list[dict] = field(default_factory=list)
+
+
+def effective_rho(run: PlannedRun, cfg: RunConfig) -> float:
+    """The share of target steps a run was drawn with: its rho_k, finetune.rho, or 1 with no group bought."""
+    return 1.0 if not run.groups else run.rho if run.rho is not None else cfg.finetune.rho
+
+
+def run_protocol(cfg: RunConfig, spec: ReplicaSpec, tokenizer, data: PreparedData, names: list[str],
+                 scores: dict[int, dict[str, np.ndarray]], beta: np.ndarray, given: dict[str, float] | None,
+                 run_dir: Path, progress: Progress, outcome: FinetuneOutcome) -> FinetuneOutcome:
+    """Fine-tune every cell under each of its seeds (`scores`: each method's scores by seed, the random order may
+    differ; `given`: every candidate's weight under `mixture: given`). `outcome` is filled as fine-tunes finish,
+    so a caller that catches a failure still has what was done."""
+    groups = {g.name: g for g in data.candidates}
+    tokens: dict[str, list] = {}  # each group tokenised once, however many runs use it
+
+    def usable(name: str) -> list:
+        if name not in tokens:
+            toks = tokenize_examples(tokenizer, groups[name].examples, cfg.model.max_length)
+            tokens[name] = [t for t in toks if t.n_response > 0]
+        return tokens[name]
+
+    ks, seeds = cfg.evaluation_ks(), cfg.finetune.seeds()
+    plans = {s: plan_runs(names, scores[s], beta, ks, "target_only" in cfg.finetune.baselines, cfg.finetune.rho_at)
+             for s in seeds}  # one per seed, alike but for a random order per seed
+    sizes = {n: len(usable(n)) for plan in plans.values() for r in plan for n in r.groups}
+    plans = {s: mix_runs(plan, cfg.finetune.mixture, scores[s], names, sizes, cfg.finetune.mixture_temperature,
+                         given) for s, plan in plans.items()}
+    cells = [(s, i) for s in seeds for i in range(len(plans[s]))]
+    jobs, served_by = distinct_jobs([plans[s][i] for s, i in cells])
+    job_of = dict(zip(cells, served_by))
+    store = FinetuneStore(run_dir / "finetunes", job_settings(spec), data.target_train, data.target_val)
+    auxes = [{n: usable(n) for n in job.groups} for job in jobs]
+    tasks = list(dict.fromkeys((job_of[c], c[0]) for c in cells))  # seed-major: every cell has a loss early
+    keys = [store.job_key(auxes[j], seed, jobs[j].weight_map(), jobs[j].rho) for j, seed in tasks]
+    results: list[dict | None] = [store.get(k) for k in keys]
+    base = store.get_base()
+    todo = [i for i, r in enumerate(results) if r is None]
+    trained = set(todo)
+    progress.total("finetune", len(tasks))
+    progress.advance("finetune", len(tasks) - len(todo))
+    log.info("%d fine-tunes for %d protocol runs (%d methods x k in %s) x %d seed(s); %d stored in %s", len(tasks),
+             len(plans[seeds[0]]), len(scores[seeds[0]]), ks, len(seeds), len(tasks) - len(todo), store.root)
+    opts = {"num_cpus": cfg.ray.cpus_per_worker, "num_gpus": cfg.ray.gpus_per_worker}
+    train, val = ray.put(data.target_train), ray.put(data.target_val)
+    first = todo[0] if todo else None
+
+    def submit(_: object, task: FinetuneTask):
+        if task.index < 0:
+            return base_eval_task.options(**opts).remote(spec, val)
+        j, seed = tasks[task.index]
+        return finetune_task.options(**opts).remote(spec.for_job(seed, jobs[j].rho), jobs[j].label, train, auxes[j],
+                                                    val, base is None and task.index == first, jobs[j].weight_map())
+
+    payloads = [FinetuneTask(i, jobs[tasks[i][0]].label, tasks[i][1]) for i in todo]
+    if base is None and not todo:
+        payloads.append(FinetuneTask(-1, "base", None))
+    window = max(1, cfg.ray.workers * cfg.ray.max_in_flight)
+    try:
+        for done, (task, result) in enumerate(windowed([None], payloads, submit, window), start=1):
+            if task.index < 0:
+                base = result
+                store.put_base(base)
+                continue
+            i = task.index
+            results[i] = result.to_dict()
+            store.put(keys[i], results[i])
+            progress.advance("finetune")
+            if results[i]["base_val_loss"] is not None:
+                base = results[i]["base_val_loss"]
+                store.put_base(base)
+            log.info("fine-tune %d/%d done: %s (seed %d), validation loss %.4f", done, len(todo), task.label,
+                     task.seed, results[i]["val_loss"])
+    finally:  # on a failure (or Ctrl-C) the protocol is incomplete: say what it had
+        outcome.finished = [{"label": jobs[j].label, "groups": list(jobs[j].groups), "weights": jobs[j].weight_map(),
+                             "rho": effective_rho(jobs[j], cfg), "seed": seed, "val_loss": results[i]["val_loss"],
+                             "reused": i not in trained}
+                            for i, (j, seed) in enumerate(tasks) if results[i] is not None]
+    index = {task: i for i, task in enumerate(tasks)}
+    rows = []
+    for i in range(len(plans[seeds[0]])):  # cell by cell, each with its seeds
+        for s in seeds:
+            run, t = plans[s][i], index[job_of[s, i], s]
+            rows.append(results[t] | {"label": run.label, "method": run.method, "k": run.k, "seed": s,
+                                      "weights": run.weight_map(), "rho": effective_rho(run, cfg),
+                                      "base_val_loss": base, "reused": t not in trained})
+    outcome.rows = rows
+    outcome.evaluation = summarise(rows, ks) | {"fine_tunes": {"trained": len(todo), "reused": len(tasks) - len(todo)}}
+    return outcome

@@ -1,0 +1,106 @@
+"""The run's Ray: which cluster to join (or an embedded one), connected once when a stage first needs it, and the
+stage timer that reports to the run's progress actor."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+
+import ray
+
+from convalue.actors.progress import Progress
+from convalue.engine.config import RunConfig
+
+log = logging.getLogger("convalue")
+WORKER_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+class ClusterError(RuntimeError):
+    """The Ray cluster named by --address, RAY_ADDRESS or ray.address cannot be reached."""
+
+
+def cluster_address(cfg: RunConfig, address: str | None) -> tuple[str, str] | None:
+    """(address, where it was given) of the cluster to join: --address, else RAY_ADDRESS, else ray.address."""
+    for value, source in ((address, "--address"), (os.environ.get("RAY_ADDRESS"), "RAY_ADDRESS"),
+                          (cfg.ray.address, "ray.address")):
+        if value:
+            return value, source
+    return None
+
+
+def check_reachable(addr: str, source: str, timeout: float = 5.0) -> None:
+    """Refuse a host:port (or ray://host:port) where nothing listens, in seconds: ray.init retries for minutes."""
+    host, sep, port = addr.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return  # `auto`, or another form that Ray resolves itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ClusterError(f"cannot reach a Ray cluster at {addr} (given by {source}): {exc}; start one with "
+                           "`ray start --head`, or give no address for an embedded cluster") from None
+
+
+def connect(cfg: RunConfig, addr: str | None) -> bool:
+    """Join the cluster at addr (cluster_address), or start an embedded one; True if this call started Ray."""
+    if ray.is_initialized():
+        return False
+    if addr:
+        # an existing cluster (or a Ray job's driver) owns the runtime env: passing one here conflicts
+        # with the job's ("Failed to merge the Job's runtime env"); cluster/submit.sh sets HF_HUB_OFFLINE
+        ray.init(address=addr)
+        return True
+    need = cfg.ray.workers * cfg.ray.cpus_per_worker
+    kwargs = {}
+    if cfg.ray.object_store_memory_mb:
+        kwargs["object_store_memory"] = cfg.ray.object_store_memory_mb * 2**20
+    ray.init(num_cpus=max(os.cpu_count() or 1, need), include_dashboard=cfg.ray.dashboard,
+             log_to_driver=False, runtime_env={"env_vars": WORKER_ENV}, **kwargs)
+    return True
+
+
+class RaySession:
+    """The run's Ray: connected once, when a stage first needs it; shut down at the end only if the run started it."""
+
+    def __init__(self, cfg: RunConfig, addr: str | None):
+        self.cfg, self.addr, self.connected, self.started = cfg, addr, False, False
+        self.progress: Progress | None = None
+
+    def up(self) -> None:
+        """Connect (or start an embedded Ray) unless already done, and start the run's progress actor."""
+        if not self.connected:
+            self.started, self.connected = connect(self.cfg, self.addr), True
+            self.progress = Progress(self.cfg.name)
+
+    def close(self) -> None:
+        """Stop the progress actor; shut down a Ray this run started."""
+        if self.progress is not None:
+            self.progress.close()
+        if self.started:
+            ray.shutdown()
+
+
+class Timer:
+    """Wall time per named stage, logged, and reported to the run's progress actor once Ray is up."""
+
+    def __init__(self, progress: Callable[[], Progress | None] = lambda: None) -> None:
+        self.seconds: dict[str, float] = {}
+        self.progress = progress
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Time the with-block as stage `name`."""
+        t0 = time.perf_counter()
+        log.info("stage %s ...", name)
+        if (p := self.progress()) is not None:
+            p.begin(name)
+        try:
+            yield
+        finally:
+            self.seconds[name] = round(time.perf_counter() - t0, 3)
+            log.info("stage %s done in %.1f s", name, self.seconds[name])
+            if (p := self.progress()) is not None:
+                p.end(name, self.seconds[name])

@@ -1,4 +1,4 @@
-"""The bootstrap over the previews on one solver actor (the former width) against ray.workers actors.
+"""The bootstrap over the previews on one solver actor (the baseline) against ray.workers actors, in one run.
 
 Per-example vectors: N groups of m examples, each example its group's clustered synthetic gradient
 (bench/synthetic.py) plus noise, float32 as the vector store keeps them; the target's m examples around
@@ -16,16 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
+from synthetic import case, clustered_gradients  # bench/synthetic.py, beside this script
 
-sys.path[0] = str(Path(__file__).resolve().parents[1])
-
-from bench.synthetic import case, clustered_gradients  # noqa: E402
-from convalue.engine.data.prepare import TARGET_KEY  # noqa: E402
+from convalue.engine.data.prepare import TARGET_KEY
 
 
 def per_example_vectors(n: int, p: int, m: int, seed: int = 0) -> tuple[dict[str, np.ndarray], list[str]]:
@@ -53,18 +49,18 @@ def main() -> None:
     import ray
 
     from convalue.actors.solver import bootstrap_on_actors
+    from convalue.engine.selection.solve import SolveSpec
 
     (n, p), B = args.case, args.samples
     examples, names = per_example_vectors(n, p, args.m)
-    run = {"metric": "euclidean", "space": "gram", "k": 5,
-           "settings": {"gamma": 5e-2, "normalize": "cosine", "method": "auto", "rank_bound": p}}
+    spec, k = SolveSpec(gamma=5e-2, normalize="cosine", rank_bound=p), 5  # the demo's solve, in Gram space
     ray.init(num_cpus=max(args.workers, 1), include_dashboard=False, log_to_driver=False, configure_logging=False)
     times: dict[int, list[float]] = {1: [], args.workers: []}
     results = {}
     for _ in range(args.repeats):
         for width in times:
             t0 = time.perf_counter()
-            results[width] = bootstrap_on_actors(examples, names, run, B, seed=0, workers=width)
+            results[width] = bootstrap_on_actors(examples, names, spec, k, B, seed=0, workers=width)
             times[width].append(time.perf_counter() - t0)
     ray.shutdown()
     one, spread = statistics.median(times[1]), statistics.median(times[args.workers])

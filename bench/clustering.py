@@ -14,11 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
-from pathlib import Path
 
-sys.path[0] = str(Path(__file__).resolve().parents[1])
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -39,7 +36,7 @@ def main() -> None:
     import torch
 
     from convalue.actors.embedder import embed_on_workers
-    from convalue.engine.config.sections import SourceConfig
+    from convalue.engine.config import SourceConfig
     from convalue.engine.data.clustering import (
         embed_texts,
         embedding_dir,

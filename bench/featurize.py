@@ -17,14 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
-sys.path[0] = str(Path(__file__).resolve().parents[1])
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -35,7 +32,7 @@ def naive_group_gradient(model, params, examples, pad_id: int, device: str = "cp
     """The reference loop: batch size 1, full logits, backward per example, copy to CPU, mean."""
     import torch
 
-    from convalue.engine.features.gradients import pad_batch
+    from convalue.engine.features.batching import pad_batch
     from convalue.engine.model.tokenize import IGNORE
 
     total = None
@@ -61,7 +58,7 @@ LANGS = ["english", "spanish", "german", "italian", "portuguese", "dutch", "fren
 
 def bench_items(tok, groups: int, m: int, max_length: int) -> list:
     """The first `groups` chatterbot languages as candidate groups of m examples (marathi is the target)."""
-    from convalue.engine.config.sections import DataConfig, SourceConfig
+    from convalue.engine.config import DataConfig, SourceConfig
     from convalue.engine.data.prepare import prepare
 
     return prepare(DataConfig(target=SourceConfig(kind="chatterbot", include=["marathi"]),
@@ -71,7 +68,7 @@ def bench_items(tok, groups: int, m: int, max_length: int) -> list:
 
 def grpo_bench_items(tok, prompts: int, max_length: int) -> list:
     """Two mathematics modules (arithmetic__mul, numbers__gcd) as GRPO candidate groups of `prompts` prompts."""
-    from convalue.engine.config.sections import DataConfig, SourceConfig
+    from convalue.engine.config import DataConfig, SourceConfig
     from convalue.engine.data.prepare import prepare
 
     return prepare(DataConfig(
@@ -80,104 +77,47 @@ def grpo_bench_items(tok, prompts: int, max_length: int) -> list:
         preview_size=prompts), tok, max_length, grpo=True).items
 
 
-def grpo_spec(spec: dict) -> dict:
+def worker_spec(model_dir, pad_id: int, token_budget: int, *, dim: int = 8192, device: str = "cpu",
+                max_length: int = 128, split_cost_tokens: int | None = None):
+    """The ReplicaSpec a GradientWorker (or build_featurizer) gets in the benches: float32, the default LoRA and
+    features, CountSketch to dim (seed 0), batches of token_budget tokens, 1 thread."""
+    from convalue.engine.config import (
+        FeaturesConfig,
+        FinetuneConfig,
+        LoraConfig,
+        ModelConfig,
+        ProjectionConfig,
+    )
+    from convalue.engine.model.spec import ReplicaSpec
+
+    model = ModelConfig(source=str(model_dir), dtype="float32", batch_size=8, max_length=max_length,
+                        token_budget=token_budget, split_cost_tokens=split_cost_tokens)
+    return ReplicaSpec(model_dir=str(model_dir), model=model, lora=LoraConfig(), features=FeaturesConfig(),
+                       projection=ProjectionConfig(kind="countsketch", dim=dim, seed=0), finetune=FinetuneConfig(),
+                       pad_id=pad_id, threads=1, device=device)
+
+
+def variant(spec, *, dtype: str | None = None, device: str | None = None, **features):
+    """`spec` with another dtype, device or features fields (e.g. representation="task_vector")."""
+    from dataclasses import replace
+
+    from convalue.engine.config import FeaturesConfig
+
+    out = replace(spec, features=FeaturesConfig(**features)) if features else spec
+    if dtype is not None:
+        out = replace(out, model=replace(out.model, dtype=dtype))
+    return replace(out, device=device) if device is not None else out
+
+
+def grpo_spec(spec):
     """`spec` with the GRPO representation of the benches: numeric_closeness reward, G = 8, 24 new tokens."""
-    from convalue.engine.config.sections import FeaturesConfig
-
-    return spec | {"features": asdict(FeaturesConfig(representation="grpo", grpo_reward="numeric_closeness",
-                                                     grpo_generations=8, grpo_max_new_tokens=24))}
-
-
-def worker_spec(model_dir, pad_id: int, token_budget: int, *, dim: int = 8192, device: str = "cpu", **extra) -> dict:
-    """The GradientWorker / build_featurizer spec of the benches: float32, the default LoRA, CountSketch to dim
-    (seed 0), 1 thread; `extra` adds or overrides keys."""
-    from convalue.engine.config.sections import LoraConfig, ProjectionConfig
-
-    return {"model_dir": str(model_dir), "dtype": "float32", "lora": asdict(LoraConfig()),
-            "projection": asdict(ProjectionConfig(kind="countsketch", dim=dim, seed=0)), "pad_id": pad_id,
-            "batch_size": 8, "threads": 1, "device": device, "token_budget": token_budget, "features": {}} | extra
+    return variant(spec, representation="grpo", grpo_reward="numeric_closeness", grpo_generations=8,
+                   grpo_max_new_tokens=24)
 
 
 def min_cosine(A: dict[str, np.ndarray], B: dict[str, np.ndarray]) -> float:
     """Smallest cosine between same-named vectors of A and B (over B's names)."""
     return min(float(A[n] @ B[n] / (np.linalg.norm(A[n]) * np.linalg.norm(B[n]))) for n in B)
-
-
-def add_data_args(ap) -> None:
-    """The in-process featuriser benches' data options (the defaults are bench/featurize.py's)."""
-    ap.add_argument("--groups", type=int, default=16)
-    ap.add_argument("--m", type=int, default=4)
-    ap.add_argument("--max-length", type=int, default=64)
-    ap.add_argument("--token-budget", type=int, default=2048)
-    ap.add_argument("--groups-per-call", type=int, default=4)
-    ap.add_argument("--passes", type=int, default=4)
-    ap.add_argument("--model", default="smollm2-135m-instruct",
-                    help="model.source: the built-in SmolLM2-135M or a local Hugging Face folder (the tests pass a tiny one)")
-
-
-def one_featurizer(args) -> tuple:
-    """(model_dir, tokenizer, items, blocks, featuriser) of the in-process benches: one GroupGradients on 1 torch
-    thread as a worker builds it, warmed up on one group."""
-    import torch
-
-    from convalue.engine.config.sections import ModelConfig
-    from convalue.engine.features.gradients import plan_blocks
-    from convalue.engine.features.replica import build_featurizer
-    from convalue.engine.model.loading import load_tokenizer, resolve_model_dir
-
-    torch.set_num_threads(1)
-    model_dir = resolve_model_dir(ModelConfig(source=args.model))
-    tok = load_tokenizer(model_dir)
-    items = bench_items(tok, args.groups, args.m, args.max_length)
-    blocks = plan_blocks(items, args.groups_per_call)
-    f = build_featurizer(worker_spec(model_dir, tok.pad_token_id, args.token_budget))
-    f.featurize(blocks[0][:1])
-    return model_dir, tok, items, blocks, f
-
-
-def interleaved_passes(f, blocks: list, variants: dict, passes: int
-                       ) -> tuple[dict[str, list[float]], dict[str, dict[str, np.ndarray]]]:
-    """(seconds of each pass, last vectors by group) of each variant over `blocks` on the featuriser `f`; every
-    pass runs all variants in turn (variants: name -> a function that switches f to it), so the drift of this
-    shared host hits all alike."""
-    times: dict[str, list[float]] = {v: [] for v in variants}
-    vectors: dict[str, dict[str, np.ndarray]] = {}
-    for _ in range(passes):
-        for v, switch in variants.items():
-            switch()
-            t0 = time.perf_counter()
-            vectors[v] = {name: x for b in blocks for name, x in zip([it.name for it in b], f.featurize(b))}
-            times[v].append(time.perf_counter() - t0)
-    return times, vectors
-
-
-def variant_flops(f, blocks: list, variants: dict) -> dict[str, int]:
-    """FLOPs (torch.utils.flop_counter, forward and backward) of one pass of each variant over `blocks`."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    flops = {}
-    for v, switch in variants.items():
-        switch()
-        with FlopCounterMode(display=False) as counter:
-            for b in blocks:
-                f.featurize(b)
-        flops[v] = counter.get_total_flops()
-    return flops
-
-
-def naive_flops(model_dir, items: list, pad_id: int) -> int:
-    """FLOPs of the naive loop (a) over `items`, forward and backward, on a fresh replica."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from convalue.engine.config.sections import FeaturesConfig, LoraConfig
-    from convalue.engine.features.replica import featurised_parameters
-    from convalue.engine.model.loading import load_model
-
-    model, named = featurised_parameters(load_model(model_dir), FeaturesConfig(), LoraConfig())
-    with FlopCounterMode(display=False) as counter:
-        for it in items:
-            naive_group_gradient(model, [p for _, p in named], it.examples, pad_id)
-    return counter.get_total_flops()
 
 
 def start_ray(num_cpus: int) -> None:
@@ -188,7 +128,7 @@ def start_ray(num_cpus: int) -> None:
              _node_ip_address="127.0.0.1", runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}})
 
 
-def start_workers(spec: dict, n_workers: int, warmup: list, num_gpus: float = 0.0) -> tuple[list, float]:
+def start_workers(spec, n_workers: int, warmup: list, num_gpus: float = 0.0) -> tuple[list, float]:
     """(n_workers GradientWorkers, their start-up seconds), each then warmed up on the work items `warmup`."""
     import ray
 
@@ -206,8 +146,8 @@ def time_blocks(workers: list, blocks: list) -> tuple[float, dict[str, np.ndarra
     """(seconds, vectors by group, each worker's busy seconds, each block's seconds in the order of `blocks`) of
     `blocks` on `workers`, dispatched as the pipeline does (longest first, to the worker with the fewest
     outstanding tokens, two calls in flight each)."""
-    from convalue.actors.dispatch import windowed
-    from convalue.engine.features.gradients import block_tokens
+    from convalue.actors.pool import windowed
+    from convalue.engine.features.batching import block_tokens
 
     index = {id(b): i for i, b in enumerate(blocks)}
     t0 = time.perf_counter()
@@ -254,7 +194,7 @@ def ray_cpu_share(seconds: float) -> dict[str, float]:
     return dict(sorted(shares.items(), key=lambda kv: -kv[1]))
 
 
-def featurize_on_ray(spec: dict, blocks: list, n_workers: int, num_gpus: float = 0.0
+def featurize_on_ray(spec, blocks: list, n_workers: int, num_gpus: float = 0.0
                      ) -> tuple[float, float, dict[str, np.ndarray], list[float]]:
     """(seconds, worker start-up seconds, vectors by group, each worker's busy seconds) of `blocks` on
     n_workers fresh GradientWorkers (a warm-up call first, then timed); the workers are killed after."""
@@ -277,6 +217,8 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=8192)
     ap.add_argument("--split-cost-tokens", type=int, default=None, help="as model.split_cost_tokens (a huge value: no cuts)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of (a), (b), (c); the best of each is reported")
+    ap.add_argument("--model", default="smollm2-135m-instruct",
+                    help="model.source: the built-in SmolLM2-135M or a local Hugging Face folder (the tests pass a tiny one)")
     ap.add_argument("--ray-idle-s", type=float, default=20.0,
                     help="seconds to sample the CPU use of Ray's own processes with every actor idle (0: skip)")
     args = ap.parse_args()
@@ -286,24 +228,22 @@ def main() -> None:
     import ray
     import torch
 
-    from convalue.engine.config.sections import (
+    from convalue.engine.config import (
         FeaturesConfig,
-        LoraConfig,
         ModelConfig,
-        ProjectionConfig,
     )
-    from convalue.engine.features.gradients import block_tokens, plan_blocks
+    from convalue.engine.features.batching import block_tokens, plan_blocks
     from convalue.engine.features.projection import make_projector
     from convalue.engine.features.replica import featurised_parameters
     from convalue.engine.model.loading import load_model, load_tokenizer, resolve_model_dir
 
-    model_dir = resolve_model_dir(ModelConfig())
+    model_dir = resolve_model_dir(ModelConfig(source=args.model))
     tok = load_tokenizer(model_dir)
     items = bench_items(tok, args.groups, args.m, args.max_length)
     tokens = sum(len(e) for it in items for e in it.examples)
     spec = worker_spec(model_dir, tok.pad_token_id, args.token_budget, dim=args.dim,
                        split_cost_tokens=args.split_cost_tokens)
-    lora, proj_cfg = LoraConfig(**spec["lora"]), ProjectionConfig(**spec["projection"])
+    lora, proj_cfg = spec.lora, spec.projection
 
     # every round times (a), (b) and (c) in turn, so a slow spell of this shared host hits all three alike
     torch.set_num_threads(1)

@@ -14,7 +14,7 @@
     those same completions on the GPU (fp32 and bf16 autocast) against the CPU (sampling itself draws from
     another random stream on each device, so only the gradient given the completions can be compared).
 Checks (b), (c), (d) against (a) and (b) against the CPU featuriser by cosine, prints tokens/s and
-ratios, and ends with one JSON line. The CPU targets of issue 4 live in bench/featurize.py.
+ratios, and ends with one JSON line. The CPU targets are bench/featurize.py's.
 
     python bench/featurize_gpu.py [--groups 18 --m 32 --max-length 256 --token-budget 16384]
 
@@ -28,14 +28,9 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict
-from pathlib import Path
 
 import numpy as np
-
-sys.path[0] = str(Path(__file__).resolve().parents[1])  # bench.featurize sets the offline environment on import
-
-from bench.featurize import (  # noqa: E402
+from featurize import (  # bench/featurize.py, beside this script; it sets the offline environment on import
     bench_items,
     featurize_on_ray,
     grpo_bench_items,
@@ -43,6 +38,7 @@ from bench.featurize import (  # noqa: E402
     min_cosine,
     naive_group_gradient,
     start_ray,
+    variant,
     worker_spec,
 )
 
@@ -63,6 +59,8 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=8192)
     ap.add_argument("--cpu-groups", type=int, default=3, help="groups also featurised on the CPU for the cosine")
     ap.add_argument("--grpo-prompts", type=int, default=8, help="(g): prompts per mathematics group (2 groups, G = 8)")
+    ap.add_argument("--model", default="smollm2-135m-instruct",
+                    help="model.source: the built-in SmolLM2-135M or a local Hugging Face folder (the tests pass a tiny one)")
     ap.add_argument("--skip-ray", action="store_true", help="leave out (d), for a machine without Ray installed")
     ap.add_argument("--profile", type=int, default=0, help="print this many rows of a torch.profiler table "
                     "(one block, fp32 and bf16)")
@@ -70,13 +68,11 @@ def main() -> None:
 
     import torch
 
-    from convalue.engine.config.sections import (
+    from convalue.engine.config import (
         FeaturesConfig,
-        LoraConfig,
         ModelConfig,
-        ProjectionConfig,
     )
-    from convalue.engine.features.gradients import WorkItem, plan_blocks
+    from convalue.engine.features.batching import WorkItem, plan_blocks
     from convalue.engine.features.projection import make_projector
     from convalue.engine.features.replica import build_featurizer, featurised_parameters
     from convalue.engine.model.loading import load_model, load_tokenizer, resolve_model_dir
@@ -86,20 +82,20 @@ def main() -> None:
                  "use --device cpu for a dry run")
     dev = args.device
     gpu = torch.cuda.get_device_name(0) if dev.startswith("cuda") else "none"
-    model_dir = resolve_model_dir(ModelConfig())
+    model_dir = resolve_model_dir(ModelConfig(source=args.model))
     tok = load_tokenizer(model_dir)
     items = bench_items(tok, args.groups, args.m, args.max_length)
     tokens = sum(len(e) for it in items for e in it.examples)
     spec = worker_spec(model_dir, tok.pad_token_id, args.token_budget, dim=args.dim, device=dev,
                        max_length=args.max_length)
-    lora, proj = LoraConfig(**spec["lora"]), ProjectionConfig(**spec["projection"])
+    lora, proj = spec.lora, spec.projection
     blocks = plan_blocks(items, args.groups_per_call)
 
     def sync() -> None:
         if dev.startswith("cuda"):
             torch.cuda.synchronize()
 
-    def in_process(s: dict, subset=None, profile: str | None = None,
+    def in_process(s, subset=None, profile: str | None = None,
                    prefix_cache_size: int | None = None) -> tuple[float, float, dict[str, np.ndarray], float]:
         """(cold seconds, warm seconds, vectors, peak GPU GiB) of the worker's featuriser run in this process.
 
@@ -152,14 +148,14 @@ def main() -> None:
 
     # (b), (c) the worker's featuriser in this process
     fp32_cold, fp32_s, fp32, fp32_peak = in_process(spec, profile="fp32")
-    bf16_cold, bf16_s, bf16, bf16_peak = in_process(spec | {"dtype": "bfloat16"}, profile="bf16")
+    bf16_cold, bf16_s, bf16, bf16_peak = in_process(variant(spec, dtype="bfloat16"), profile="bf16")
     # (b) with the shared prefix recomputed in every batch: what keeping it saves on this device
     _, recomputed_s, recomputed, _ = in_process(spec, prefix_cache_size=0)
     # (b) on the CPU, a few groups: the same featuriser gives the same vectors on either device
     torch.set_num_threads(min(8, os.cpu_count() or 1))
-    *_, on_cpu, _ = in_process(spec | {"device": "cpu"}, subset=items[: args.cpu_groups])
+    *_, on_cpu, _ = in_process(variant(spec, device="cpu"), subset=items[: args.cpu_groups])
     # per-example vectors kept on the device: their mean is the group vector
-    f = build_featurizer(spec | {"features": asdict(FeaturesConfig(keep_per_example=True))})
+    f = build_featurizer(variant(spec, keep_per_example=True))
     X = f.featurize(blocks[0])
     per_example_err = max(float(np.abs(f.per_example[it.name].mean(0) - x).max() / np.abs(x).max())
                           for it, x in zip(blocks[0], X))
@@ -184,18 +180,18 @@ def main() -> None:
         ray.shutdown()
 
     # (e) task vectors: the GPU against the CPU, on two groups
-    tv = spec | {"features": asdict(FeaturesConfig(representation="task_vector", tv_steps=3))}
+    tv = variant(spec, representation="task_vector", tv_steps=3)
     tv_items = items[:2]
     f = build_featurizer(tv)
     t0 = time.perf_counter()
     tv_dev = by_name(tv_items, f.featurize(tv_items))
     tv_s = time.perf_counter() - t0
     del f
-    tv_bf16 = by_name(tv_items, build_featurizer(tv | {"dtype": "bfloat16"}).featurize(tv_items))
-    tv_cpu = by_name(tv_items, build_featurizer(tv | {"device": "cpu"}).featurize(tv_items))
+    tv_bf16 = by_name(tv_items, build_featurizer(variant(tv, dtype="bfloat16")).featurize(tv_items))
+    tv_cpu = by_name(tv_items, build_featurizer(variant(tv, device="cpu")).featurize(tv_items))
 
     # (f) full-parameter gradients (every weight, CountSketch): the device against the CPU, on one group of 8
-    full = spec | {"features": asdict(FeaturesConfig(parameters="full"))}
+    full = variant(spec, parameters="full")
     one = [WorkItem(items[0].name, items[0].examples[:8])]
     f = build_featurizer(full)
     f.featurize(one)
@@ -207,7 +203,7 @@ def main() -> None:
     full_s = time.perf_counter() - t0
     full_peak = torch.cuda.max_memory_allocated() / 2**30 if dev.startswith("cuda") else 0.0
     del f
-    full_cpu = by_name(one, build_featurizer(full | {"device": "cpu"}).featurize(one))
+    full_cpu = by_name(one, build_featurizer(variant(full, device="cpu")).featurize(one))
 
     # (g) GRPO: completions sampled once on the device, then the surrogate gradient from them on each side
     math = grpo_bench_items(tok, args.grpo_prompts, args.max_length)
@@ -234,10 +230,10 @@ def main() -> None:
     g = build_featurizer(grpo)
     grpo_sample_s, completions = timed_sampling(g)
     grpo_grad_s, grpo_dev = timed_gradients(g, completions)
-    g = build_featurizer(grpo | {"dtype": "bfloat16"})
+    g = build_featurizer(variant(grpo, dtype="bfloat16"))
     grpo_bf16_sample_s, _ = timed_sampling(g)  # its own completions: only the time is compared
     grpo_grad_bf16_s, grpo_bf16 = timed_gradients(g, completions)
-    _, grpo_cpu = timed_gradients(build_featurizer(grpo | {"device": "cpu"}), completions)
+    _, grpo_cpu = timed_gradients(build_featurizer(variant(grpo, device="cpu")), completions)
     del g
     n_completions = sum(len(c) for cs in completions for c in cs)
 

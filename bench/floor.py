@@ -4,14 +4,12 @@ On bench/solvers.py's problem (clustered unit-norm gradients, p = 4096, seed 0; 
 where the issue's 100x is not met), interleaved over --rounds:
 - the paper's CVXPY + OSQP call (the best of two per round, as bench/solvers.py times it);
 - convalue's solve, exact and at --tol (the best of --repeat per round);
-- each one's skeleton (bench/blas_threads.skeleton): the LAPACK and BLAS calls that solve makes, counted by spies in
-  one solve, on the same matrices, with none of the solver's logic, under the solve's own BLAS limit
-  (convalue.solvers.threads.blas_threads: one thread up to N = 2000).
+- each one's skeleton: the LAPACK and BLAS calls that solve makes, counted by spies in one solve, on the same
+  matrices, with none of the solver's logic, under the solve's own BLAS limit (convalue.solvers.threads.blas_threads).
 CVXPY's time over a skeleton's is the most that sequence of calls (ADMM with one float32 factor of K + rho I, then
-the support's factor or, at tol, none) could reach on this host with no logic around it: its ceiling (another
-implementation of the method might save a triangular-solve pair or a product, about 0.07 and 0.12 ms each). A gamma whose solve
-takes another path (a sparse solution) is refused. Prints each round's ratios, each version's best and median, and
-ends with one JSON line.
+the support's factor or, at tol, none) could reach on this host with no logic around it: its ceiling. A gamma whose
+solve takes another path (a sparse solution) is refused. Prints each round's ratios, each version's best and median,
+and ends with one JSON line.
 
     .venv/bin/python bench/floor.py                    # about 10 s
     .venv/bin/python bench/floor.py --gamma 1e-3 --rounds 3   # another dense gamma (sparse ones are refused)
@@ -21,21 +19,81 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
+import scipy.linalg as sla
+from synthetic import clustered_gram
+from timing import interleaved, timed
 
-# the repository root first (bench/solvers.py is named like the package), bench/ last
-sys.path[0] = str(Path(__file__).resolve().parents[1])
-sys.path.append(str(Path(__file__).resolve().parent))
+import convalue.solvers.kkt
+import convalue.solvers.linalg
+import convalue.solvers.operators
+from convalue.solvers import DEFAULT_POLICY, make_problem, solve_problem
+from convalue.solvers.threads import blas_threads
 
-from blas_threads import count_calls, skeleton  # noqa: E402
-from synthetic import clustered_gram  # noqa: E402
-from timing import interleaved, timed  # noqa: E402
 
-from convalue.solvers import make_problem, solve_problem  # noqa: E402
-from convalue.solvers.threads import blas_threads  # noqa: E402
+def count_calls(prob, tol: float | None = None) -> dict[str, int]:
+    """Triangular-solve pairs with the N x N factor and with the support's, and products of K, in one solve (at
+    tol: see convalue.solvers.solve_kmm)."""
+    counts = {"pairs_n": 0, "pairs_support": 0, "products": 0}
+    n = prob.K.shape[0]
+    modules = convalue.solvers
+    originals = {(modules.linalg, "cholesky_solve"): modules.linalg.cholesky_solve,
+                 (modules.operators, "cholesky_solve"): modules.operators.cholesky_solve,
+                 (modules.operators, "gram_times"): modules.operators.gram_times,
+                 (modules.kkt, "gram_times"): modules.kkt.gram_times}
+
+    def pair(c, b):
+        counts["pairs_n" if c.shape[0] == n else "pairs_support"] += 1
+        return originals[(modules.linalg, "cholesky_solve")](c, b)
+
+    def product(K, w):
+        counts["products"] += 1
+        return originals[(modules.operators, "gram_times")](K, w)
+
+    modules.linalg.cholesky_solve = modules.operators.cholesky_solve = pair
+    modules.operators.gram_times = modules.kkt.gram_times = product
+    try:
+        solve_problem(prob, method="active_set", tol=tol)
+    finally:
+        for (module, name), fn in originals.items():
+            setattr(module, name, fn)
+    return counts
+
+
+def skeleton(K: np.ndarray, beta: np.ndarray, support: np.ndarray | None, counts: dict[str, int],
+             rho: float) -> None:
+    """The linear algebra of one ADMM + polish solve and nothing else: float32 copy, two factorisations, the counted
+    triangular-solve pairs and products, the support gather (a lower bound on the ADMM path; supports under the
+    policy's mixed_min_n factor in float64 instead). support None: ADMM stopped early (no polish), K cast straight
+    into the factor's buffer, as it then is."""
+    strtrs, spotrf = sla.lapack.strtrs, sla.lapack.spotrf
+    if support is None:
+        shifted = K.astype(np.float32)
+    else:
+        K32 = K.astype(np.float32)  # cast once and copied for the shift, as GramOperator does
+        shifted = K32.copy()
+    shifted[np.diag_indices(K.shape[0])] += np.float32(rho)
+    c, _ = spotrf(shifted.T, lower=1, clean=0, overwrite_a=1)
+    b = beta.astype(np.float32)
+    for _ in range(counts["pairs_n"]):
+        y, _ = strtrs(c, b, lower=1)
+        strtrs(c, y, lower=1, trans=1)
+    w = np.zeros(K.shape[0])
+    if support is None:
+        w[:] = beta
+        for _ in range(counts["products"]):
+            K @ w
+        return
+    kss = K32.take(support, axis=0).take(support, axis=1)
+    cs, _ = spotrf(kss.T, lower=1, clean=0, overwrite_a=1)
+    x = r = beta[support].astype(np.float32)
+    for _ in range(counts["pairs_support"]):
+        y, _ = strtrs(cs, r, lower=1)
+        x, _ = strtrs(cs, y, lower=1, trans=1)
+    w[support] = x
+    for _ in range(counts["products"]):
+        K @ w
 
 
 def main() -> None:
@@ -64,7 +122,7 @@ def main() -> None:
 
     def bare(kind: str):
         def run():
-            with blas_threads(args.n):  # as the solve holds itself
+            with blas_threads(args.n, DEFAULT_POLICY.linalg.single_thread_max_n):  # as the solve holds itself
                 skeleton(K, prob.beta, None if kind == "tol" and early else support, counts[kind], rho)
         return run
 

@@ -15,23 +15,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
+from baselines import sklearn_lasso  # bench/baselines.py, beside this script
+from synthetic import clustered_gradients
+from timing import timed
 
-# this file is named like the `solvers` package: put the repository root first, bench/ last
-sys.path[0] = str(Path(__file__).resolve().parents[1])
-sys.path.append(str(Path(__file__).resolve().parent))
-
-from baselines import sklearn_lasso  # noqa: E402
-from synthetic import clustered_gradients  # noqa: E402
-from timing import timed  # noqa: E402
-
-from convalue.solvers import kkt_violation, make_problem, solve_problem  # noqa: E402
-from convalue.solvers.operators import GradientOperator  # noqa: E402
-from convalue.solvers.penalised import solve_penalised  # noqa: E402
+from convalue.solvers import kkt_violation, make_problem, solve_problem
+from convalue.solvers.operators import GradientOperator
+from convalue.solvers.penalised import solve_penalised
 
 
 def top(w: np.ndarray, k: int = 20) -> set[int]:

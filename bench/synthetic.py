@@ -43,14 +43,3 @@ def clustered_gram(n: int, p: int = 4096, *, seed: int = 0) -> tuple[np.ndarray,
     g = g32.astype(np.float64)
     K = G @ G.T
     return 0.5 * (K + K.T), G @ g, G, g
-
-
-def near_parallel_gradients(n: int, p: int = 4096, *, spread: float = 0.02, seed: int = 0,
-                            mix: int = 5) -> tuple[np.ndarray, np.ndarray]:
-    """(G [n, p] float64 unit rows, g_tar [p] float64): rows 1 + spread * noise, so G G^T has one eigenvalue near n;
-    g_tar the mean of the first `mix` rows (five: the case where ADMM does not settle and the NNLS polish finishes;
-    30-100: solutions of 100-300 active candidates at 1e-3 max|beta|, where it fails)."""
-    rng = np.random.default_rng(seed)
-    G = 1.0 + spread * rng.standard_normal((n, p))
-    G /= np.linalg.norm(G, axis=1, keepdims=True)
-    return G, G[:mix].mean(axis=0)

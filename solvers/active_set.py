@@ -49,8 +49,7 @@ def pdas_plain(op, gamma: float, w: np.ndarray, max_iter: int, scale: float,
 
     r, when given, is the residual K w - beta at w (saves a product). diverging: stop after this many objective
     increases in a row (None: never). PDAS is not monotone, but where it fails straight at a small gamma its
-    objective climbs at every step while its supports grow toward N, each a larger factorisation
-    (bench/sparse_chain.py).
+    objective climbs at every step while its supports grow toward N, each a larger factorisation.
     """
     beta = op.beta
     diag = np.maximum(op.diag, 1e-300)

@@ -13,6 +13,7 @@ from convalue.solvers.homotopy import deduplicated, expand
 from convalue.solvers.kkt import certify
 from convalue.solvers.operators import GradientOperator, GramOperator
 from convalue.solvers.penalised import prefers_gram_form, solve_penalised
+from convalue.solvers.policy import DEFAULT_POLICY, SolverPolicy
 from convalue.solvers.problem import (
     KMMInputError,
     KMMProblem,
@@ -30,6 +31,7 @@ from convalue.solvers.reference import solve_cvxpy
 from convalue.solvers.threads import blas_threads
 
 METHODS = ("auto", "active_set", "cvxpy", "cvxpy_paper")
+#: the contract of "optimal": the largest KKT violation, relative to max(1, max|beta|), of a certified answer
 KKT_TOL = 1e-6
 #: the solver info a solution's summary carries
 _SUMMARY_INFO = ("fallback", "multiplier", "binding", "gram_formed", "tol", "early_stop")
@@ -73,24 +75,26 @@ def _scaled(op, c: np.ndarray | None):
     if c is None:
         return op
     if isinstance(op, GradientOperator):
-        return GradientOperator(op.G / c[:, None], op.g)
-    return GramOperator(op.K / np.outer(c, c), op.beta / c, rank=op.rank_bound)
+        return GradientOperator(op.G / c[:, None], op.g, linalg=op.linalg)
+    return GramOperator(op.K / np.outer(c, c), op.beta / c, rank=op.rank_bound, linalg=op.linalg)
 
 
-def _active_set(op, problem_like: KMMProblem, tol: float | None = None) -> tuple[np.ndarray, dict, object]:
+def _active_set(op, problem_like: KMMProblem, tol: float | None,
+                policy: SolverPolicy) -> tuple[np.ndarray, dict, object]:
     """(w, info, the unit-cost operator it solved on); tol: see solve_kmm."""
     c = problem_like.costs
     inner = _scaled(op, c)
-    distinct, keep = deduplicated(inner)  # one candidate per duplicate group for the homotopy; the rest get 0
-    with blas_threads(inner.n):
+    distinct, keep = deduplicated(inner, policy)  # one candidate per duplicate group for the homotopy; the rest get 0
+    with blas_threads(inner.n, policy.linalg.single_thread_max_n):
         if problem_like.gamma is not None:
-            gram_formed = prefers_gram_form(distinct, problem_like.gamma)
-            v, info = solve_penalised(distinct.gram() if gram_formed else distinct, problem_like.gamma, stop_tol=tol)
+            gram_formed = prefers_gram_form(distinct, problem_like.gamma, policy)
+            v, info = solve_penalised(distinct.gram() if gram_formed else distinct, problem_like.gamma, stop_tol=tol,
+                                      policy=policy)
             info["multiplier"] = problem_like.gamma
             if gram_formed:
                 info["gram_formed"] = True
         else:
-            v, info = solve_budget(distinct, problem_like.budget)
+            v, info = solve_budget(distinct, problem_like.budget, policy=policy)
             info["multiplier"] = info["gamma"]
     if tol is not None:
         info["tol"] = tol
@@ -104,9 +108,10 @@ def _status(kkt: float, beta: np.ndarray, converged: bool, tol: float | None = N
     return "optimal" if ok and converged else "inaccurate"
 
 
-def solve_problem(problem: KMMProblem, *, method: str = "auto", tol: float | None = None) -> KMMSolution:
-    """Solve a validated KMMProblem with the named method (tol: see solve_kmm); raise KMMSolveError if it does not
-    converge."""
+def solve_problem(problem: KMMProblem, *, method: str = "auto", tol: float | None = None,
+                  policy: SolverPolicy = DEFAULT_POLICY) -> KMMSolution:
+    """Solve a validated KMMProblem with the named method (tol, policy: see solve_kmm); raise KMMSolveError if it does
+    not converge."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     tol = check_tol(tol, problem.gamma)
@@ -119,7 +124,8 @@ def solve_problem(problem: KMMProblem, *, method: str = "auto", tol: float | Non
         name = info["method"]
         iters = info.get("iterations")
     else:
-        w, info, _ = _active_set(GramOperator(problem.K, problem.beta, rank=problem.rank), problem, tol)
+        op = GramOperator(problem.K, problem.beta, rank=problem.rank, linalg=policy.linalg)
+        w, info, _ = _active_set(op, problem, tol, policy)
         name = "active_set"
         iters = info["iterations"]
         status = None
@@ -147,6 +153,7 @@ def solve_kmm(
     rank_bound: int | None = None,
     psd_tol: float = 1e-6,
     tol: float | None = None,
+    policy: SolverPolicy = DEFAULT_POLICY,
 ) -> KMMSolution:
     """Solve KMM (paper eq. kmm_l1_penalized with gamma, eq. kmm_qp with budget; costs weight the l1 term).
 
@@ -154,14 +161,14 @@ def solve_kmm(
     make_problem. psd_tol: the most negative eigenvalue accepted, as a fraction of max |K_ij|.
     tol: None (default) solves exactly (KKT at round-off). A number in (0, 1e-3] lets the penalised form's ADMM stop
     at that KKT violation, relative to max(1, max|beta|), instead of polishing exact, where the polish costs more than
-    finishing ADMM and K is well-conditioned enough for the tolerance to pin down the scores (1.4x faster at N = 1000
-    with 779 active; bench/solvers.py, bench/early_stop.py). The answer is certified either way (.kkt; info
-    "early_stop" says where ADMM stopped); every other answer is exact, as is every answer for tol below
-    convalue.solvers.admm.EARLY_STOP_MIN_TOL (3e-7, float32's floor).
+    finishing ADMM and K is well-conditioned enough for the tolerance to pin down the scores (the policy's
+    early_stop section). The answer is certified either way (.kkt; info "early_stop" says where ADMM stopped); every
+    other answer is exact, as is every answer for tol below early_stop.min_tol (float32's floor).
+    policy: the thresholds that steer validation and the solver (convalue.solvers.policy; the default is measured).
     """
     problem = make_problem(K, beta, gamma=gamma, budget=budget, costs=costs, normalize=normalize,
-                           rank_bound=rank_bound, psd_tol=psd_tol)
-    return solve_problem(problem, method=method, tol=tol)
+                           rank_bound=rank_bound, psd_tol=psd_tol, policy=policy)
+    return solve_problem(problem, method=method, tol=tol, policy=policy)
 
 
 def solve_kmm_gradients(
@@ -173,14 +180,15 @@ def solve_kmm_gradients(
     costs: np.ndarray | None = None,
     normalize: str = "none",
     tol: float | None = None,
+    policy: SolverPolicy = DEFAULT_POLICY,
 ) -> KMMSolution:
     """Solve KMM from the gradients themselves (N x p rows): K = G G^T is formed only on the active set.
 
-    The exception: at a dense gamma (below 1 % of max|beta|) with N <= p, where K is no larger than G, K is formed
-    once and the Gram form solves (convalue.solvers.penalised.prefers_gram_form); the solution's info says "gram_formed".
+    The exception: at a dense gamma with N <= p, where K is no larger than G, K is formed once and the Gram form
+    solves (convalue.solvers.plan.forms_gram); the solution's info says "gram_formed".
 
     normalize="cosine" divides every row by its norm: K_ij / sqrt(K_ii K_jj) and beta_i / sqrt(K_ii), as in
-    make_problem. tol: as in solve_kmm (early stops apply where K is formed).
+    make_problem. tol, policy: as in solve_kmm (early stops apply where K is formed).
     """
     G = np.asarray(G, dtype=np.float64)
     g_tar = np.asarray(g_tar, dtype=np.float64)
@@ -191,15 +199,15 @@ def solve_kmm_gradients(
     check_settings(gamma, budget)
     tol = check_tol(tol, gamma)
     check_normalize(normalize)
-    op = GradientOperator(G, g_tar)
+    op = GradientOperator(G, g_tar, linalg=policy.linalg)
     check_norms(op.diag, 0.0)
     if normalize == "cosine":
-        op = GradientOperator(G / np.sqrt(op.diag)[:, None], g_tar)
+        op = GradientOperator(G / np.sqrt(op.diag)[:, None], g_tar, linalg=policy.linalg)
     # no K here: the shell carries settings, beta and costs (for .l1 and .form)
     shell = KMMProblem(K=np.empty((0, 0)), beta=op.beta, gamma=gamma, budget=budget,
                        costs=check_costs(costs, op.n))
     t0 = time.perf_counter()
-    w, info, inner = _active_set(op, shell, tol)
+    w, info, inner = _active_set(op, shell, tol, policy)
     elapsed = time.perf_counter() - t0
     c = np.ones(op.n) if shell.costs is None else shell.costs
     # certify on the unit-cost problem in v = c * w; a non-binding budget has multiplier 0

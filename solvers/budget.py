@@ -4,23 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from convalue.solvers import plan
 from convalue.solvers.active_set import kkt_from, residual
-from convalue.solvers.homotopy import affordable, budget_on_path, deficient, lars
+from convalue.solvers.homotopy import budget_on_path, lars
 from convalue.solvers.penalised import prefers_gram_form, solve_penalised
+from convalue.solvers.plan import BudgetFacts, plan_budget
+from convalue.solvers.policy import DEFAULT_POLICY, SolverPolicy
 from convalue.solvers.working_set import working_set_budget
-
-#: the budget form's working set (convalue.solvers.working_set.working_set_budget) grows to at most this many candidates
-#: before the gamma grid takes over (0: never tried; read at call time). It is tried where K is rank-deficient
-#: (N > p) or has at least BUDGET_WORKING_SET_MIN_N candidates, where the grid's warm solves are slow:
-#: bench/budget_form.py, see README. Clustered candidates can need twice as many in W as are active to certify
-#: (494 active: over 1024 in W), hence twice the penalised form's cap: at 1024 it gave up on 400-1000 active (0.6-0.86x
-#: where it did). On a full-rank K of N = 1000 the grid's PDAS solves were faster (0.78-0.83x)
-BUDGET_WORKING_SET_MAX = 2048
-BUDGET_WORKING_SET_MIN_N = 2000
-#: ... and gives up where W's path heads for more active candidates than this (convalue.solvers.working_set.working_set_budget):
-#: a full-rank K of N = 2000, p = 4096, budget 10 (1593 active) took 21 s on the working set, 5 s on the grid, and
-#: the largest success (900 active, N = 3000 > p = 1000) read 1041 on the way
-BUDGET_WORKING_SET_ACTIVE = 1280
 
 
 def _budget_on_homotopy(op, budget: float, gmax: float, scale: float) -> tuple[np.ndarray, dict] | None:
@@ -36,27 +26,40 @@ def _budget_on_homotopy(op, budget: float, gmax: float, scale: float) -> tuple[n
     return w, {"iterations": steps, "gamma": g, "binding": binding, "converged": True, "strategy": "homotopy"}
 
 
-def solve_budget(op, budget: float, *, max_iter: int = 100) -> tuple[np.ndarray, dict]:
-    """argmin 0.5 w'Kw - beta'w s.t. ||w||_1 <= budget, through the penalised path.
+def solve_budget(op, budget: float, *, max_iter: int = 100,
+                 policy: SolverPolicy = DEFAULT_POLICY) -> tuple[np.ndarray, dict]:
+    """argmin 0.5 w'Kw - beta'w s.t. ||w||_1 <= budget, through the penalised path; the plan's steps
+    (convalue.solvers.plan.plan_budget) in order.
 
-    ||w(gamma)||_1 is non-increasing in gamma and, where the support and signs are constant,
-    w(gamma) is affine; read the budget off the homotopy's breakpoints when it is affordable, else
-    bracket it on a gamma grid; then interpolate exactly. In the gradient form with N <= p, K is formed once when
-    the grid first reaches a dense gamma, and the rest of the grid solves the Gram form (info "gram_formed"; as
-    convalue.solvers.api does for the penalised form, and for the same reason: bench/gradient_form.py --budget).
+    ||w(gamma)||_1 is non-increasing in gamma and, where the support and signs are constant, w(gamma) is affine:
+    read the budget off the homotopy's breakpoints (all candidates, or a working set), else bracket it on a gamma
+    grid; then interpolate exactly. In the gradient form with N <= p, K is formed once when the grid first reaches a
+    dense gamma (info "gram_formed"), as convalue.solvers.api does for the penalised form.
     """
     gmax = float(np.abs(op.beta).max())
     scale = 1e-10 * max(1.0, gmax)
-    if affordable(op):
-        found = _budget_on_homotopy(op, budget, gmax, scale)
+    b = policy.budget
+    steps = plan_budget(BudgetFacts(n=op.n, rank=int(op.rank_bound)), policy)
+    for step in steps:
+        found = None
+        if step == plan.HOMOTOPY:
+            found = _budget_on_homotopy(op, budget, gmax, scale)
+        elif step == plan.WORKING_SET:
+            w, g, k, ok = working_set_budget(op, budget, scale, policy=policy, max_size=b.working_set_max,
+                                             max_active=b.working_set_active)
+            if ok:
+                found = w, {"iterations": k, "gamma": g, "binding": True, "converged": True,
+                            "strategy": "working_set_homotopy"}
+        else:
+            found = _gamma_grid(op, budget, gmax, scale, max_iter, policy)
         if found is not None:
-            return found
-    if BUDGET_WORKING_SET_MAX > 0 and (deficient(op) or op.n >= BUDGET_WORKING_SET_MIN_N):
-        w, g, steps, ok = working_set_budget(op, budget, scale, max_size=BUDGET_WORKING_SET_MAX,
-                                             max_active=BUDGET_WORKING_SET_ACTIVE)
-        if ok:
-            return w, {"iterations": steps, "gamma": g, "binding": True, "converged": True,
-                       "strategy": "working_set_homotopy"}
+            return found[0], found[1] | {"plan": steps}
+    raise AssertionError("the gamma grid always answers")  # plan_budget ends with it
+
+
+def _gamma_grid(op, budget: float, gmax: float, scale: float, max_iter: int,
+                policy: SolverPolicy) -> tuple[np.ndarray, dict]:
+    """The budget bracketed on a gamma grid of warm-started penalised solves, then interpolated exactly."""
     grid = {"strategy": "gamma_grid"}
 
     def answer(w: np.ndarray, iters: int, g: float, binding: bool = True) -> tuple[np.ndarray, dict]:
@@ -64,10 +67,10 @@ def solve_budget(op, budget: float, *, max_iter: int = 100) -> tuple[np.ndarray,
 
     def penalised(g: float, w0: np.ndarray) -> tuple[np.ndarray, dict]:
         nonlocal op
-        if prefers_gram_form(op, g):
+        if prefers_gram_form(op, g, policy):
             op = op.gram()
             grid["gram_formed"] = True
-        return solve_penalised(op, g, w0=w0, max_iter=max_iter)
+        return solve_penalised(op, g, w0=w0, max_iter=max_iter, policy=policy)
 
     hi_g, hi_w = gmax, np.zeros(op.n)
     g, w, iters = gmax, np.zeros(op.n), 0

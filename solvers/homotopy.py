@@ -2,8 +2,8 @@
 
 From gamma_max down, the homotopy adds or drops one candidate per breakpoint and keeps every support
 system nonsingular, so it stays exact where K_AA is singular for any support larger than rank(K): the
-regime in which PDAS jumps to singular supports and ADMM crawls (bench/rank_deficient.py). Its cost grows
-like N rank(K)^2, so it is the method only for rank-deficient problems of moderate size.
+regime in which PDAS jumps to singular supports and ADMM crawls. Its cost grows like N rank(K)^2, so it is
+the method only for rank-deficient problems of moderate size (the policy's homotopy.max_work).
 """
 
 from __future__ import annotations
@@ -12,26 +12,26 @@ import warnings
 
 import numpy as np
 
-#: the largest N * rank^2 given to the homotopy: scikit-learn's LARS took 3.7-4.7 s at N = 3000, rank 500
-#: (7.5e8) on this 2-core machine (bench/rank_deficient.py), so this caps it near 10 s
-HOMOTOPY_MAX_WORK = 2e9
+from convalue.solvers import plan
+from convalue.solvers.policy import SolverPolicy
 
 
-def distinct(op):
+def distinct(op, max_pairs: int) -> tuple[object, np.ndarray | None]:
     """(the operator on one candidate of every duplicate group, their indices), or (op, None) when there is
-    nothing to drop; `expand` puts a solution on the result back on all candidates."""
-    keep = representatives(op)
+    nothing to drop; `expand` puts a solution on the result back on all candidates. max_pairs: see
+    _duplicate_pairs."""
+    keep = representatives(op, max_pairs=max_pairs)
     if keep.size == op.n:
         return op, None
     return op.restricted(keep), keep
 
 
-def deduplicated(op):
+def deduplicated(op, policy: SolverPolicy) -> tuple[object, np.ndarray | None]:
     """distinct(op) for problems headed for the full homotopy, else (op, None): only they pay for the search
     (duplicates make K rank-deficient; the other strategies cope with them through the NNLS polish, and the
-    working-set homotopy deduplicates its own small sets). The entry points (convalue.solvers.api, kmm_path) call it once
-    and solve on the result."""
-    return distinct(op) if affordable(op) else (op, None)
+    working-set homotopy deduplicates its own small sets). The entry points (convalue.solvers.api, kmm_path) call it
+    once and solve on the result."""
+    return distinct(op, policy.homotopy.max_pairs) if affordable(op, policy) else (op, None)
 
 
 def expand(v: np.ndarray, keep: np.ndarray | None, n: int) -> np.ndarray:
@@ -43,27 +43,18 @@ def expand(v: np.ndarray, keep: np.ndarray | None, n: int) -> np.ndarray:
     return full
 
 
-def deficient(op) -> bool:
-    """True when rank(K) is known to be below N, so supports larger than the rank are singular."""
-    return op.rank_bound < op.n
+def affordable(op, policy: SolverPolicy) -> bool:
+    """True for a rank-deficient problem small enough for the full homotopy (convalue.solvers.plan.affordable)."""
+    return plan.affordable(op.n, int(op.rank_bound), policy)
 
 
-def affordable(op, work: float | None = None) -> bool:
-    """True for a rank-deficient problem small enough for the homotopy (N * rank^2 <= work, HOMOTOPY_MAX_WORK when
-    None)."""
-    return deficient(op) and op.n * float(op.rank_bound) ** 2 <= (HOMOTOPY_MAX_WORK if work is None else work)
-
-
-#: the most candidate pairs checked exactly; beyond (many near-equal projections), only sorted neighbours are
-MAX_PAIRS = 4_000_000
-
-
-def _duplicate_pairs(op, tol: float) -> tuple[np.ndarray, np.ndarray]:
+def _duplicate_pairs(op, tol: float, max_pairs: int) -> tuple[np.ndarray, np.ndarray]:
     """(i, j) with ||g_i -+ g_j||^2 = K_ii + K_jj -+ 2 K_ij <= tol, found through one random projection h_i = <g_i, v>.
 
     |h_i -+ h_j| <= ||g_i -+ g_j|| ||v||, so such pairs lie within delta = sqrt(tol) ||v|| of each other in |h|,
     and only pairs that close are checked exactly: one product (G v, or K r = G (G^T r) with ||G^T r||^2 = r'Kr)
-    instead of a pairwise scan of K (measured: 0.4 against 20 ms at N = 1000, 7.7 against 86 ms at N = 3000).
+    instead of a pairwise scan of K. Beyond max_pairs such pairs (many near-equal projections), only sorted
+    neighbours are checked.
     """
     rng = np.random.default_rng(0)
     if hasattr(op, "K"):
@@ -80,7 +71,7 @@ def _duplicate_pairs(op, tol: float) -> tuple[np.ndarray, np.ndarray]:
     ends = np.searchsorted(h[order], h[order] + delta, side="right")
     counts = ends - np.arange(op.n) - 1  # sorted neighbours within delta after each position
     total = int(counts.sum())
-    if total > MAX_PAIRS:
+    if total > max_pairs:
         counts = np.minimum(counts, 1)
         total = int(counts.sum())
     a = np.repeat(np.arange(op.n), counts)
@@ -93,7 +84,7 @@ def _duplicate_pairs(op, tol: float) -> tuple[np.ndarray, np.ndarray]:
     return i[close], j[close]
 
 
-def representatives(op, rtol: float = 1e-12) -> np.ndarray:
+def representatives(op, rtol: float = 1e-12, *, max_pairs: int) -> np.ndarray:
     """Sorted indices that keep one candidate of every group of duplicated (or negated) gradients.
 
     Candidates i, j are duplicates when ||g_i -+ g_j||^2 = K_ii + K_jj -+ 2 K_ij <= rtol max K_ii. Dropping
@@ -105,7 +96,7 @@ def representatives(op, rtol: float = 1e-12) -> np.ndarray:
     from scipy.sparse.csgraph import connected_components
 
     tol = rtol * float(op.diag.max())
-    i, j = _duplicate_pairs(op, tol)
+    i, j = _duplicate_pairs(op, tol, max_pairs)
     if i.size == 0:
         return np.arange(op.n)
     graph = coo_matrix((np.ones(i.size), (i, j)), shape=(op.n, op.n))

@@ -7,8 +7,6 @@ from collections.abc import Callable
 import numpy as np
 import scipy.linalg as sla
 
-MIXED_MIN_N = 256  # support systems at least this large factor in float32 (then refine)
-
 _TRTRS = {np.dtype(np.float32): sla.lapack.strtrs, np.dtype(np.float64): sla.lapack.dtrtrs}
 
 
@@ -43,13 +41,13 @@ def mixed_precision_solve(Kaa32: np.ndarray, rhs: np.ndarray, matvec: Callable[[
     return None
 
 
-def solve_dense(Kaa: np.ndarray, rhs: np.ndarray, *, try_mixed: bool = True) -> np.ndarray:
+def solve_dense(Kaa: np.ndarray, rhs: np.ndarray, *, mixed_min_n: int | None) -> np.ndarray:
     """Solve K_AA x = rhs: Cholesky, or the minimum-norm least-squares solution if K_AA is singular.
 
-    Large systems first try a float32 factor refined to float64 accuracy (about 2x faster); when that
-    declines, the float64 factor is used.
+    Systems of at least mixed_min_n (None: none) first try a float32 factor refined to float64 accuracy (about 2x
+    faster); when that declines, the float64 factor is used.
     """
-    if try_mixed and Kaa.shape[0] >= MIXED_MIN_N:
+    if mixed_min_n is not None and Kaa.shape[0] >= mixed_min_n:
         x = mixed_precision_solve(Kaa.astype(np.float32), rhs, lambda v: Kaa @ v)
         if x is not None:
             return x

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import scipy.linalg as sla
 
-from convalue.solvers.linalg import MIXED_MIN_N, cholesky_solve, mixed_precision_solve, solve_dense
+from convalue.solvers.linalg import cholesky_solve, mixed_precision_solve, solve_dense
+from convalue.solvers.policy import DEFAULT_POLICY, LinalgPolicy
 from convalue.solvers.problem import gram_times
-
-FLOAT32_COPY_MAX_N = 8192  # a kept float32 copy of K costs 4 N^2 bytes: 256 MiB here
-#: GradientOperator.sub keeps matrices up to this size (72 MB): the NNLS polish's sets are never larger
-SUB_KEEP_MAX_N = 3000
 
 
 def _principal(M: np.ndarray, A: np.ndarray) -> np.ndarray:
-    """M[A, A] by two contiguous gathers: ~2x faster than np.ix_ (3.5 vs 7.2 ms, 800 of 1000)."""
+    """M[A, A] by two contiguous gathers (about twice as fast as np.ix_)."""
     return M.take(A, axis=0).take(A, axis=1)
 
 
@@ -42,9 +41,12 @@ def _gram_reusing(G: np.ndarray, A: np.ndarray, last: tuple[np.ndarray, np.ndarr
 
 
 class GramOperator:
-    """K (N x N, PSD) and beta = G g_tar; rank, when known, bounds the size of a nonsingular support."""
+    """K (N x N, PSD) and beta = G g_tar; rank, when known, bounds the size of a nonsingular support; linalg: the
+    policy's section for its support solves and kept copies."""
 
-    def __init__(self, K: np.ndarray, beta: np.ndarray, rank: int | None = None):
+    def __init__(self, K: np.ndarray, beta: np.ndarray, rank: int | None = None, *,
+                 linalg: LinalgPolicy = DEFAULT_POLICY.linalg):
+        self.linalg = linalg
         self.K = np.ascontiguousarray(K, dtype=np.float64)
         self.beta = np.asarray(beta, dtype=np.float64)
         self.diag = np.diag(self.K).copy()
@@ -53,8 +55,9 @@ class GramOperator:
         self._K32: np.ndarray | None = None
 
     def float32_copy(self) -> np.ndarray | None:
-        """K in float32, made once and kept up to N = FLOAT32_COPY_MAX_N (None above: half of K again is too much)."""
-        if self._K32 is None and self.n <= FLOAT32_COPY_MAX_N:
+        """K in float32, made once and kept up to the policy's float32_copy_max_n (None above: half of K again is too
+        much)."""
+        if self._K32 is None and self.n <= self.linalg.float32_copy_max_n:
             self._K32 = self.K.astype(np.float32)
         return self._K32
 
@@ -83,9 +86,10 @@ class GramOperator:
 
     def _solve_support(self, A: np.ndarray, rhs: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """(x, K w for w = x on A when the refinement's last product is that, else None)."""
-        K32 = self.float32_copy() if A.size >= MIXED_MIN_N else None
+        mixed = self.linalg.mixed_min_n
+        K32 = self.float32_copy() if A.size >= mixed else None
         if K32 is None:
-            return solve_dense(self.sub(A), rhs), None
+            return solve_dense(self.sub(A), rhs, mixed_min_n=mixed), None
         last: dict = {}
 
         def matvec(x: np.ndarray) -> np.ndarray:
@@ -98,12 +102,12 @@ class GramOperator:
 
         x = mixed_precision_solve(_principal(K32, A), rhs, matvec)
         if x is None:
-            return solve_dense(self.sub(A), rhs, try_mixed=False), None
+            return solve_dense(self.sub(A), rhs, mixed_min_n=None), None
         return x, (last["product"] if last.get("x") is x else None)
 
     def restricted(self, A: np.ndarray) -> GramOperator:
         """The operator of the candidates A only (K_AA, beta_A)."""
-        return GramOperator(self.sub(A), self.beta[A], rank=min(self.rank_bound, A.size))
+        return GramOperator(self.sub(A), self.beta[A], rank=min(self.rank_bound, A.size), linalg=self.linalg)
 
     def apply(self, A: np.ndarray, w_A: np.ndarray) -> np.ndarray:
         """K[:, A] @ w_A (a length-N vector; K is symmetric, so rows of K are read for small supports)."""
@@ -111,7 +115,7 @@ class GramOperator:
         w[A] = w_A
         return gram_times(self.K, w)
 
-    def shifted_solver(self, rho: float, *, keep_copy: bool = True):
+    def shifted_solver(self, rho: float, *, keep_copy: bool = True) -> Callable[[np.ndarray], np.ndarray]:
         """b -> (K + rho I)^-1 b, approximately: one float32 Cholesky factor of the N x N matrix.
 
         Its only user is ADMM, whose iterates locate the support (the exact polish certifies) or, stopped early,
@@ -140,10 +144,11 @@ class GradientOperator:
 
     Large support systems read a float32 copy of G, made on first use (half of G's bytes again), and keep the last
     large support's float32 matrix (4 |A|^2 bytes): a float32 product costs half a float64 one, and the solve is
-    refined to float64 accuracy; sub() keeps a float64 matrix likewise. bench/gradient_space.py: see README.
+    refined to float64 accuracy; sub() keeps a float64 matrix likewise. linalg: as for GramOperator.
     """
 
-    def __init__(self, G: np.ndarray, g_tar: np.ndarray):
+    def __init__(self, G: np.ndarray, g_tar: np.ndarray, *, linalg: LinalgPolicy = DEFAULT_POLICY.linalg):
+        self.linalg = linalg
         self.G = np.ascontiguousarray(G, dtype=np.float64)
         self.g = np.asarray(g_tar, dtype=np.float64)
         self.beta = self.G @ self.g
@@ -164,9 +169,9 @@ class GradientOperator:
         """G_A G_A^T (float64, a new array), reusing the kept matrix where the two share at least half of A: the
         NNLS polish asks for nested equicorrelation sets, and for about the same ones at every failed polish. A set
         under half the kept one's size does not replace it (the small supports solved between two polishes), nor does
-        one above SUB_KEEP_MAX_N (the NNLS polish's largest set)."""
+        one above the policy's sub_keep_max_n (the NNLS polish's largest set)."""
         K = _gram_reusing(self.G, A, self._last64)
-        if A.size <= SUB_KEEP_MAX_N and (self._last64 is None or 2 * A.size >= self._last64[0].size):
+        if A.size <= self.linalg.sub_keep_max_n and (self._last64 is None or 2 * A.size >= self._last64[0].size):
             self._last64 = (np.array(A, copy=True), K.copy())
         return K
 
@@ -177,13 +182,14 @@ class GradientOperator:
         (2 |A| p flops, against |A|^2 p to form the float64 matrix); where float32 cannot get there, the float64
         matrix is formed and solved as before.
         """
-        if A.size >= MIXED_MIN_N:
+        mixed = self.linalg.mixed_min_n
+        if A.size >= mixed:
             GA = self.G[A]
             x = mixed_precision_solve(self.support_gram32(A), rhs, lambda v: GA @ (GA.T @ v))
             if x is not None:
                 return x
-            return solve_dense(self.sub(A), rhs, try_mixed=False)
-        return solve_dense(self.sub(A), rhs)
+            return solve_dense(self.sub(A), rhs, mixed_min_n=None)
+        return solve_dense(self.sub(A), rhs, mixed_min_n=mixed)
 
     def support_gram32(self, A: np.ndarray) -> np.ndarray:
         """G_A G_A^T in float32, a new array (the caller may overwrite it), reusing the last large support's matrix
@@ -199,11 +205,11 @@ class GradientOperator:
 
     def gram(self) -> GramOperator:
         """The same problem in the Gram form: K = G G^T formed (N^2 p flops, exactly symmetric), the same beta."""
-        return GramOperator(self.G @ self.G.T, self.beta, rank=self.rank_bound)
+        return GramOperator(self.G @ self.G.T, self.beta, rank=self.rank_bound, linalg=self.linalg)
 
     def restricted(self, A: np.ndarray) -> GradientOperator:
         """The operator of the candidates A only (their gradients G_A, the same g_tar)."""
-        return GradientOperator(self.G[A], self.g)
+        return GradientOperator(self.G[A], self.g, linalg=self.linalg)
 
     def apply(self, A: np.ndarray, w_A: np.ndarray) -> np.ndarray:
         """G (G_A^T w_A)."""
@@ -211,13 +217,11 @@ class GradientOperator:
             return np.zeros(self.n)
         return self.G @ (w_A @ self.G[A])
 
-    def shifted_solver(self, rho: float):
+    def shifted_solver(self, rho: float) -> Callable[[np.ndarray], np.ndarray]:
         """b -> (G G^T + rho I)^-1 b by Woodbury: one Cholesky factor of the p x p matrix rho I + G^T G.
 
-        It stays float64. A float32 factor formed from the float32 G (tried in c854da0, kept where its residual on
-        a seeded vector was <= 1e-4) cost ADMM 2224 iterations instead of 457 on near-parallel gradients (N = 300,
-        p = 400, bench/gradient_space.py --data near-parallel: 0.21x), though it saved about 30 % of the N = 20000
-        clustered solve; no residual threshold told the two apart (N = 5000 clustered needed the same one).
+        It stays float64: a float32 factor of rho I + G^T G cost ADMM several times the iterations on near-parallel
+        gradients, and no residual threshold told those cases from the ones it sped up.
         """
         p = self.G.shape[1]
         c = sla.cho_factor(rho * np.eye(p) + self.G.T @ self.G, lower=True, check_finite=False)

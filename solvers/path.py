@@ -11,6 +11,7 @@ from convalue.solvers.homotopy import affordable, deduplicated, expand, lars, pa
 from convalue.solvers.kkt import kkt_violation
 from convalue.solvers.operators import GramOperator
 from convalue.solvers.penalised import solve_penalised
+from convalue.solvers.policy import DEFAULT_POLICY, SolverPolicy
 from convalue.solvers.problem import KMMInputError, KMMProblem, check_number, make_problem
 
 
@@ -52,13 +53,14 @@ class KMMPath:
 
 
 def kmm_path(K: np.ndarray, beta: np.ndarray, *, gammas: np.ndarray | None = None, n_gammas: int = 50,
-             gamma_min_ratio: float = 1e-3, normalize: str = "none") -> KMMPath:
+             gamma_min_ratio: float = 1e-3, normalize: str = "none",
+             policy: SolverPolicy = DEFAULT_POLICY) -> KMMPath:
     """Solve the penalised KMM problem on a decreasing gamma grid, each solve warm-started by the previous.
 
-    A rank-deficient K the homotopy can afford (convalue.solvers.homotopy) is read off one homotopy path instead; a point
-    of it that does not certify is solved on its own.
+    A rank-deficient K the homotopy can afford (convalue.solvers.homotopy) is read off one homotopy path instead; a
+    point of it that does not certify is solved on its own. policy: as in solve_kmm.
     """
-    base = make_problem(K, beta, gamma=0.0, normalize=normalize)
+    base = make_problem(K, beta, gamma=0.0, normalize=normalize, policy=policy)
     gmax = float(np.abs(base.beta).max())
     if gammas is None:
         ratio = check_number("gamma_min_ratio", gamma_min_ratio, positive=True)
@@ -72,11 +74,12 @@ def kmm_path(K: np.ndarray, beta: np.ndarray, *, gammas: np.ndarray | None = Non
         gammas = np.array([check_number(f"gammas[{i}]", g, positive=False) for i, g in enumerate(raw.tolist())])
     gammas = np.sort(gammas)[::-1]
     t0 = time.perf_counter()
-    op, keep = deduplicated(GramOperator(base.K, base.beta, rank=base.rank))  # duplicates get 0 (expand)
+    op, keep = deduplicated(GramOperator(base.K, base.beta, rank=base.rank, linalg=policy.linalg), policy)
+    # duplicates get 0 (expand)
     Wd = np.zeros((len(gammas), op.n))  # over the distinct candidates
     kkts = np.zeros(len(gammas))
     on_path = None
-    if affordable(op):
+    if affordable(op, policy):
         breakpoints, W_bp, _ = lars(op, max(float(gammas.min()), 0.0), return_path=True)
         on_path = path_at(breakpoints, W_bp, gammas)
     for t, g in enumerate(gammas):
@@ -86,7 +89,7 @@ def kmm_path(K: np.ndarray, beta: np.ndarray, *, gammas: np.ndarray | None = Non
             kkts[t] = kkt_violation(prob, expand(Wd[t], keep, base.n))
             if kkts[t] <= 1e-10 * max(1.0, gmax):
                 continue
-        Wd[t], _ = solve_penalised(op, float(g), w0=Wd[t - 1] if t else None)
+        Wd[t], _ = solve_penalised(op, float(g), w0=Wd[t - 1] if t else None, policy=policy)
         kkts[t] = kkt_violation(prob, expand(Wd[t], keep, base.n))
     W = expand(Wd, keep, base.n)
     return KMMPath(gammas=gammas, W=W, kkt=kkts, time_s=time.perf_counter() - t0)

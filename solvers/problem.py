@@ -8,14 +8,14 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.linalg as sla
 
+from convalue.solvers.policy import DEFAULT_POLICY, SolverPolicy, ValidationPolicy
 from convalue.solvers.threads import blas_threads
 
 
 def gram_times(K: np.ndarray, w: np.ndarray) -> np.ndarray:
     """K @ w reading only the rows of w's support (K is symmetric): O(N |support|).
 
-    Above a third of N one full matvec is cheaper than gathering the rows (measured at N = 1000, one
-    thread: rows 0.11 / 0.21 / 0.36 ms vs matvec 0.13-0.16 ms at 25 / 50 / 78 % support).
+    Above a third of N one full matvec is cheaper than gathering the rows.
     """
     support = np.flatnonzero(w)
     if 3 * support.size > len(w):
@@ -41,10 +41,9 @@ class KMMProblem:
     """min_w 0.5 w'Kw - beta'w + gamma sum_i c_i |w_i| (penalised) or s.t. sum_i c_i |w_i| <= budget.
 
     costs c default to 1 (the paper's ||w||_1); with prices it is the marketplace's cost-weighted budget.
-    rank is K's numerical rank when validation computed it (a Cholesky factor up to N = 8000 and beyond where the
-    caller's rank_bound makes it affordable: unpivoted for a full-rank K, else pivoted; eigvalsh up to N = 3000
-    where no factor certifies K), capped by that bound; otherwise the caller's rank_bound (an upper bound), else
-    None (unknown).
+    rank is K's numerical rank when validation computed it (a Cholesky factor, or eigvalsh where no factor certifies
+    K, within the policy's validation limits), capped by the caller's rank_bound; otherwise that bound (an upper
+    bound), else None (unknown).
     """
 
     K: np.ndarray
@@ -86,37 +85,14 @@ class KMMProblem:
                           rank=self.rank), c  # a positive diagonal scaling keeps the rank
 
 
-#: eigenvalues at or below this fraction of lambda_max count as zero for K's numerical rank: support systems
-#: that singular are beyond the float64 Cholesky of convalue.solvers.linalg (pivots^2 > 1e-11 max K_ii) anyway
-RANK_RTOL = 1e-10
-
-
-EIGVALSH_MAX_N = 3000  # a dense eigvalsh (seconds at 3000) where the pivoted Cholesky does not certify K, up to here
-PIVOTED_MAX_N = 8000  # K's copy and the factor: 1 GB at 8000
-#: beyond PIVOTED_MAX_N, the pivoted Cholesky still runs when a caller's rank bound r puts its cost, about 2 N^2 r
-#: (the factor's trailing updates, then the Schur complement), at or below this: it certifies PSD-ness exactly and
-#: gives the rank, which the estimate below does not. bench/large_gram.py, N = 10000, r = 2048: 9.6 s, the
-#: estimate 8.2 s (the ARPACK call before it took 116 s without converging: 7952 zero eigenvalues)
-PIVOTED_MAX_WORK = 1e12
-#: beyond the pivoted Cholesky, lambda_min is estimated by LOBPCG with this block of seeded vectors for this many
-#: iterations, a fixed cost of about ESTIMATE_ITERS products of K with the block. bench/validation.py, N = 10000,
-#: p = 8192 (the pipeline's default): 7.2-8.1 s, where the former ARPACK call took 68-97 s and returned no
-#: eigenvalue (1808 zero eigenvalues); on K plus symmetric noise of 1e-4 it reports -1.2e-3, where ARPACK
-#: returned nothing again and let K through. Of block x iterations 16 x 40, 24 x 30, 32 x 20 and 32 x 30, only
-#: 16 x 40 found that cluster (scratch runs; bench/RESULTS.md, "Validation above N = 8000")
-ESTIMATE_BLOCK = 16
-ESTIMATE_ITERS = 40
-
-
 def _pivoted_facts(K: np.ndarray, tol: float, floor: float) -> tuple[float, int] | None:
     """(a lower bound >= -tol on lambda_min(K), K's numerical rank) from a pivoted Cholesky, or None when it
     cannot certify K PSD within tol.
 
-    LAPACK's pstrf stops once every remaining pivot is below RANK_RTOL max K_ii, leaving P K P^T = L L^T + (0 + S)
-    with S the Schur complement of the unfactored candidates. By Weyl, lambda_min(K) >= -||S||_2 >= -||S||_F,
-    so ||S||_F <= tol certifies PSD-ness, and the pivots taken are the rank. Its cost falls with the rank: about
-    N^2 rank for the factor and (N - rank)^2 rank for S (0.6 + 0.6 s at N = 5000, rank 1000, where the Cholesky
-    of K + tol I it replaced took 2.2 s).
+    LAPACK's pstrf stops once every remaining pivot is below floor, leaving P K P^T = L L^T + (0 + S) with S the
+    Schur complement of the unfactored candidates. By Weyl, lambda_min(K) >= -||S||_2 >= -||S||_F, so ||S||_F <= tol
+    certifies PSD-ness, and the pivots taken are the rank. Its cost falls with the rank: about N^2 rank for the
+    factor and (N - rank)^2 rank for S.
     """
     c, piv, rank, info = sla.lapack.dpstrf(K, tol=floor, lower=1)
     if info < 0:
@@ -143,54 +119,52 @@ def _plain_facts(K: np.ndarray, floor: float) -> tuple[float, int] | None:
     return (0.0, K.shape[0]) if float(np.min(np.diag(c) ** 2)) > floor else None
 
 
-def ritz_floor(K: np.ndarray) -> float:
+def ritz_floor(K: np.ndarray, policy: ValidationPolicy) -> float:
     """The smallest Ritz value of K after a fixed LOBPCG run: an upper bound on lambda_min(K), never below it."""
     from scipy.sparse.linalg import lobpcg
 
     n = K.shape[0]
-    X = np.random.default_rng(0).standard_normal((n, min(ESTIMATE_BLOCK, n)))
+    X = np.random.default_rng(0).standard_normal((n, min(policy.estimate_block, n)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # it stops unconverged by design: the budget bounds the cost, not the accuracy
-        vals = lobpcg(K, X, largest=False, maxiter=ESTIMATE_ITERS, tol=1e-12)[0]
+        vals = lobpcg(K, X, largest=False, maxiter=policy.estimate_iters, tol=1e-12)[0]
     return float(np.min(vals))
 
 
-def eigen_facts(K: np.ndarray) -> tuple[float, int]:
-    """(lambda_min(K), K's numerical rank: eigenvalues above RANK_RTOL lambda_max) from a dense eigvalsh."""
+def eigen_facts(K: np.ndarray, rank_rtol: float) -> tuple[float, int]:
+    """(lambda_min(K), K's numerical rank: eigenvalues above rank_rtol lambda_max) from a dense eigvalsh."""
     eig = np.linalg.eigvalsh(K)
-    return float(eig[0]), int(np.count_nonzero(eig > RANK_RTOL * max(float(eig[-1]), 0.0)))
+    return float(eig[0]), int(np.count_nonzero(eig > rank_rtol * max(float(eig[-1]), 0.0)))
 
 
-def _spectrum_facts(K: np.ndarray, tol: float, rank_bound: int | None = None) -> tuple[float, int | None]:
+def _spectrum_facts(K: np.ndarray, tol: float, rank_bound: int | None,
+                    policy: SolverPolicy) -> tuple[float, int | None]:
     """(lambda_min(K), or any value >= -tol when K is PSD within tol; K's numerical rank, or None when unknown,
     which is exactly when the first is only an upper bound on lambda_min).
 
-    N <= PIVOTED_MAX_N, or beyond when the caller's rank bound makes it affordable (PIVOTED_MAX_WORK): an unpivoted
-    Cholesky certifies a full-rank K (tried unless the caller's rank bound is below N), else a pivoted Cholesky
-    certifies PSD-ness and gives the rank (one BLAS thread up to N = 2000, as the solve runs). Where neither
-    certifies K: up to N = EIGVALSH_MAX_N, a dense eigvalsh gives the exact lambda_min (for the error message) and
-    rank; beyond, a fixed-cost LOBPCG estimate, whose Ritz value never lies below lambda_min (a PSD K always passes;
-    an indefinite one can slip through), and the rank stays unknown.
-    The Cholesky factors go first at every size since they cost a fraction of eigvalsh. bench/small_validation.py
-    (N = 1000 and 3000, four runs): the unpivoted one first makes make_problem 1.14-1.17x (N = 1000) and 1.39-1.48x
-    (3000) faster than the pivoted one first on a full-rank K, 0.71-0.79x on a rank-deficient K with no bound,
-    0.88-0.93x on one it refuses; 3.3-7.3x faster than with eigvalsh alone on a full-rank K, 1.8-3.7x on a
-    rank-deficient one.
+    Within the Cholesky limits (the policy's pivoted_max_n, or beyond where the caller's rank bound puts the cost
+    within pivoted_max_work): an unpivoted Cholesky certifies a full-rank K (tried unless the caller's rank bound is
+    below N), else a pivoted Cholesky certifies PSD-ness and gives the rank (under the solve's BLAS thread limit).
+    Where neither certifies K: up to eigvalsh_max_n, a dense eigvalsh gives the exact lambda_min (for the error
+    message) and rank; beyond, a fixed-cost LOBPCG estimate, whose Ritz value never lies below lambda_min (a PSD K
+    always passes; an indefinite one can slip through), and the rank stays unknown. The factors go first at every
+    size: they cost a fraction of eigvalsh.
     """
+    v = policy.validation
     n = K.shape[0]
-    bounded = rank_bound is not None and 2.0 * n * n * min(int(rank_bound), n) <= PIVOTED_MAX_WORK
-    if n <= PIVOTED_MAX_N or bounded:
-        floor = RANK_RTOL * float(np.max(np.diag(K)))  # a pivot L_jj^2 at or below this adds nothing to the rank
-        with blas_threads(n):
+    bounded = rank_bound is not None and 2.0 * n * n * min(int(rank_bound), n) <= v.pivoted_max_work
+    if n <= v.pivoted_max_n or bounded:
+        floor = v.rank_rtol * float(np.max(np.diag(K)))  # a pivot L_jj^2 at or below this adds nothing to the rank
+        with blas_threads(n, policy.linalg.single_thread_max_n):
             # a K that may have full rank (no bound below N) tries the cheaper unpivoted Cholesky first
             facts = _plain_facts(K, floor) if rank_bound is None or int(rank_bound) >= n else None
             if facts is None:
                 facts = _pivoted_facts(K, tol, floor)
         if facts is not None:
             return facts
-    if n <= EIGVALSH_MAX_N:
-        return eigen_facts(K)
-    return ritz_floor(K), None
+    if n <= v.eigvalsh_max_n:
+        return eigen_facts(K, v.rank_rtol)
+    return ritz_floor(K, v), None
 
 
 def check_settings(gamma: float | None, budget: float | None) -> None:
@@ -264,18 +238,14 @@ def check_costs(costs: np.ndarray | None, n: int) -> np.ndarray | None:
     return costs
 
 
-#: the side of the square tiles symmetrised works on: a tile and its mirror (1 MB) stay in cache
-SYMMETRISE_TILE = 256
-
-
-def symmetrised(K: np.ndarray, sym_tol: float) -> tuple[np.ndarray, float]:
-    """(0.5 (K + K^T), max |K_ij|) a tile at a time, after refusing K if max |K - K^T| > sym_tol max |K_ij|.
+def symmetrised(K: np.ndarray, sym_tol: float, tile: int) -> tuple[np.ndarray, float]:
+    """(0.5 (K + K^T), max |K_ij|) a tile x tile block at a time, after refusing K if max |K - K^T| > sym_tol max |K_ij|.
 
     Tiles keep the peak at K and its symmetrised copy, where whole-matrix K - K^T and K + K^T held two more N x N
-    arrays, and read the transpose in cache: bench/validation.py, N = 10000: 1.2 against 2.2 s, 763 against
-    1526 MB beyond K. A tile pair that is already exactly symmetric is copied as it is (the same result).
+    arrays, and read the transpose in cache. A tile pair that is already exactly symmetric is copied as it is (the
+    same result).
     """
-    n, b = K.shape[0], SYMMETRISE_TILE
+    n, b = K.shape[0], tile
     out = np.empty_like(K)
     scale, asym = 1e-300, 0.0
     for i in range(0, n, b):
@@ -329,13 +299,14 @@ def make_problem(
     psd_tol: float = 1e-6,
     check_psd: bool = True,
     rank_bound: int | None = None,
+    policy: SolverPolicy = DEFAULT_POLICY,
 ) -> KMMProblem:
     """Validate K, beta and settings and return a float64 KMMProblem (optionally cosine-normalised).
 
     rank_bound: an upper bound on rank(K) the caller knows, such as the gradients' dimension p of K = G G^T.
-    Validation computes the rank itself up to N = 8000, and beyond when the bound makes its pivoted Cholesky
-    affordable (PIVOTED_MAX_WORK); otherwise a bound below N still lets the solver treat K as rank-deficient
-    (supports larger than the rank are singular) instead of finding out slowly.
+    Validation computes the rank itself within the policy's validation limits (and beyond pivoted_max_n where the
+    bound makes the pivoted Cholesky affordable); otherwise a bound below N still lets the solver treat K as
+    rank-deficient (supports larger than the rank are singular) instead of finding out slowly.
     """
     check_settings(gamma, budget)
     if rank_bound is not None and (isinstance(rank_bound, bool) or not isinstance(rank_bound, (int, np.integer))
@@ -355,11 +326,11 @@ def make_problem(
         raise KMMInputError("K is empty: there are no candidates to value")
     check_finite("K", K)
     check_finite("beta", beta)
-    K, scale = symmetrised(K, sym_tol)
+    K, scale = symmetrised(K, sym_tol, policy.validation.symmetrise_tile)
     diag = np.diag(K)
     check_norms(diag, 1e-12 * scale)
     costs = check_costs(costs, beta.shape[0])
-    lam_min, rank = _spectrum_facts(K, psd_tol * scale, rank_bound) if check_psd else (0.0, None)
+    lam_min, rank = _spectrum_facts(K, psd_tol * scale, rank_bound, policy) if check_psd else (0.0, None)
     if lam_min < -psd_tol * scale:
         value = f"{lam_min:.3g}" if rank is not None else f"at most {lam_min:.3g} (a LOBPCG estimate)"
         raise KMMInputError(

@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 import functools
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING
 
-SINGLE_THREAD_MAX_N = 2000
+if TYPE_CHECKING:
+    from threadpoolctl import ThreadpoolController
 
 
 @functools.lru_cache(maxsize=1)
-def threadpools():
-    """The process's threadpoolctl controller, made once (scanning the loaded BLAS libraries: 0.33 -> 0.01 ms per
+def threadpools() -> ThreadpoolController:
+    """The process's threadpoolctl controller, made once (scanning the loaded BLAS libraries costs more than a
     limit)."""
     from threadpoolctl import ThreadpoolController
 
     return ThreadpoolController()
 
 
-def blas_threads(n: int):
-    """A context manager: one BLAS thread up to N = SINGLE_THREAD_MAX_N, the default above.
-
-    Measured at N = 1000 on 2 cores (bench/blas_threads.py): one thread solves in a steady 15 ms where two take
-    14-144 ms (thread hand-offs dominate factorisations of this size).
-    """
-    return threadpools().limit(limits=1 if n <= SINGLE_THREAD_MAX_N else None, user_api="blas")
+def blas_threads(n: int, single_thread_max_n: int) -> AbstractContextManager:
+    """A context manager: one BLAS thread up to N = single_thread_max_n (the policy's linalg section), where thread
+    hand-offs outweigh the work of each call; the default above."""
+    return threadpools().limit(limits=1 if n <= single_thread_max_n else None, user_api="blas")

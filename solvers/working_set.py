@@ -8,15 +8,10 @@ import numpy as np
 from convalue.solvers.active_set import past_deadline, pdas_plain, residual
 from convalue.solvers.homotopy import budget_on_path, distinct, expand, lars
 from convalue.solvers.operators import GramOperator
-
-#: the working-set homotopy's first set (the largest |beta|) and its largest set (LARS costs about |W|^3 on it).
-#: bench/sparse_chain.py --starts 64 128 256 (24 cases): geometric means 67, 49 and 45 ms; 128 and 256 each
-#: fastest in 12 cases, 64 in none (it needs more rounds)
-WORKING_SET_START = 128
-WORKING_SET_MAX = 1024
+from convalue.solvers.policy import SolverPolicy
 
 
-def working_set_homotopy(op, gamma: float, scale: float, deadline: float | None = None, *,
+def working_set_homotopy(op, gamma: float, scale: float, deadline: float | None = None, *, policy: SolverPolicy,
                          start: int | None = None, max_size: int | None = None,
                          seed: np.ndarray | None = None) -> tuple[np.ndarray, int, bool]:
     """The homotopy on a working set W grown by the candidates that violate KKT outside it; (w, steps, converged).
@@ -25,20 +20,20 @@ def working_set_homotopy(op, gamma: float, scale: float, deadline: float | None 
     continuation jumps to such supports at every stage, and for the gradient form, where a support of s costs
     s^2 p to form: LARS on the few candidates of W (one of each duplicate group) is exact, and w is optimal
     once no candidate outside W has |r_i| > gamma. Each round adds the worst violators,
-    at most doubling W; past WORKING_SET_MAX candidates it gives up and the chain goes on. start: the size of the
-    first W (WORKING_SET_START when None, read at call time like WORKING_SET_MAX); max_size: the largest W
-    (WORKING_SET_MAX when None); seed: an iterate whose nonzeros (the largest |w| first) join the first W, up to
-    max_size.
+    at most doubling W; past max_size candidates it gives up and the chain goes on. start: the size of the
+    first W (the policy's working_set.start when None); max_size: the largest W (working_set.max_size when None);
+    seed: an iterate whose nonzeros (the largest |w| first) join the first W, up to max_size.
     """
     def at_gamma(sub) -> tuple[float, np.ndarray, int, bool]:
         _, path, k = lars(sub, gamma, return_path=False)
         return gamma, path[-1], k, True
 
-    w, _, steps, ok = _grown(op, at_gamma, scale, deadline, start, max_size, seed=seed)
+    w, _, steps, ok = _grown(op, at_gamma, scale, deadline, policy, start, max_size, seed=seed)
     return w, steps, ok
 
 
-def working_set_budget(op, budget: float, scale: float, *, start: int | None = None, max_size: int | None = None,
+def working_set_budget(op, budget: float, scale: float, *, policy: SolverPolicy, start: int | None = None,
+                       max_size: int | None = None,
                        max_active: int | None = None) -> tuple[np.ndarray, float, int, bool]:
     """The budget form (||w||_1 <= budget) on a working set grown like working_set_homotopy's; (w, gamma, steps,
     converged), gamma the budget's multiplier.
@@ -49,15 +44,14 @@ def working_set_budget(op, budget: float, scale: float, *, start: int | None = N
     none (W's point is then the full path's), the stopping gamma halves; LARS's cost grows with the path's length, so
     no path is followed much further than the budget needs. It gives up where the budget does not bind on W's whole
     path and nothing violates at its end (the gamma grid decides that case), past max_size candidates, or where W's
-    path, short of the budget, heads for more than max_active (WORKING_SET_MAX when None) active candidates, read as
-    its active count times budget / l1: LARS's steps cost about |W| times the active count each, so a dense budget
-    costs it more than the grid (bench/budget_form.py; that reading came within 0.88-1.10x of the final count in
-    seven cases of 407-1593 active).
+    path, short of the budget, heads for more than max_active (the policy's working_set.max_size when None) active
+    candidates, read as its active count times budget / l1: LARS's steps cost about |W| times the active count
+    each, so a dense budget costs it more than the grid.
     """
     gmax = float(np.abs(op.beta).max())
     floor = gmax * 1e-12
     stop, ended = 0.25 * gmax, False
-    most = WORKING_SET_MAX if max_active is None else max_active
+    most = policy.working_set.max_size if max_active is None else max_active
 
     def at_budget(sub) -> tuple[float, np.ndarray, int, bool] | None:
         nonlocal ended
@@ -68,7 +62,7 @@ def working_set_budget(op, budget: float, scale: float, *, start: int | None = N
         if np.count_nonzero(path[-1]) * budget > most * np.abs(path[-1]).sum():
             return None
         # W's path went to its end below the stopping gamma (all of W active): no deeper. LARS can also stop a hair
-        # above it (2.410683e-3 for 2.410635e-3 at N = 3000 > p = 1000, 908 in W), where going deeper still helps
+        # above it (by round-off in its last step), where going deeper still helps
         ended = bool(gammas[-1] < stop)
         return float(gammas[-1]), path[-1], k, False
 
@@ -79,18 +73,18 @@ def working_set_budget(op, budget: float, scale: float, *, start: int | None = N
         stop = max(0.5 * stop, floor)
         return True
 
-    return _grown(op, at_budget, scale, None, start, max_size, deeper)
+    return _grown(op, at_budget, scale, None, policy, start, max_size, deeper)
 
 
-def _grown(op, solve_on, scale: float, deadline: float | None, start: int | None, max_size: int | None,
-           deeper=None, seed: np.ndarray | None = None) -> tuple[np.ndarray, float, int, bool]:
+def _grown(op, solve_on, scale: float, deadline: float | None, policy: SolverPolicy, start: int | None,
+           max_size: int | None, deeper=None, seed: np.ndarray | None = None) -> tuple[np.ndarray, float, int, bool]:
     """(w, gamma, steps, converged) on a working set W of the largest |beta| (and seed's nonzeros) grown by the worst
     KKT violators outside it until none is left. solve_on(the Gram operator of W) -> (gamma, w on W, steps, final), or
     None to give up: a point with final False and no violators is not the form's answer yet: deeper() (None: never)
     moves solve_on on, False if it cannot."""
     n = op.n
-    start = WORKING_SET_START if start is None else start
-    cap = min(n, WORKING_SET_MAX if max_size is None else max_size)
+    start = policy.working_set.start if start is None else start
+    cap = min(n, policy.working_set.max_size if max_size is None else max_size)
     ranked = np.argsort(-np.abs(op.beta), kind="stable")[:min(cap, start)]
     if seed is not None:  # seed's nonzeros go first, then the largest |beta|, each candidate once
         on = np.flatnonzero(seed)
@@ -103,7 +97,7 @@ def _grown(op, solve_on, scale: float, deadline: float | None, start: int | None
         if sub is None:
             # the Gram form of W for both operators (scikit-learn's LARS on the gradients stops early on small
             # residues), one candidate of each duplicate group (LARS ends at a wrong point on exact ties)
-            sub, keep = distinct(GramOperator(op.sub(W), op.beta[W]))
+            sub, keep = distinct(GramOperator(op.sub(W), op.beta[W], linalg=op.linalg), policy.homotopy.max_pairs)
         found = solve_on(sub)
         if found is None:
             break

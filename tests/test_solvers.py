@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from kmm_oracle import scipy_budget, scipy_penalised, sklearn_penalised
 
 from convalue.engine.selection.select import select_top_k
-from convalue.solvers import KMMInputError, kkt_violation, make_problem, solve_kmm
+from convalue.solvers import DEFAULT_POLICY, KMMInputError, kkt_violation, make_problem, solve_kmm
 
 G_EX = np.array([[1.0, 0.1], [1.0, 0.1], [0.0, 1.0]])
 G_TAR = np.array([1.0, 1.0])
@@ -173,38 +173,31 @@ def test_bad_input_is_a_clear_error(K, beta, kw, match):
 @given(seed=st.integers(0, 2**31), n=st.integers(1, 40), tile=st.integers(1, 9), share=st.floats(0.0, 1.0))
 def test_symmetrised_equals_the_whole_matrix_formula_at_any_tile_size(seed, n, tile, share):
     """Tile pairs that are exactly symmetric (copied as they are) and those that are not give 0.5 (A + A^T)."""
-    import convalue.solvers.problem as problem_module
+    from convalue.solvers.problem import symmetrised
 
     rng = np.random.default_rng(seed)
     A = rng.normal(size=(n, n))  # asymmetric where both indices are in `odd` (a share of them), symmetric elsewhere
     odd = rng.random(n) < share
     A = np.where(odd[:, None] & odd[None, :], A, np.triu(A) + np.triu(A, 1).T)  # sym_tol = 2 never refuses it
-    saved = problem_module.SYMMETRISE_TILE
-    problem_module.SYMMETRISE_TILE = tile
-    try:
-        S, scale = problem_module.symmetrised(A, 2.0)
-    finally:
-        problem_module.SYMMETRISE_TILE = saved
+    S, scale = symmetrised(A, 2.0, tile)
     assert np.array_equal(S, 0.5 * (A + A.T)) and scale == float(np.abs(A).max())
 
 
-def test_symmetrisation_in_tiles_is_exact_and_finds_asymmetry_in_any_tile(monkeypatch):
+def test_symmetrisation_in_tiles_is_exact_and_finds_asymmetry_in_any_tile():
     """make_problem symmetrises K a tile at a time: the result is exactly 0.5 (K + K^T) and exactly symmetric,
     and an asymmetry beyond the tolerance in any tile is refused with its size."""
-    import convalue.solvers.problem as problem_module
-
-    monkeypatch.setattr(problem_module, "SYMMETRISE_TILE", 7)  # 30 candidates: 5 x 5 tiles, the last ones partial
+    policy = DEFAULT_POLICY.but(validation={"symmetrise_tile": 7})  # 30 candidates: 5 x 5 tiles, the last partial
     G, g = random_gradients(6, 30, 40, False)
     K = G @ G.T
     scale = float(np.abs(K).max())
     within = K.copy()
     within[29, 3] += 1e-8 * scale  # inside sym_tol = 1e-6, in a lower tile
-    prob = make_problem(within, G @ g, gamma=0.1)
+    prob = make_problem(within, G @ g, gamma=0.1, policy=policy)
     assert np.array_equal(prob.K, 0.5 * (within + within.T)) and np.array_equal(prob.K, prob.K.T)
     beyond = K.copy()
     beyond[3, 29] += 1e-3 * scale
     with pytest.raises(KMMInputError, match=f"max \\|K - K\\^T\\| = {1e-3 * scale:.3g}"):
-        make_problem(beyond, G @ g, gamma=0.1)
+        make_problem(beyond, G @ g, gamma=0.1, policy=policy)
 
 
 # --- fast solver vs the CVXPY+OSQP reference; cost-weighted budget; path; gradient space ---------------
@@ -347,9 +340,7 @@ def test_mixed_precision_support_solve_refines_to_float64_or_declines():
 
 
 def test_large_dense_supports_take_the_float32_path_and_stay_exact():
-    """Supports above MIXED_MIN_N factor in float32; the answer must still match the reference."""
-    from convalue.solvers.linalg import MIXED_MIN_N
-
+    """Supports above the policy's mixed_min_n factor in float32; the answer must still match the reference."""
     rng = np.random.default_rng(9)
     centers = rng.normal(size=(30, 1500))
     G = centers[rng.integers(0, 30, size=400)] + 0.5 * rng.normal(size=(400, 1500))
@@ -357,23 +348,21 @@ def test_large_dense_supports_take_the_float32_path_and_stay_exact():
     g = centers[:4].sum(axis=0) / np.linalg.norm(centers[:4].sum(axis=0))
     K, beta = G @ G.T, G @ g
     a = solve_kmm(K, beta, gamma=1e-4)
-    assert np.count_nonzero(a.w) > MIXED_MIN_N and a.kkt < 1e-10
+    assert np.count_nonzero(a.w) > DEFAULT_POLICY.linalg.mixed_min_n and a.kkt < 1e-10
     b = solve_kmm(K, beta, gamma=1e-4, method="cvxpy")
     assert a.objective <= b.objective + 1e-9 * max(1.0, abs(b.objective))
 
 
 @pytest.mark.parametrize("keep_copy", [True, False])
-def test_gram_operator_support_solve_float32_gather_matches_float64(keep_copy, monkeypatch):
+def test_gram_operator_support_solve_float32_gather_matches_float64(keep_copy):
     """GramOperator's float32 factorisations give float64 answers (1-D and 2-D), with or without a kept float32 K."""
     from convalue.solvers import operators
-    from convalue.solvers.linalg import MIXED_MIN_N
 
-    if not keep_copy:
-        monkeypatch.setattr(operators, "FLOAT32_COPY_MAX_N", 100)
+    linalg = DEFAULT_POLICY.linalg if keep_copy else DEFAULT_POLICY.but(linalg={"float32_copy_max_n": 100}).linalg
     rng = np.random.default_rng(11)
     X = rng.normal(size=(400, 900))
-    op = operators.GramOperator(X @ X.T / 900, rng.normal(size=400))
-    A = np.sort(rng.choice(400, size=MIXED_MIN_N + 40, replace=False))
+    op = operators.GramOperator(X @ X.T / 900, rng.normal(size=400), linalg=linalg)
+    A = np.sort(rng.choice(400, size=linalg.mixed_min_n + 40, replace=False))
     Kaa = op.K[np.ix_(A, A)]
     rhs = rng.normal(size=(A.size, 2))
     x = op.solve_support(A, rhs)
@@ -392,12 +381,11 @@ def test_gradient_operator_float32_paths_give_float64_answers(monkeypatch):
     2-D right-hand sides); a support float32 cannot resolve (a near-duplicate pair) takes the float64 matrix; the
     shifted solver approximates (G G^T + rho I)^-1 at least to ADMM's needs."""
     from convalue.solvers import operators
-    from convalue.solvers.linalg import MIXED_MIN_N
 
     rng = np.random.default_rng(17)
     X = rng.normal(size=(400, 900)) / np.sqrt(900)
     op = operators.GradientOperator(X, rng.normal(size=900))
-    A = np.sort(rng.choice(400, size=MIXED_MIN_N + 40, replace=False))
+    A = np.sort(rng.choice(400, size=DEFAULT_POLICY.linalg.mixed_min_n + 40, replace=False))
     Kaa = X[A] @ X[A].T
     rhs = rng.normal(size=(A.size, 2))
     x = op.solve_support(A, rhs)
@@ -412,24 +400,27 @@ def test_gradient_operator_float32_paths_give_float64_answers(monkeypatch):
     real = operators.solve_dense
     monkeypatch.setattr(operators, "solve_dense", lambda K, b, **kw: calls.append(kw) or real(K, b, **kw))
     Y = X.copy()
-    Y[A[1]] = Y[A[0]] * (1 + 1e-9)  # singular in float32 on A: the float64 matrix and its least squares
+    # a pair 1e-9 apart, 60 times below float32's resolution (6e-8): singular in float32 under any rounding, so the
+    # float64 matrix and its least squares take over (one float64 call that does not try float32 again)
+    Y[A[1]] = Y[A[0]] * (1 + 1e-9)
     dup = operators.GradientOperator(Y, rng.normal(size=900))
     r = rng.normal(size=A.size)
     r[1] = r[0] * (1 + 1e-9)  # a consistent right-hand side for the near-duplicate pair
     z = dup.solve_support(A, r)
-    assert calls == [{"try_mixed": False}]
+    assert calls == [{"mixed_min_n": None}]
     assert np.linalg.norm(Y[A] @ (Y[A].T @ z) - r) <= 1e-8 * np.linalg.norm(r)
 
 
-def test_gradient_operator_sub_keeps_the_larger_sets(monkeypatch):
-    """sub() is exact and a new array each call; a set under half the kept one's size, or above SUB_KEEP_MAX_N,
-    leaves the kept matrix as it was, and a set sharing half of it reuses it (a mark on the kept matrix shows)."""
+def test_gradient_operator_sub_keeps_the_larger_sets():
+    """sub() is exact and a new array each call; a set under half the kept one's size, or above the policy's
+    sub_keep_max_n, leaves the kept matrix as it was, and a set sharing half of it reuses it (a mark on the kept
+    matrix shows)."""
     from convalue.solvers import operators
 
-    monkeypatch.setattr(operators, "SUB_KEEP_MAX_N", 350)
     rng = np.random.default_rng(29)
     X = rng.normal(size=(500, 300))
-    op = operators.GradientOperator(X, rng.normal(size=300))
+    op = operators.GradientOperator(X, rng.normal(size=300),
+                                    linalg=DEFAULT_POLICY.but(linalg={"sub_keep_max_n": 350}).linalg)
     E = np.sort(rng.choice(500, size=300, replace=False))
     first = op.sub(E)
     assert np.allclose(first, X[E] @ X[E].T, rtol=0, atol=1e-12)
@@ -439,7 +430,7 @@ def test_gradient_operator_sub_keeps_the_larger_sets(monkeypatch):
     assert np.allclose(op.sub(small), X[small] @ X[small].T, rtol=0, atol=1e-12) and op._last64 is kept
     big = np.arange(400)
     op.sub(big)
-    assert op._last64 is kept  # above SUB_KEEP_MAX_N: not kept
+    assert op._last64 is kept  # above sub_keep_max_n: not kept
     kept[1][:] += 1.0  # a mark: the next set, E plus a few, copies its shared block
     more = np.concatenate([E, np.setdiff1d(np.arange(500), E)[:10]])
     M = op.sub(more)
@@ -526,99 +517,125 @@ def test_certificate_matches_the_separate_kkt_and_objective():
 
 
 def test_dense_solve_is_scale_free_and_its_admm_rho_follows_gamma():
-    """The same iterations and answer when K, beta and gamma scale together; rho from gamma / max|beta|
-    takes fewer ADMM iterations here than the former fixed rho = 0.3 (27)."""
+    """The same plan and answer when K, beta and gamma scale together (every threshold is relative to max|beta| or
+    mean K_ii); ADMM's first rho follows gamma / max|beta| in proportion, within its clip."""
+    from convalue.solvers.admm import admm_rho
+
     G, g = _clustered(300, 600, seed=4)
     K, beta = G @ G.T, G @ g
     a = solve_kmm(K, beta, gamma=5e-4)
     b = solve_kmm(1e3 * K, 1e3 * beta, gamma=5e-1)
-    assert a.info["strategy"] == b.info["strategy"] == "admm_polish"
-    assert a.iterations == b.iterations <= 22  # 18 measured
-    assert np.allclose(a.w, b.w, rtol=0, atol=1e-10 * np.abs(a.w).max())
+    assert a.info["plan"] == b.info["plan"] and a.info["plan"][0] == "admm_first"
+    assert a.kkt <= 1e-10 * max(1.0, float(np.abs(beta).max())) and b.kkt <= 1e-10 * 1e3 * float(np.abs(beta).max())
+    assert np.abs(b.w - a.w).max() <= _certificate_gap(K, a.w, a.kkt, b.kkt / 1e3)  # b's violations are 1e3 times a's
+    assert b.objective == pytest.approx(1e3 * a.objective, rel=1e-9)
+    gmax, rules = float(np.abs(beta).max()), DEFAULT_POLICY.admm
+    assert admm_rho(5e-4, gmax, rules) == pytest.approx(admm_rho(5e-1, 1e3 * gmax, rules), rel=1e-12)
+    assert admm_rho(1e-3 * gmax, gmax, rules) == pytest.approx(2 * admm_rho(5e-4 * gmax, gmax, rules), rel=1e-12)
+    assert admm_rho(1e-9 * gmax, gmax, rules) == rules.rho_min and admm_rho(gmax, gmax, rules) == rules.rho_max
 
 
-def test_a_tolerance_lets_dense_admm_stop_early_and_certifies_the_stop(monkeypatch):
-    """tol = 1e-6 (the issue's accuracy): ADMM's own iterate, Anderson-accelerated once its signs hold, where the
-    support (370 of 400) is dear to factor; certified at the tolerance, with the exact solve's support and signs."""
-    from convalue.solvers import admm
+def test_a_tolerance_lets_dense_admm_stop_early_and_certifies_the_stop():
+    """A tolerance lets ADMM return its own iterate, Anderson-accelerated once its signs hold, where the support (370
+    of 400) is dear to factor; the answer is certified at the tolerance and lies within what its certificate allows
+    of the exact one. tol = 1e-4 makes the stop certain on any BLAS: ADMM's float32 iterate reaches KKT 1e-4 well
+    before its floor (about 2e-7 here), and K's smallest pivot bound (0.07 of mean K_ii) is 7 times the guard's 0.01.
+    """
+    from convalue.solvers.admm import early_stop_allowed, stop_level
 
     G, g = _clustered(400, 800, seed=5)
     K, beta = G @ G.T, G @ g
-    exact = solve_kmm(K, beta, gamma=2e-4)
-    early = solve_kmm(K, beta, gamma=2e-4, tol=1e-6)
     scale = max(1.0, float(np.abs(beta).max()))
-    assert early.status == "optimal" and early.info["strategy"] == "admm_polish" and early.info["early_stop"]
-    assert early.summary()["early_stop"] and early.summary()["tol"] == 1e-6 and "early_stop" not in exact.info
-    assert 1e-12 * scale < early.kkt <= 1e-6 * scale  # stopped at the tolerance, not polished to round-off
+    exact = solve_kmm(K, beta, gamma=2e-4)
+    early = solve_kmm(K, beta, gamma=2e-4, tol=1e-4)
+    assert early.status == "optimal" and early.info["early_stop"] and early.info["step"] == "admm_first"
+    assert early.summary()["early_stop"] and early.summary()["tol"] == 1e-4 and "early_stop" not in exact.info
+    assert 1e-12 * scale < early.kkt <= 1e-4 * scale  # stopped at the tolerance, not polished to round-off
     assert early.kkt == pytest.approx(kkt_violation(make_problem(K, beta, gamma=2e-4), early.w), rel=1e-9)
-    assert np.array_equal(np.sign(early.w), np.sign(exact.w)) and np.count_nonzero(exact.w) == 370
-    assert exact.objective <= early.objective <= exact.objective + 1e-10 * max(1.0, abs(exact.objective))
+    assert np.linalg.norm(early.w - exact.w) <= _certificate_gap(K, exact.w, early.kkt, exact.kkt)
+    assert exact.objective <= early.objective <= exact.objective + 1e-8 * max(1.0, abs(exact.objective))
     ref = solve_kmm(K, beta, gamma=2e-4, method="cvxpy")
-    assert early.objective <= ref.objective + 1e-9 * max(1.0, abs(ref.objective))
-    # plain ADMM steps past the settling (no Anderson) reach the same certificate in more steps (26 against 21)
-    monkeypatch.setattr(admm, "ANDERSON_MEMORY", 0)
-    plain = solve_kmm(K, beta, gamma=2e-4, tol=1e-6)
-    assert plain.info["early_stop"] and plain.kkt <= 1e-6 * scale and plain.iterations > early.iterations
+    assert early.objective <= ref.objective + 1e-8 * max(1.0, abs(ref.objective))
+    # plain ADMM steps past the settling (no Anderson) stop at a certified iterate too
+    plain = solve_kmm(K, beta, gamma=2e-4, tol=1e-4, policy=DEFAULT_POLICY.but(early_stop={"anderson_memory": 0}))
+    assert plain.info["early_stop"] and plain.kkt <= 1e-4 * scale
+    assert np.linalg.norm(plain.w - exact.w) <= _certificate_gap(K, exact.w, plain.kkt, exact.kkt)
+    # the rules that decide it, on their own
+    rules = DEFAULT_POLICY.early_stop
+    assert stop_level(1e-6, 4.0, rules) == 4e-6 and stop_level(1e-6, 0.5, rules) == 1e-6
+    assert stop_level(0.5 * rules.min_tol, 4.0, rules) is None and stop_level(None, 4.0, rules) is None
+    assert early_stop_allowed(400, True, 0.07, 1.0, rules)
+    assert not early_stop_allowed(399, True, 0.07, 1.0, rules)  # below min_n
+    assert not early_stop_allowed(400, False, 0.07, 1.0, rules)  # the gradient form
+    assert not early_stop_allowed(400, True, rules.min_lambda, 1.0, rules)  # K nearly singular
 
 
-def test_a_tolerance_does_not_stop_early_on_a_nearly_singular_k(monkeypatch):
-    """Near-parallel gradients (lambda_min(K) about 1e-4 of mean K_ii, below EARLY_STOP_MIN_LAMBDA by the shifted
-    factor's pivots): KKT 1e-6 does not pin the scores there. Without the guard ADMM stopped with 599 nonzero scores
-    where the optimum has 479 and another top 3; with it the answer is the exact one."""
-    from convalue.solvers import admm
+def test_a_tolerance_does_not_stop_early_on_a_nearly_singular_k():
+    """Near-parallel gradients: lambda_min(K) is 3.6e-5 of mean K_ii and the shifted factor's pivots bound it at
+    6e-4, 17 times below the guard's early_stop.min_lambda (0.01), so a tolerance leaves the answer exact: a KKT
+    violation of 1e-6 does not pin the scores on such a K. Without the guard (min_lambda 0) ADMM's iterate answers at
+    tol = 1e-4 (far above float32's floor, so on any BLAS), certified at the tolerance but far from the optimum."""
+    from convalue.solvers.admm import admm_rho
+    from convalue.solvers.operators import GramOperator
 
     G, g = _near_parallel(np.random.default_rng(3), 600, 1200, mix=400)
     K, beta = G @ G.T, G @ g
-    gamma = 1e-3 * float(np.abs(beta).max())
+    gmax = float(np.abs(beta).max())
+    gamma = 1e-3 * gmax
+    op = GramOperator(K, beta)
+    rho = admm_rho(gamma, gmax, DEFAULT_POLICY.admm) * float(np.mean(op.diag))
+    bound = op.shifted_solver(rho).lambda_min_bound
+    assert 0 < bound < 0.1 * DEFAULT_POLICY.early_stop.min_lambda * float(np.mean(op.diag))  # the guard's margin
     exact = solve_kmm(K, beta, gamma=gamma)
     guarded = solve_kmm(K, beta, gamma=gamma, tol=1e-6)
-    assert "early_stop" not in guarded.info and np.allclose(guarded.w, exact.w, rtol=0, atol=1e-12)
-    monkeypatch.setattr(admm, "EARLY_STOP_MIN_LAMBDA", 0.0)
-    unguarded = solve_kmm(K, beta, gamma=gamma, tol=1e-6)
-    assert unguarded.info["early_stop"] and unguarded.kkt <= 1e-6 * max(1.0, float(np.abs(beta).max()))
-    assert np.count_nonzero(unguarded.w) > np.count_nonzero(exact.w) == 479
+    assert "early_stop" not in guarded.info and guarded.kkt <= 1e-12 * max(1.0, gmax)
+    assert np.linalg.norm(guarded.w - exact.w) <= _certificate_gap(K, exact.w, guarded.kkt, exact.kkt)
+    unguarded = solve_kmm(K, beta, gamma=gamma, tol=1e-4, policy=DEFAULT_POLICY.but(early_stop={"min_lambda": 0.0}))
+    assert unguarded.info["early_stop"] and unguarded.kkt <= 1e-4 * max(1.0, gmax)
+    assert np.abs(unguarded.w - exact.w).max() > 1e-5  # 1.7e-3 measured; the exact answers agree to 1e-11
 
 
-def test_a_tolerance_keeps_the_polish_where_it_is_cheaper_or_float32_cannot_reach_it(monkeypatch):
-    """The polish with tol set: a support cheap to factor (EARLY_STOP_CUBE_RATIO), a tolerance below float32's floor
-    (EARLY_STOP_MIN_TOL: the same iterations and answer as no tol), and a stalled early stop (that floor lifted),
-    which gives up within two check windows and polishes exactly."""
-    from convalue.solvers import admm
+def test_a_tolerance_keeps_the_polish_where_it_is_cheaper_or_float32_cannot_reach_it():
+    """The polish with tol set: a support cheap to factor (early_stop.cube_ratio), a tolerance below float32's floor
+    (early_stop.min_tol: the same arithmetic as no tol), and a stalled early stop (that floor lifted), which gives up
+    and polishes exactly."""
+    from convalue.solvers.admm import support_dear
 
     G, g = _clustered(400, 800, seed=5)
     K, beta = G @ G.T, G @ g
     scale = max(1.0, float(np.abs(beta).max()))
-    # dense by its ratio, 185 of 400 active: the polish, as without tol
+    rules = DEFAULT_POLICY.early_stop
+    # dense by its ratio, 185 of 400 active, where support_dear needs 289: the optimum is far from a change of support
+    # (the check below), so round-off, which moves ADMM's float32 iterate by about 1e-7, cannot add the 104 nonzeros
+    # it would take: the polish, as without tol
     sparse, sparse_exact = solve_kmm(K, beta, gamma=2e-3, tol=1e-6), solve_kmm(K, beta, gamma=2e-3)
-    assert sparse.info["strategy"] == "admm_polish" and 0 < np.count_nonzero(sparse_exact.w) ** 3 <= (
-        admm.EARLY_STOP_CUBE_RATIO * 400**2) and sparse.iterations == sparse_exact.iterations
-    assert np.array_equal(sparse.w, sparse_exact.w)
+    _assert_far_from_a_support_change(K, beta, 2e-3, sparse_exact.w)
+    assert np.count_nonzero(sparse_exact.w) == 185 and not support_dear(288, 400, rules) and support_dear(289, 400, rules)
+    assert "early_stop" not in sparse.info and sparse.kkt <= 1e-12 * scale
+    assert np.linalg.norm(sparse.w - sparse_exact.w) <= _certificate_gap(K, sparse_exact.w, sparse.kkt,
+                                                                         sparse_exact.kkt)
+    # below min_tol the tolerance is dropped before ADMM runs: the very same arithmetic, bit for bit
     exact = solve_kmm(K, beta, gamma=2e-4)
-    below = solve_kmm(K, beta, gamma=2e-4, tol=1e-7)
+    below = solve_kmm(K, beta, gamma=2e-4, tol=0.5 * rules.min_tol)
     assert below.iterations == exact.iterations and np.array_equal(below.w, exact.w) and "early_stop" not in below.info
-    monkeypatch.setattr(admm, "EARLY_STOP_MIN_TOL", 0.0)
-    stalled = solve_kmm(K, beta, gamma=2e-4, tol=1e-10)
-    assert stalled.kkt <= 1e-12 * scale and np.allclose(stalled.w, exact.w, rtol=0, atol=1e-12)
-    assert "early_stop" not in stalled.info and "early_stop" not in sparse.info
-    assert exact.iterations < stalled.iterations <= exact.iterations + 2 * admm.EARLY_STOP_CHECK_EVERY + 2
+    # with the floor lifted, a tolerance of 1e-10 is 1000 times below what ADMM's float32 iterate reaches: it stalls
+    # and polishes, exactly
+    stalled = solve_kmm(K, beta, gamma=2e-4, tol=1e-10, policy=DEFAULT_POLICY.but(early_stop={"min_tol": 0.0}))
+    assert stalled.kkt <= 1e-12 * scale and "early_stop" not in stalled.info
+    assert np.linalg.norm(stalled.w - exact.w) <= _certificate_gap(K, exact.w, stalled.kkt, exact.kkt)
 
 
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 2**31), n=st.integers(6, 24), extra=st.integers(0, 20), log_ratio=st.floats(-4, -2.2))
 def test_early_stops_are_certified_and_match_the_independent_formulation(seed, n, extra, log_ratio):
-    """Full-rank K at gammas dense by their ratio (ADMM's side of the chain), every support counted dear to factor
-    and K's conditioning not asked (at these sizes none is by EARLY_STOP_CUBE_RATIO and EARLY_STOP_MIN_N): tol = 1e-6 answers are certified at it and their objectives
-    match L-BFGS-B's on the split form."""
-    from convalue.solvers import admm
-
+    """Full-rank K at gammas dense by their ratio (ADMM's side of the plan), every support counted dear to factor
+    and K's conditioning not asked (at these sizes the default policy never stops early): tol = 1e-6 answers are
+    certified at it and their objectives match L-BFGS-B's on the split form."""
     G, g = random_gradients(seed, n, n + extra, False)
     K, beta = G @ G.T, G @ g
     gamma = 10**log_ratio * float(np.abs(beta).max())
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(admm, "EARLY_STOP_CUBE_RATIO", 0.0)
-        patch.setattr(admm, "EARLY_STOP_MIN_N", 0)
-        patch.setattr(admm, "EARLY_STOP_MIN_LAMBDA", 0.0)
-        sol = solve_kmm(K, beta, gamma=gamma, tol=1e-6)
+    eager = DEFAULT_POLICY.but(early_stop={"cube_ratio": 0.0, "min_n": 0, "min_lambda": 0.0})
+    sol = solve_kmm(K, beta, gamma=gamma, tol=1e-6, policy=eager)
     scale = max(1.0, float(np.abs(beta).max()))
     assert sol.status == "optimal" and sol.kkt <= 1e-6 * scale
     prob = make_problem(K, beta, gamma=gamma)
@@ -677,6 +694,26 @@ def _clustered(n: int, p: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return G, g / np.linalg.norm(g)
 
 
+def _certificate_gap(K: np.ndarray, w: np.ndarray, kkt_a: float, kkt_b: float) -> float:
+    """The most two answers with KKT violations kkt_a and kkt_b can differ by in the 2-norm on a positive definite K:
+    the objective is lambda_min(K)-strongly convex, so each lies within sqrt(N) kkt / lambda_min of the optimum."""
+    lam = float(np.linalg.eigvalsh(K)[0])
+    assert lam > 0, "the bound needs a positive definite K"
+    return np.sqrt(len(w)) * (kkt_a + kkt_b) / lam
+
+
+def _assert_far_from_a_support_change(K: np.ndarray, beta: np.ndarray, gamma: float, w: np.ndarray,
+                                      margin: float = 1e-6) -> None:
+    """The optimum w is far from a change of support or signs: every inactive |r_i| (r = K w - beta) lies at least
+    margin gamma below gamma and every active |w_i| is at least margin max|w|. Round-off (about 1e-13 here) then
+    cannot move a candidate in or out, so exact methods (LARS, support solves) take the same steps on any BLAS and
+    certify at 1e-10: a test may assert which of them answered."""
+    r = K @ w - beta
+    on = w != 0
+    assert gamma - np.abs(r[~on]).max(initial=0.0) >= margin * gamma
+    assert np.abs(w[on]).min(initial=np.inf) >= margin * np.abs(w).max()
+
+
 # --- rank-deficient K (N > p, duplicates): the homotopy ---------------------------------------------------
 
 
@@ -693,8 +730,10 @@ def test_validation_records_the_rank_and_the_operator_bounds_supports_by_it():
 
 
 def test_small_k_takes_the_pivoted_cholesky_and_eigvalsh_only_to_name_a_negative_eigenvalue(monkeypatch):
-    """Up to EIGVALSH_MAX_N the Cholesky factors go first: a PSD K (full-rank, N > p, duplicated) gets the rank the
-    spectrum gives without an eigvalsh; an indefinite K pays for one, which names its exact lambda_min."""
+    """Up to the policy's eigvalsh_max_n the Cholesky factors go first: a PSD K (full-rank, N > p, duplicated) gets
+    the rank the spectrum gives without an eigvalsh; an indefinite K pays for one, which names its exact lambda_min.
+    The calls are decided by margins far above round-off: the zero eigenvalues of these K sit at 1e-13 of their
+    largest against the rank threshold of 1e-10, and the indefinite one at -0.01 against a tolerance of 1e-6."""
     import convalue.solvers.problem as problem_module
 
     calls = []
@@ -715,7 +754,8 @@ def test_small_k_takes_the_pivoted_cholesky_and_eigvalsh_only_to_name_a_negative
 def test_a_full_rank_k_is_certified_by_the_unpivoted_cholesky_and_anything_else_by_the_pivoted_one(monkeypatch):
     """A K that may have full rank (no rank bound below N) tries dpotrf first: a full-rank K needs nothing more; a
     rank-deficient one, a near-duplicate pair whose pivot falls below the rank threshold, or a caller's bound
-    below N goes to dpstrf, and every rank equals the spectrum's."""
+    below N goes to dpstrf, and every rank equals the spectrum's. No call is borderline: the near-duplicate pair's
+    pivot is 1e-14 of max K_ii, 1e4 times below the threshold (1e-10), and the other pivots are of order one."""
     import scipy.linalg as sla
 
     import convalue.solvers.problem as problem_module
@@ -746,69 +786,66 @@ def test_a_full_rank_k_is_certified_by_the_unpivoted_cholesky_and_anything_else_
     assert calls == ["dpotrf", "dpstrf"]
 
 
-def test_pivoted_cholesky_validation_records_the_rank_and_refuses_indefinite_k(monkeypatch):
-    """Above EIGVALSH_MAX_N validation takes the Cholesky factors alone: the same rank, PSD-ness certified by the
+def test_pivoted_cholesky_validation_records_the_rank_and_refuses_indefinite_k():
+    """Above eigvalsh_max_n validation takes the Cholesky factors alone: the same rank, PSD-ness certified by the
     factor (the pivoted one: its Schur complement's norm), and a clear refusal with LOBPCG's lambda_min when K is
     indefinite."""
-    import convalue.solvers.problem as problem_module
-
-    monkeypatch.setattr(problem_module, "EIGVALSH_MAX_N", 10)  # the 3000 < N <= 8000 branch at a test's size
+    policy = DEFAULT_POLICY.but(validation={"eigvalsh_max_n": 10})  # the 3000 < N <= 8000 branch at a test's size
     G, g = random_gradients(3, 50, 12, True)
-    assert make_problem(G @ G.T, G @ g, gamma=0.1).rank == 12
+    assert make_problem(G @ G.T, G @ g, gamma=0.1, policy=policy).rank == 12
     G, g = random_gradients(4, 40, 60, True)  # N < p, but one exact duplicate
-    assert make_problem(G @ G.T, G @ g, gamma=0.1).rank == 39
+    assert make_problem(G @ G.T, G @ g, gamma=0.1, policy=policy).rank == 39
     G, g = random_gradients(4, 40, 60, False)
-    assert make_problem(G @ G.T, G @ g, gamma=0.1).rank == 40
+    assert make_problem(G @ G.T, G @ g, gamma=0.1, policy=policy).rank == 40
     K = G @ G.T
     lam = np.linalg.eigvalsh(K)[0]
     indefinite = K - (lam + 0.01) * np.eye(40)  # lambda_min = -0.01, far beyond the tolerance
     # the pivoted check fails, and LOBPCG's Ritz value names the eigenvalue (exact at this size)
     with pytest.raises(KMMInputError, match="not positive semidefinite: most negative eigenvalue at most -0.01 "):
-        make_problem(indefinite, G @ g, gamma=0.1)
+        make_problem(indefinite, G @ g, gamma=0.1, policy=policy)
 
 
-def test_the_estimate_beyond_the_pivoted_check_never_refuses_a_psd_k_and_finds_negative_eigenvalues(monkeypatch):
-    """Above PIVOTED_MAX_N without an affordable rank bound, lambda_min comes from a fixed LOBPCG run: its Ritz
+def test_the_estimate_beyond_the_pivoted_check_never_refuses_a_psd_k_and_finds_negative_eigenvalues():
+    """Above pivoted_max_n without an affordable rank bound, lambda_min comes from a fixed LOBPCG run: its Ritz
     value is never below lambda_min (a rank-deficient PSD K passes), and it finds an isolated negative
     eigenvalue and a cluster of them (a Gram matrix plus symmetric noise, as from low-precision gradients)."""
-    import convalue.solvers.problem as problem_module
+    from convalue.solvers.problem import ritz_floor
 
-    monkeypatch.setattr(problem_module, "EIGVALSH_MAX_N", 10)
-    monkeypatch.setattr(problem_module, "PIVOTED_MAX_N", 10)  # the N > 8000 branch at a test's size
+    # the N > 8000 branch at a test's size
+    policy = DEFAULT_POLICY.but(validation={"eigvalsh_max_n": 10, "pivoted_max_n": 10})
     G, g = _clustered(400, 100, seed=3)  # rank 100: 300 zero eigenvalues, the regime where ARPACK stalled
     K, beta = G @ G.T, G @ g
-    assert problem_module.ritz_floor(K) >= np.linalg.eigvalsh(K)[0] - 1e-10
-    assert make_problem(K, beta, gamma=1e-3).rank is None
+    assert ritz_floor(K, policy.validation) >= np.linalg.eigvalsh(K)[0] - 1e-10
+    assert make_problem(K, beta, gamma=1e-3, policy=policy).rank is None
     rng = np.random.default_rng(5)
     v = rng.normal(size=400)
     v /= np.linalg.norm(v)
     E = rng.normal(size=(400, 400)) * 2e-3
     for bad in (K - 2.0 * np.outer(v, v), K + 0.5 * (E + E.T)):
         lam = np.linalg.eigvalsh(bad)[0]
-        ritz = problem_module.ritz_floor(bad)
+        ritz = ritz_floor(bad, policy.validation)
         assert lam <= ritz + 1e-10 and ritz < 0.5 * lam < -1e-3  # an upper bound, and within half of lambda_min
         with pytest.raises(KMMInputError, match=f"most negative eigenvalue at most {ritz:.3g} \\(a LOBPCG estimate\\)"):
-            make_problem(bad, beta, gamma=1e-3)
+            make_problem(bad, beta, gamma=1e-3, policy=policy)
 
 
-def test_a_callers_rank_bound_stands_in_where_validation_does_not_compute_the_rank(monkeypatch):
-    """Above PIVOTED_MAX_N the rank is unknown unless the caller bounds it (p for K = G G^T); with the bound an
-    N > p problem takes the homotopy and is exact. A bound caps a computed rank, and a bad one is refused."""
-    import convalue.solvers.problem as problem_module
-
+def test_a_callers_rank_bound_stands_in_where_validation_does_not_compute_the_rank():
+    """Above pivoted_max_n the rank is unknown unless the caller bounds it (p for K = G G^T); with the bound an
+    N > p problem plans the homotopy and is exact. A bound caps a computed rank, and a bad one is refused."""
     G, g = _clustered(60, 15, seed=2)
     K, beta = G @ G.T, G @ g
     assert make_problem(K, beta, gamma=1e-3, rank_bound=100).rank == 15  # the computed rank stands
-    monkeypatch.setattr(problem_module, "EIGVALSH_MAX_N", 10)
-    monkeypatch.setattr(problem_module, "PIVOTED_MAX_N", 10)  # the N > 8000 branch at a test's size
-    assert make_problem(K, beta, gamma=1e-3).rank is None
-    assert make_problem(K, beta, gamma=1e-3, rank_bound=30).rank == 15  # the bound makes the pivoted check affordable
-    monkeypatch.setattr(problem_module, "PIVOTED_MAX_WORK", 0.0)  # ... and when it does not, the bound stands in
-    assert make_problem(K, beta, gamma=1e-3, rank_bound=15).rank == 15
-    assert make_problem(K, beta, gamma=1e-3, rank_bound=600).rank == 60
-    sol = solve_kmm(K, beta, gamma=1e-3, rank_bound=15)
+    # the N > 8000 branch at a test's size
+    large = DEFAULT_POLICY.but(validation={"eigvalsh_max_n": 10, "pivoted_max_n": 10})
+    assert make_problem(K, beta, gamma=1e-3, policy=large).rank is None
+    # the bound makes the pivoted check affordable
+    assert make_problem(K, beta, gamma=1e-3, rank_bound=30, policy=large).rank == 15
+    unaffordable = large.but(validation={"pivoted_max_work": 0.0})  # ... and where it does not, the bound stands in
+    assert make_problem(K, beta, gamma=1e-3, rank_bound=15, policy=unaffordable).rank == 15
+    assert make_problem(K, beta, gamma=1e-3, rank_bound=600, policy=unaffordable).rank == 60
+    sol = solve_kmm(K, beta, gamma=1e-3, rank_bound=15, policy=unaffordable)
     ref = solve_kmm(K, beta, gamma=1e-3, method="cvxpy")
-    assert sol.status == "optimal" and sol.info["strategy"] == "homotopy" and sol.kkt <= 1e-9
+    assert sol.status == "optimal" and sol.info["plan"][0] == "homotopy" and sol.kkt <= 1e-9
     assert sol.objective <= ref.objective + 1e-9 * max(1.0, abs(ref.objective))
     for bad in (0, -3, 2.5, True, "15"):
         with pytest.raises(KMMInputError, match="rank_bound must be a positive integer"):
@@ -817,30 +854,32 @@ def test_a_callers_rank_bound_stands_in_where_validation_does_not_compute_the_ra
 
 @pytest.mark.parametrize("gamma_ratio", [3e-2, 3e-4, 3e-6])
 def test_n_above_p_takes_the_homotopy_and_is_exact(gamma_ratio):
-    """N = 300 > p = 100 at small gamma: the former ADMM/PDAS chain took 10-40 s here and once gave up."""
+    """N = 300 > p = 100 down to small gamma: supports beyond the rank are singular, so the plan starts with the
+    homotopy; the answer is exact, with at most p candidates active (Gaussian G: the optimum is unique), in both
+    forms."""
     from convalue.solvers import solve_kmm_gradients
 
     G, g = random_gradients(0, 300, 100, False)
     K, beta = G @ G.T, G @ g
     gamma = gamma_ratio * float(np.abs(beta).max())
     sol = solve_kmm(K, beta, gamma=gamma)
-    assert sol.info["strategy"] == "homotopy" and sol.info["fallback"] is None
+    assert sol.info["plan"][0] == "homotopy"
     assert sol.kkt <= 1e-10 * max(1.0, float(np.abs(beta).max()))
     assert np.count_nonzero(sol.w) <= 100  # no support beyond the rank
     ref = make_problem(K, beta, gamma=gamma).objective(scipy_penalised(K, beta, gamma))  # an independent formulation
     assert sol.objective <= ref + 1e-9 * max(1.0, abs(ref))
     grad = solve_kmm_gradients(G, g, gamma=gamma)
-    assert grad.info["strategy"] == "homotopy"
+    assert grad.info["plan"][0] == "homotopy" and grad.kkt <= 1e-10 * max(1.0, float(np.abs(beta).max()))
     assert grad.objective == pytest.approx(sol.objective, rel=1e-9, abs=1e-12)
 
 
-def test_gradient_form_homotopy_falls_back_to_the_gram_form_when_its_lars_ends_off_the_path():
-    """N = 1000 > p = 200 (50 clusters of 20) at gamma = 1e-3 max|beta|: LARS on X = G^T ends off the path (KKT
-    1.2e-5 here; on bench/synthetic.py's data two PDAS steps did not mend it and ADMM then crawled for 35 s); the
-    Gram-form LARS on K = G G^T, formed once, is exact."""
+def test_gradient_form_homotopy_falls_back_to_the_gram_form_when_its_lars_ends_off_the_path(monkeypatch):
+    """In the gradient form scikit-learn's LARS runs on X = G^T, which can end off the path by round-off; where its
+    point does not certify, LARS runs again on K = G G^T formed once (up to homotopy.gram_max_n), which is exact.
+    The real case (N = 1000 > p = 200, 50 clusters of 20, gamma = 1e-3 max|beta|) is exact whichever LARS answers;
+    the fallback itself is forced by handing the X form's point 1 % off the path."""
+    import convalue.solvers.penalised as penalised_module
     from convalue.solvers import solve_kmm_gradients
-    from convalue.solvers.active_set import kkt_from, residual
-    from convalue.solvers.homotopy import lars
     from convalue.solvers.operators import GradientOperator
 
     rng = np.random.default_rng(0)
@@ -850,20 +889,30 @@ def test_gradient_form_homotopy_falls_back_to_the_gram_form_when_its_lars_ends_o
     g = centers[:3].sum(axis=0) / np.linalg.norm(centers[:3].sum(axis=0))
     K, beta = G @ G.T, G @ g
     gamma = 1e-3 * float(np.abs(beta).max())
-    op = GradientOperator(G, g)
-    w_x = lars(op, gamma, return_path=False)[1][-1]
-    assert kkt_from(w_x, residual(op, w_x), gamma) > 1e-6  # the X form alone is not exact here
     sol = solve_kmm_gradients(G, g, gamma=gamma)
-    assert sol.info["strategy"] == "homotopy" and sol.kkt <= 1e-10
+    assert sol.info["plan"][0] == "homotopy" and sol.kkt <= 1e-10
     ref = solve_kmm(K, beta, gamma=gamma)
     assert sol.objective == pytest.approx(ref.objective, rel=1e-9, abs=1e-12)
     assert "gram_formed" not in sol.info  # N > p: K would be larger than G
 
+    real = penalised_module.lars
+
+    def off_in_x_form(op, gamma_min, *, return_path):
+        gammas, W, steps = real(op, gamma_min, return_path=return_path)
+        return gammas, (W * 1.01 if isinstance(op, GradientOperator) else W), steps
+
+    monkeypatch.setattr(penalised_module, "lars", off_in_x_form)
+    op, scale = GradientOperator(G, g), 1e-10 * max(1.0, float(np.abs(beta).max()))
+    w, _, ok = penalised_module._homotopy(op, gamma, scale, DEFAULT_POLICY)
+    assert ok and kkt_violation(make_problem(K, beta, gamma=gamma), w) <= scale
+    no_gram = DEFAULT_POLICY.but(homotopy={"gram_max_n": 0})
+    assert not penalised_module._homotopy(op, gamma, scale, no_gram)[2]  # without the Gram form, off the path
+
 
 def test_gradient_form_with_n_at_most_p_solves_dense_gammas_on_the_gram():
-    """N <= p at a dense gamma: solve_kmm_gradients forms K once and solves the Gram form (near-parallel gradients,
-    N = 300, p = 400: the gradient form's ADMM took 0.27 s against 0.06 s), with the Gram solver's answer; a sparse
-    gamma stays in the gradient form."""
+    """N <= p at a dense gamma: solve_kmm_gradients forms K once and solves the Gram form (convalue.solvers.plan's
+    forms_gram, a decision on N, p and gamma / max|beta| alone), with the Gram solver's answer; a sparse gamma stays
+    in the gradient form."""
     from convalue.solvers import solve_kmm_gradients
 
     rng = np.random.default_rng(29)
@@ -879,13 +928,11 @@ def test_gradient_form_with_n_at_most_p_solves_dense_gammas_on_the_gram():
         np.testing.assert_allclose(sol.w, ref.w, rtol=0, atol=1e-8)
 
 
-
 def test_a_dense_gamma_with_a_sparse_solution_is_certified_by_the_working_set_probe():
     """Near-parallel gradients, N = 3000 > p = 1000 (past the full homotopy's work limit), gamma = 1e-3 max|beta|:
-    dense by the ratio, 5 candidates active. The working-set probe certifies at once in both forms, where the chain
-    without it took 451 s in the Gram form and 64 s in the gradient form (bench/sparse_probe.py); on a full-rank K
-    only from N = 2000."""
-    import convalue.solvers.penalised as penalised_module
+    dense by the ratio, 5 candidates active. The plan puts the working-set probe first (K is rank-deficient; on a
+    full-rank K from probe_min_n candidates), and the probe certifies in both forms: the optimum is far from a change
+    of support (checked), so LARS on the probe's few candidates is exact on any BLAS."""
     from convalue.solvers import solve_kmm_gradients
     from convalue.solvers.homotopy import affordable
     from convalue.solvers.operators import GramOperator
@@ -894,55 +941,52 @@ def test_a_dense_gamma_with_a_sparse_solution_is_certified_by_the_working_set_pr
     G, g = _near_parallel(rng, 3000, 1000)
     K, beta = G @ G.T, G @ g
     gamma = 1e-3 * float(np.abs(beta).max())
-    assert not affordable(GramOperator(K, beta, rank=1000))
+    assert not affordable(GramOperator(K, beta, rank=1000), DEFAULT_POLICY)
     gram = solve_kmm(K, beta, gamma=gamma, rank_bound=1000)
     grad = solve_kmm_gradients(G, g, gamma=gamma)
+    _assert_far_from_a_support_change(K, beta, gamma, gram.w)
     for sol in (gram, grad):
-        assert sol.info["strategy"] == "working_set_homotopy" and sol.info["fallback"] is None
-        assert sol.kkt <= 1e-10 and 0 < np.count_nonzero(sol.w) <= 64
+        assert sol.info["plan"][0] == sol.info["step"] == "probe" and sol.info["fallback"] is None
+        assert sol.kkt <= 1e-10 and 0 < np.count_nonzero(sol.w) <= DEFAULT_POLICY.plan.probe_max
     assert grad.objective == pytest.approx(gram.objective, rel=1e-9, abs=1e-12)
     np.testing.assert_allclose(grad.w, gram.w, rtol=0, atol=1e-8)
-    # the budget form's warm-started gamma grid starts with the working set too (before: 135 s in either form)
+    # the budget form's warm-started gamma grid starts with the working set too
     budget = 0.5 * float(np.abs(gram.w).sum())
     for sol in (solve_kmm_gradients(G, g, budget=budget), solve_kmm(K, beta, budget=budget, rank_bound=1000)):
         assert sol.status == "optimal" and sol.kkt <= 1e-9 and np.abs(sol.w).sum() <= budget * (1 + 1e-9)
-    # a full-rank K of N = 2000 (p = 2200): there too (ADMM took 3.4 s at p = 4096); below 2000 ADMM goes first
+    # a full-rank K of N = 2000 (p = 2200): the probe first there too; below probe_min_n ADMM's first steps go first
     G, g = _near_parallel(rng, 2000, 2200)
     K, beta = G @ G.T, G @ g
     gamma = 1e-3 * float(np.abs(beta).max())
     full = solve_kmm(K, beta, gamma=gamma)
-    first = penalised_module.ADMM_FIRST_STEPS
-    assert full.info["strategy"] == "working_set_homotopy" and full.kkt <= 1e-10 and full.info["iterations"] < first
-    # below, ADMM's first steps go first (here they do not settle, and the working set after them certifies)
+    _assert_far_from_a_support_change(K, beta, gamma, full.w)
+    assert full.info["plan"][0] == full.info["step"] == "probe" and full.kkt <= 1e-10
     small = solve_kmm(K[:600, :600], beta[:600], gamma=gamma)
-    assert small.info["iterations"] >= first and small.kkt <= 1e-10
-
+    assert small.info["plan"][0] == "admm_first" and small.kkt <= 1e-10
+    assert small.objective == pytest.approx(solve_kmm(K[:600, :600], beta[:600], gamma=gamma,
+                                                      method="cvxpy").objective, rel=1e-8, abs=1e-12)
 
 
 def test_dense_gamma_with_a_hundred_active_takes_the_working_set_after_admm_first_steps():
     """Near-parallel gradients, the target a mix of 60 of them, gamma = 1e-3 max|beta| (dense by its ratio): about
-    100 candidates are active, past the probe's cap (which does not run at this N either), and ADMM does not settle
-    (the chain without the shortcut took 3.1 s at N = 1000 and over 120 s at N = 2000 with 100 rows mixed,
-    bench/sparse_probe.py); after ADMM's first ADMM_FIRST_STEPS steps the full working set certifies it."""
-    import convalue.solvers.penalised as penalised_module
-
+    100 candidates are active, past the probe's cap (which does not run at this N either), where ADMM crawls: the plan
+    puts the wide working set, seeded by ADMM's first steps, before ADMM in full, and the answer is exact."""
     rng = np.random.default_rng(41)
     G, g = _near_parallel(rng, 400, 800, 60)
     K, beta = G @ G.T, G @ g
     gamma = 1e-3 * float(np.abs(beta).max())
-    assert gamma < penalised_module.DENSE_RATIO * float(np.abs(beta).max()) and penalised_module.ADMM_FIRST_STEPS > 0
     sol = solve_kmm(K, beta, gamma=gamma)
-    assert sol.info["strategy"] == "working_set_homotopy" and sol.info["fallback"] is None
+    assert sol.info["plan"][:3] == ("admm_first", "seeded_wide_working_set", "admm")
     assert sol.kkt <= 1e-10 * max(1.0, float(np.abs(beta).max())) and np.count_nonzero(sol.w) > 64
     ref = solve_kmm(K, beta, gamma=gamma, method="cvxpy")
     assert sol.objective <= ref.objective + 1e-9 * max(1.0, abs(ref.objective))
 
 
-
 def test_the_working_set_after_admm_first_steps_starts_from_their_iterate(monkeypatch):
-    """The working set after ADMM's first steps starts from ADMM's iterate (ADMM_FIRST_SEEDED): seeded by the
-    optimum's support it solves in one LARS run where it grows from the largest |beta| in several; the chain certifies
-    the same objective with the seed and without it, and the gradient form (no K) is not seeded."""
+    """The wide working set starts from ADMM's first iterate where K is formed (plan.wide_seeded): seeded by the
+    optimum's support it solves in one LARS run where it grows from the largest |beta| in several; the seeded step
+    hands over that iterate, the unseeded one none; the plan seeds only where K is formed, and the answer is the same
+    with the seed and without it."""
     import convalue.solvers.penalised as penalised_module
     import convalue.solvers.working_set as WS
     from convalue.solvers.operators import GradientOperator, GramOperator
@@ -956,100 +1000,107 @@ def test_the_working_set_after_admm_first_steps_starts_from_their_iterate(monkey
     runs: list[int] = []
     monkeypatch.setattr(WS, "lars", _recorded(WS.lars, runs, lambda sub, *a, **k: sub.n))
     op = GramOperator(K, beta)
-    w, _, ok = WS.working_set_homotopy(op, gamma, 1e-10 * gmax, max_size=400, seed=exact.w)
+    # W holds the optimum's support from the start: exact on W, no violator outside it, one run
+    w, _, ok = WS.working_set_homotopy(op, gamma, 1e-10 * gmax, policy=DEFAULT_POLICY, max_size=400, seed=exact.w)
     assert ok and len(runs) == 1 and runs[0] >= support.size  # the seed's nonzeros joined the first W
     assert kkt_violation(make_problem(K, beta, gamma=gamma), w) <= 1e-10 * gmax
     runs.clear()
-    w, _, ok = WS.working_set_homotopy(op, gamma, 1e-10 * gmax, max_size=400)
-    assert ok and len(runs) > 1 and runs[0] == WS.WORKING_SET_START
+    w, _, ok = WS.working_set_homotopy(op, gamma, 1e-10 * gmax, policy=DEFAULT_POLICY, max_size=400)
+    assert ok and len(runs) > 1 and runs[0] == DEFAULT_POLICY.working_set.start
     runs.clear()
-    WS.working_set_homotopy(op, gamma, 1e-10 * gmax, max_size=50, seed=exact.w)
+    WS.working_set_homotopy(op, gamma, 1e-10 * gmax, policy=DEFAULT_POLICY, max_size=50, seed=exact.w)
     assert runs[0] == 50  # the seed fills the first W up to the cap, largest |w| first
 
     seeds: list[object] = []
-    monkeypatch.setattr(WS, "working_set_homotopy",
-                        _recorded(WS.working_set_homotopy, seeds, lambda *a, seed=None, **k: seed))
-    seeded = solve_kmm(K, beta, gamma=gamma)
-    assert seeded.info["strategy"] == "working_set_homotopy" and seeds[-1] is not None
-    assert np.count_nonzero(seeds[-1]) > 0  # ADMM's first steps' iterate
-    monkeypatch.setattr(penalised_module, "ADMM_FIRST_SEEDED", False)
-    unseeded = solve_kmm(K, beta, gamma=gamma)
-    assert unseeded.info["strategy"] == "working_set_homotopy" and seeds[-1] is None
-    assert seeded.objective == pytest.approx(unseeded.objective, rel=1e-9, abs=1e-12)
-    monkeypatch.setattr(penalised_module, "ADMM_FIRST_SEEDED", True)
-    seeds.clear()
-    penalised_module.solve_penalised(GradientOperator(G, g), gamma)
-    assert seeds and all(s is None for s in seeds)
+    monkeypatch.setattr(WS, "working_set_homotopy", lambda *a, seed=None, **k: seeds.append(seed) or (w, 0, False))
+    steps = penalised_module._Steps(op, gamma, DEFAULT_POLICY, 1e-10 * gmax, None, None, None, 0.25, 200)
+    steps.first_iterate = exact.w
+    steps.run("seeded_wide_working_set")
+    steps.run("wide_working_set")
+    assert seeds[0] is exact.w and seeds[1] is None
+    unseeded_policy = DEFAULT_POLICY.but(plan={"wide_seeded": False})
+    facts = penalised_module.facts_of(op, gamma)
+    gradient_facts = penalised_module.facts_of(GradientOperator(G, g), gamma)
+    assert "seeded_wide_working_set" in penalised_module.plan_penalised(facts, DEFAULT_POLICY)
+    assert "seeded_wide_working_set" not in penalised_module.plan_penalised(facts, unseeded_policy)
+    assert "seeded_wide_working_set" not in penalised_module.plan_penalised(gradient_facts, DEFAULT_POLICY)
+    monkeypatch.undo()
+    unseeded = solve_kmm(K, beta, gamma=gamma, policy=unseeded_policy)
+    assert unseeded.kkt <= 1e-10 * gmax and exact.kkt <= 1e-10 * gmax
+    assert exact.objective == pytest.approx(unseeded.objective, rel=1e-9, abs=1e-12)
 
 
 def test_past_the_homotopy_limit_the_full_homotopy_follows_when_admm_and_the_working_set_give_up(monkeypatch):
-    """A rank-deficient K past HOMOTOPY_MAX_WORK (patched to 0 here) but within HOMOTOPY_FALLBACK_WORK, where ADMM's
-    first steps and the working set after them both give up (patched to 2 steps and 8 candidates; at N = 3000 > p =
-    1000, 973 of the rank's 1000 active, they did by themselves): the full homotopy, on one candidate of each
-    duplicate group, certifies before ADMM runs in full. Where ADMM's iterate has as many nonzeros as the working
-    set's cap (here all 305 after two steps, so the seeded working set would start full), the homotopy goes before the
-    working set; unseeded (ADMM_FIRST_SEEDED off) after it."""
-    import convalue.solvers.homotopy as homotopy_module
+    """A rank-deficient K past homotopy.max_work (0 here) but within plan.homotopy_fallback_work, where ADMM's first
+    steps and the working set after them both give up (2 steps and 8 candidates here: no polish comes before step 5,
+    and the optimum has 99 active): the full homotopy, on one candidate of each duplicate group, certifies before
+    ADMM runs in full, seeded or not. Where ADMM's iterate has as many nonzeros as the working set's cap, so that the
+    seeded working set would start full, the homotopy goes before the working set, else after it: decided at run
+    time by the conditional steps (checked on their own here)."""
     import convalue.solvers.penalised as penalised_module
-    import convalue.solvers.working_set as WS
+    from convalue.solvers import plan
+    from convalue.solvers.operators import GramOperator
 
-    monkeypatch.setattr(homotopy_module, "HOMOTOPY_MAX_WORK", 0.0)
-    monkeypatch.setattr(penalised_module, "ADMM_FIRST_STEPS", 2)
-    monkeypatch.setattr(penalised_module, "ADMM_FIRST_WORKING_SET_MAX", 8)
-    calls: list[str] = []
-    monkeypatch.setattr(penalised_module, "_distinct_homotopy",
-                        _recorded(penalised_module._distinct_homotopy, calls, lambda *a, **k: "homotopy"))
-    monkeypatch.setattr(WS, "working_set_homotopy",
-                        _recorded(WS.working_set_homotopy, calls, lambda *a, **k: "working_set"))
     G, g = _near_parallel(np.random.default_rng(43), 300, 100, 300)
     G = np.vstack([G, G[:5]])  # exact copies, which the homotopy must not see twice
     K, beta = G @ G.T, G @ g
     gamma = 1e-3 * float(np.abs(beta).max())
+    # on the distinct candidates the nearest inactive one is 4e-10 (4e-7 gamma) from entering: far above LARS's
+    # round-off (about 1e-13), so the homotopy certifies on any BLAS
+    _assert_far_from_a_support_change(K[:300, :300], beta[:300], gamma, solve_kmm(K, beta, gamma=gamma).w[:300],
+                                      margin=1e-7)
+    squeezed = DEFAULT_POLICY.but(homotopy={"max_work": 0.0}, plan={"admm_first_steps": 2, "wide_max": 8})
     sols = {}
     for seeded in (False, True):
-        monkeypatch.setattr(penalised_module, "ADMM_FIRST_SEEDED", seeded)
-        calls.clear()
-        sol = sols[seeded] = solve_kmm(K, beta, gamma=gamma, rank_bound=100)
-        assert sol.info["strategy"] == "homotopy" and sol.info["fallback"] is None
+        policy = squeezed.but(plan={"wide_seeded": seeded})
+        sol = sols[seeded] = solve_kmm(K, beta, gamma=gamma, rank_bound=100, policy=policy)
+        homotopies = ((plan.FALLBACK_HOMOTOPY_IF_SEED_FULL, plan.FALLBACK_HOMOTOPY_UNLESS_SEED_FULL) if seeded
+                      else (plan.FALLBACK_HOMOTOPY,))
+        assert sol.info["step"] in homotopies and sol.info["plan"][0] == plan.PROBE
         assert sol.kkt <= 1e-10 * max(1.0, float(np.abs(beta).max())) and np.count_nonzero(sol.w) > 64
         assert np.count_nonzero(sol.w[:5] * sol.w[300:]) == 0  # never both copies of a pair
-        # the probe (a working set capped at SPARSE_PROBE_MAX; K is rank-deficient) runs first either way
-        assert calls == (["working_set", "homotopy"] if seeded else ["working_set", "working_set", "homotopy"])
     assert sols[True].objective == pytest.approx(sols[False].objective, rel=1e-9, abs=1e-12)
-    monkeypatch.undo()  # affordable again: the full homotopy goes first, the same optimum
-    first = solve_kmm(K, beta, gamma=gamma, rank_bound=100)
-    assert first.info["strategy"] == "homotopy"
+    first = solve_kmm(K, beta, gamma=gamma, rank_bound=100)  # affordable: the full homotopy goes first
+    assert first.info["plan"][0] == "homotopy"
     assert sols[True].objective == pytest.approx(first.objective, rel=1e-9, abs=1e-12)
+    # the run-time decision: the homotopy before the working set runs only where ADMM's iterate fills its cap
+    calls: list[str] = []
+    monkeypatch.setattr(penalised_module, "_distinct_homotopy", lambda op, *a: calls.append("homotopy") or (
+        np.zeros(op.n), 0, False))
+    op = GramOperator(K, beta, rank=100)
+    steps = penalised_module._Steps(op, gamma, squeezed, 1e-10, None, None, None, 0.25, 200)
+    for nonzeros, before, after in ((8, "homotopy", None), (7, None, "homotopy"), (None, None, "homotopy")):
+        steps.first_iterate = None if nonzeros is None else np.r_[np.ones(nonzeros), np.zeros(op.n - nonzeros)]
+        calls.clear()
+        assert (steps.run(plan.FALLBACK_HOMOTOPY_IF_SEED_FULL) is None) == (before is None)
+        assert (steps.run(plan.FALLBACK_HOMOTOPY_UNLESS_SEED_FULL) is None) == (after is None)
+        assert calls == ["homotopy"]  # exactly one of the two runs
 
 
-def test_budget_past_the_homotopy_limit_warm_starts_admm_before_pdas_at_dense_gammas(monkeypatch):
+def test_budget_past_the_homotopy_limit_warm_starts_admm_before_pdas_at_dense_gammas():
     """Clustered N = 3000 > p = 1000 (past the full homotopy's work limit), a budget met at 0.7 % of max|beta| (349
-    active here): the gamma grid reaches dense gammas, where warm PDAS from the last grid point ran past 200 s (on
-    bench/synthetic.py's data the whole solve took 349 s in gradient form, over 250 s in Gram form); ADMM now goes
-    before warm PDAS there. Both forms agree."""
+    active): the plan reads it off a working set before the gamma grid, whose warm-started solves put ADMM before
+    warm PDAS at dense gammas (convalue.solvers.plan). The working set answers (the optimum is far from a change of
+    support, so its LARS is exact on any BLAS), both forms agree, and the grid alone agrees with them."""
     from convalue.solvers import solve_kmm_gradients
 
     G, g = _clustered(3000, 1000, seed=0)
-    beta = G @ g
+    K, beta = G @ G.T, G @ g
     grad = solve_kmm_gradients(G, g, budget=3.87)
-    gram = solve_kmm(G @ G.T, beta, budget=3.87, rank_bound=1000)
+    gram = solve_kmm(K, beta, budget=3.87, rank_bound=1000)
+    _assert_far_from_a_support_change(K, beta, gram.info["gamma"], gram.w)
     for sol in (grad, gram):
         assert sol.status == "optimal" and sol.kkt <= 1e-9 and np.abs(sol.w).sum() <= 3.87 * (1 + 1e-9)
+        assert sol.info["plan"] == ("working_set", "gamma_grid") and sol.info["strategy"] == "working_set_homotopy"
     assert grad.objective == pytest.approx(gram.objective, rel=1e-9, abs=1e-12)
-    # the working set now reads it off before the grid runs (bench/budget_form.py: 2.2-6.2x); the grid, forced,
-    # agrees
-    assert grad.info["strategy"] == gram.info["strategy"] == "working_set_homotopy"
-    import convalue.solvers.budget as budget_module
-
-    monkeypatch.setattr(budget_module, "BUDGET_WORKING_SET_MAX", 0)
-    grid = solve_kmm(G @ G.T, beta, budget=3.87, rank_bound=1000)
-    assert grid.info["strategy"] == "gamma_grid" and grid.objective == pytest.approx(gram.objective, rel=1e-9)
+    grid = solve_kmm(K, beta, budget=3.87, rank_bound=1000, policy=DEFAULT_POLICY.but(budget={"working_set_max": 0}))
+    assert grid.info["plan"] == ("gamma_grid",) and grid.info["strategy"] == "gamma_grid"
+    assert grid.kkt <= 1e-9 and grid.objective == pytest.approx(gram.objective, rel=1e-9)
 
 
 def test_gradient_form_budget_with_n_at_most_p_forms_the_gram_once_the_grid_is_dense():
     """solve_budget's gamma grid in the gradient form with N <= p forms K = G G^T when it first reaches a dense gamma
-    (as the penalised form does: bench/gradient_form.py --budgets, 21-23 s before at 1000 x 4096), not for a sparse
-    budget; both agree with the Gram form and the reference."""
+    (as the penalised form does), not for a sparse budget; both agree with the Gram form and the reference."""
     from convalue.solvers import solve_kmm_gradients
 
     G, g = _clustered(200, 300, seed=5)
@@ -1058,7 +1109,8 @@ def test_gradient_form_budget_with_n_at_most_p_forms_the_gram_once_the_grid_is_d
     for ratio, formed in ((0.003, True), (0.1, False)):
         budget = float(np.abs(solve_kmm(K, beta, gamma=ratio * gmax).w).sum())
         grad = solve_kmm_gradients(G, g, budget=budget)
-        assert grad.info["strategy"] == "gamma_grid" and bool(grad.info.get("gram_formed")) is formed
+        # full rank and N below the working set's N: the grid is the whole plan
+        assert grad.info["plan"] == ("gamma_grid",) and bool(grad.info.get("gram_formed")) is formed
         assert grad.summary().get("gram_formed", False) is formed
         assert grad.status == "optimal" and grad.kkt <= 1e-9 and np.abs(grad.w).sum() <= budget * (1 + 1e-9)
         ref = solve_kmm(K, beta, budget=budget, method="cvxpy")
@@ -1066,22 +1118,21 @@ def test_gradient_form_budget_with_n_at_most_p_forms_the_gram_once_the_grid_is_d
         assert grad.objective == pytest.approx(solve_kmm(K, beta, budget=budget).objective, rel=1e-9, abs=1e-12)
 
 
-def test_budget_past_the_full_homotopy_is_read_off_a_working_set_exactly(monkeypatch):
-    """N > p past the full homotopy's work limit (patched to this size): the budget is read off the homotopy's path on
-    a working set, exactly, in both forms; with the working set off, or capped below what it needs, the gamma grid
-    answers the same."""
-    import convalue.solvers.budget as budget_module
-    import convalue.solvers.homotopy as homotopy_module
+def test_budget_past_the_full_homotopy_is_read_off_a_working_set_exactly():
+    """N > p past the full homotopy's work limit (homotopy.max_work 0 here): the budget is read off the homotopy's
+    path on a working set, exactly, in both forms (each optimum far from a change of support: its LARS is exact on
+    any BLAS); with the working set off, or capped below what it needs, the gamma grid answers the same."""
     from convalue.solvers import solve_kmm_gradients
 
-    monkeypatch.setattr(homotopy_module, "HOMOTOPY_MAX_WORK", 0.0)
+    policy = DEFAULT_POLICY.but(homotopy={"max_work": 0.0})
     G, g = _clustered(400, 60, seed=6)
     K, beta = G @ G.T, G @ g
     gmax = float(np.abs(beta).max())
     for ratio in (0.05, 0.005):
         budget = 0.9 * float(np.abs(solve_kmm(K, beta, gamma=ratio * gmax, rank_bound=60).w).sum())
-        sol = solve_kmm(K, beta, budget=budget, rank_bound=60)
-        grad = solve_kmm_gradients(G, g, budget=budget)
+        sol = solve_kmm(K, beta, budget=budget, rank_bound=60, policy=policy)
+        grad = solve_kmm_gradients(G, g, budget=budget, policy=policy)
+        _assert_far_from_a_support_change(K, beta, sol.info["gamma"], sol.w)
         for s in (sol, grad):
             assert s.info["strategy"] == "working_set_homotopy" and s.info["binding"]
             assert s.status == "optimal" and s.kkt <= 1e-9
@@ -1089,16 +1140,14 @@ def test_budget_past_the_full_homotopy_is_read_off_a_working_set_exactly(monkeyp
         ref = solve_kmm(K, beta, budget=budget, method="cvxpy")
         assert sol.objective <= ref.objective + 1e-9 * max(1.0, abs(ref.objective))
         assert grad.objective == pytest.approx(sol.objective, rel=1e-9, abs=1e-12)
-        for cap in (0, 16):  # off; and a W too small to certify, where it gives up
-            monkeypatch.setattr(budget_module, "BUDGET_WORKING_SET_MAX", cap)
-            grid = solve_kmm(K, beta, budget=budget, rank_bound=60)
+        for cap in (0, 16):  # off; and a W smaller than the 23 and 52 active, where it gives up
+            grid = solve_kmm(K, beta, budget=budget, rank_bound=60, policy=policy.but(budget={"working_set_max": cap}))
             assert grid.info["strategy"] == "gamma_grid" and grid.kkt <= 1e-9
             assert grid.objective == pytest.approx(sol.objective, rel=1e-9, abs=1e-12)
-        monkeypatch.undo()
-        monkeypatch.setattr(homotopy_module, "HOMOTOPY_MAX_WORK", 0.0)
     # a priced budget (sum_i c_i |w_i| <= B) runs the same way on the unit-cost problem in v = c * w
     costs = np.random.default_rng(7).uniform(0.5, 2.0, size=len(beta))
-    priced = solve_kmm(K, beta, budget=1.5, costs=costs, rank_bound=60)
+    priced = solve_kmm(K, beta, budget=1.5, costs=costs, rank_bound=60, policy=policy)
+    _assert_far_from_a_support_change(K / np.outer(costs, costs), beta / costs, priced.info["gamma"], priced.w * costs)
     assert priced.info["strategy"] == "working_set_homotopy" and priced.kkt <= 1e-9
     assert (costs * np.abs(priced.w)).sum() == pytest.approx(1.5, rel=1e-9)
     ref = solve_kmm(K, beta, budget=1.5, costs=costs, method="cvxpy")
@@ -1118,7 +1167,7 @@ def test_working_set_budget_certifies_every_binding_budget(seed, n, p, dup, budg
     K, beta = random_problem(seed, n, p, dup)
     gmax = float(np.abs(beta).max())
     w, gamma, _, ok = working_set_budget(GramOperator(K, beta, rank=min(n, p)), budget, 1e-10 * max(1.0, gmax),
-                                         start=2)
+                                         policy=DEFAULT_POLICY, start=2)
     binding = solve_kmm(K, beta, budget=budget).info["binding"]
     assert ok == binding
     if ok:
@@ -1138,7 +1187,7 @@ def test_duplicates_are_solved_once_and_keep_the_weight_on_one_copy():
     G[7] = G[0]  # a third copy of row 0
     K, beta = G @ G.T, G @ g
     for op in (GramOperator(K, beta, rank=6), GradientOperator(G, g)):
-        assert sorted(set(range(16)) - set(representatives(op).tolist())) == [1, 5, 7]
+        assert sorted(set(range(16)) - set(representatives(op, max_pairs=DEFAULT_POLICY.homotopy.max_pairs).tolist())) == [1, 5, 7]
     for kw in ({"gamma": 1e-4 * float(np.abs(beta).max())}, {"budget": 1.5}, {"budget": 50.0}):
         sol = solve_kmm(K, beta, **kw)
         ref = solve_kmm(K, beta, **kw, method="cvxpy")
@@ -1172,7 +1221,7 @@ def test_duplicate_search_finds_the_groups_a_pairwise_scan_finds(seed, n, p, cop
         dist = op.diag[:, None] + op.diag[None, :] - 2 * np.abs(K)
         np.fill_diagonal(dist, np.inf)
         truth = groups(*np.nonzero(dist <= tol))
-        found = groups(*_duplicate_pairs(op, tol))
+        found = groups(*_duplicate_pairs(op, tol, DEFAULT_POLICY.homotopy.max_pairs))
         # the same partition: label maps are one-to-one
         assert len(set(zip(truth, found))) == len(set(truth)) == len(set(found))
 
@@ -1182,7 +1231,7 @@ def test_budget_reads_the_homotopy_breakpoints_exactly():
     K, beta = G @ G.T, G @ g
     for budget in (0.3, 2.0, 6.0):
         sol = solve_kmm(K, beta, budget=budget)
-        assert sol.info["strategy"] == "homotopy"
+        assert sol.info["plan"][0] == "homotopy"
         ref = make_problem(K, beta, budget=budget).objective(scipy_budget(K, beta, budget))
         assert sol.objective <= ref + 1e-7 * max(1.0, abs(ref))
         if sol.info["binding"]:
@@ -1193,6 +1242,8 @@ def test_budget_reads_the_homotopy_breakpoints_exactly():
 
 
 def test_path_on_rank_deficient_k_is_read_off_one_homotopy(monkeypatch):
+    """An affordable rank-deficient K's path is read off one homotopy: every point certifies at 1e-10 from it (LARS
+    is exact to round-off, about 1e-13 here), so no point needs a solve of its own."""
     import convalue.solvers.path as path_module
     from convalue.solvers import kmm_path
 
@@ -1213,8 +1264,8 @@ def test_path_on_rank_deficient_k_is_read_off_one_homotopy(monkeypatch):
 
 
 def test_an_unconverged_solve_returns_the_closest_iterate_any_strategy_reached(monkeypatch):
-    """When every strategy fails, the fallbacks start from (and return) the iterate with the smallest KKT
-    violation: the first ADMM run's, not a later run's zero start (the former chain returned w = 0)."""
+    """When every step fails (each one faked here), the fallbacks start from (and return) the iterate with the
+    smallest KKT violation: the first ADMM run's, not a later run's zero start."""
     import convalue.solvers.active_set as AS
     import convalue.solvers.admm as admm_module
     import convalue.solvers.reference as ref_module
@@ -1239,7 +1290,9 @@ def test_an_unconverged_solve_returns_the_closest_iterate_any_strategy_reached(m
     monkeypatch.setattr(ref_module, "solve_cvxpy", lambda problem, tolerance: (np.zeros(problem.n), {}))
     monkeypatch.setattr(WS, "working_set_homotopy", lambda op, *a, **k: (np.zeros(op.n), 0, False))
     w, info = solve_penalised(GramOperator(K, beta), gamma)  # rank unknown: the ADMM chain
-    assert len(calls) == 4 and not info["converged"]  # ADMM's first steps, then its three rho in full
+    # ADMM's first steps, then its rho and the policy's retries in full
+    assert len(calls) == 2 + len(DEFAULT_POLICY.admm.rho_retries) and not info["converged"]
+    assert info["fallback"] == "coordinate_descent+nnls_polish"  # every fallback ran, in the plan's order
     assert np.array_equal(w, good)
 
 
@@ -1247,80 +1300,99 @@ def test_an_unconverged_solve_returns_the_closest_iterate_any_strategy_reached(m
 
 
 def test_plain_pdas_stops_when_its_objective_climbs_and_returns_its_best_iterate():
-    """Straight at a small gamma on clustered gradients, PDAS's objective climbs while its supports grow; it stops
-    after two rises in a row (three support solves here) where it formerly ran on until a cycle (twelve)."""
+    """Straight at a small gamma on clustered gradients, PDAS's objective climbs while its supports grow; with the
+    divergence stop it ends after the first two rises in a row, where without it it runs on until a cycle. Both runs
+    do the same arithmetic up to the stop, so the stop is checked against the unstopped run's own objectives."""
     from convalue.solvers.active_set import objective_at, pdas_plain, residual
     from convalue.solvers.operators import GramOperator
 
+    class Recording(GramOperator):
+        """Records the objective at every support solve's iterate."""
+
+        def solve_support_residual(self, A, rhs):
+            x, r = super().solve_support_residual(A, rhs)
+            w = np.zeros(self.n)
+            w[A] = x
+            self.objectives.append(objective_at(w, r, self.beta, gamma))
+            return x, r
+
     G, g = _clustered(200, 1000, seed=0)
-    op = GramOperator(G @ G.T, G @ g)
+    op = Recording(G @ G.T, G @ g)
     gamma = 0.02 * float(np.abs(op.beta).max())
     scale = 1e-10 * max(1.0, float(np.abs(op.beta).max()))
+    op.objectives = [0.0]  # the objective at w = 0
     w, solves, ok = pdas_plain(op, gamma, np.zeros(op.n), 15, scale)
+    stopped = op.objectives
+    op.objectives = [0.0]
     _, solves_all, ok_all = pdas_plain(op, gamma, np.zeros(op.n), 15, scale, diverging=None)
-    assert not ok and not ok_all
-    assert solves == 3 and solves_all == 12
-    assert objective_at(w, residual(op, w), op.beta, gamma) < 0.0  # the best iterate, better than w = 0
-    sol = solve_kmm(G @ G.T, G @ g, gamma=gamma)  # the chain goes on to an exact solution
+    f = op.objectives
+    assert not ok and not ok_all and stopped == f[:len(stopped)]
+    first_two_rises = next(t for t in range(2, len(f)) if f[t] > f[t - 1] > f[t - 2])
+    assert solves == first_two_rises < solves_all
+    assert objective_at(w, residual(op, w), op.beta, gamma) == min(stopped) < 0.0  # the best iterate, below w = 0
+    sol = solve_kmm(G @ G.T, G @ g, gamma=gamma)  # the plan goes on to an exact solution
     assert sol.status == "optimal" and sol.kkt <= 1e-10 * max(1.0, float(np.abs(op.beta).max()))
 
 
 @pytest.mark.parametrize("n, p", [(240, 600), (400, 120)])  # N < p, and N > p (K of rank p)
-def test_sparse_gradient_space_solves_take_the_working_set_homotopy_and_are_exact(n, p, monkeypatch):
-    import convalue.solvers.homotopy as homotopy_module
+def test_sparse_gradient_space_solves_take_the_working_set_homotopy_and_are_exact(n, p):
+    """The gradient form at a sparse gamma plans the working set first (a support of s costs s^2 p to form), which
+    answers exactly (each optimum far from a change of support: its LARS is exact on any BLAS)."""
     from convalue.solvers import solve_kmm_gradients
 
-    monkeypatch.setattr(homotopy_module, "HOMOTOPY_MAX_WORK", 0.0)  # N > p at a size beyond the full homotopy
+    policy = DEFAULT_POLICY.but(homotopy={"max_work": 0.0})  # N > p at a size beyond the full homotopy
     G, g = _clustered(n, p, seed=1)
     gamma = 0.02 * float(np.abs(G @ g).max())
-    grad = solve_kmm_gradients(G, g, gamma=gamma)
-    assert grad.info["strategy"] == "working_set_homotopy" and grad.info["fallback"] is None
+    grad = solve_kmm_gradients(G, g, gamma=gamma, policy=policy)
+    _assert_far_from_a_support_change(G @ G.T, G @ g, gamma, grad.w)
+    assert grad.info["plan"][0] == grad.info["step"] == "working_set" and grad.info["fallback"] is None
     assert grad.kkt <= 1e-10 * max(1.0, float(np.abs(G @ g).max()))
     ref = solve_kmm(G @ G.T, G @ g, gamma=gamma, method="cvxpy")
     assert grad.objective <= ref.objective + 1e-9 * max(1.0, abs(ref.objective))
     assert grad.objective == pytest.approx(solve_kmm(G @ G.T, G @ g, gamma=gamma).objective, rel=1e-9, abs=1e-12)
 
 
-def test_working_set_homotopy_on_a_gram_beyond_the_full_homotopy_handles_duplicates(monkeypatch):
+def test_working_set_homotopy_on_a_gram_beyond_the_full_homotopy_handles_duplicates():
     """N > p where the full homotopy is not affordable (so no duplicate search ran first): the working set goes
-    first, drops exact copies inside W before LARS, and is exact; the weight of a duplicate pair sits on one copy."""
-    import convalue.solvers.homotopy as homotopy_module
-
-    monkeypatch.setattr(homotopy_module, "HOMOTOPY_MAX_WORK", 0.0)
+    first, drops exact copies inside W before LARS, and is exact (the optimum is far from a change of support among
+    distinct candidates); the weight of a duplicate pair sits on one copy."""
+    policy = DEFAULT_POLICY.but(homotopy={"max_work": 0.0})
     G, g = _clustered(300, 80, seed=3)
     gamma = 0.03 * float(np.abs(G @ g).max())
-    chosen = np.argsort(-np.abs(solve_kmm(G @ G.T, G @ g, gamma=gamma).w))[:10]  # ten of the support
+    distinct = solve_kmm(G @ G.T, G @ g, gamma=gamma)
+    _assert_far_from_a_support_change(G @ G.T, G @ g, gamma, distinct.w)
+    chosen = np.argsort(-np.abs(distinct.w))[:10]  # ten of the support
     G = np.vstack([G, G[chosen]])  # and an exact copy of each
     K, beta = G @ G.T, G @ g
-    sol = solve_kmm(K, beta, gamma=gamma)
-    assert sol.info["strategy"] == "working_set_homotopy" and sol.info["fallback"] is None
+    sol = solve_kmm(K, beta, gamma=gamma, policy=policy)
+    assert sol.info["plan"][0] == sol.info["step"] == "working_set" and sol.info["fallback"] is None
     assert sol.kkt <= 1e-10 * max(1.0, float(np.abs(beta).max()))
     ref = make_problem(K, beta, gamma=gamma).objective(scipy_penalised(K, beta, gamma))
     assert sol.objective <= ref + 1e-9 * max(1.0, abs(ref))
     assert np.count_nonzero(sol.w[chosen] * sol.w[300:]) == 0  # never both copies of a pair
 
 
-def test_rank_deficient_sparse_solves_of_many_candidates_take_the_working_set_first(monkeypatch):
-    """An affordable N > p problem: the working set goes before the full homotopy from WORKING_SET_FIRST_MIN_N
-    candidates and WORKING_SET_FIRST_RATIO * max|beta| up (patched to this size), exactly; below either, the homotopy."""
-    import convalue.solvers.penalised as penalised_module
-
+def test_rank_deficient_sparse_solves_of_many_candidates_take_the_working_set_first():
+    """An affordable N > p problem: the plan puts the working set before the full homotopy from
+    plan.working_set_first_min_n candidates (300 here) and plan.working_set_first_ratio max|beta| up; below either,
+    the homotopy first. Either way the answer is exact."""
     G, g = _clustered(400, 60, seed=4)
     K, beta = G @ G.T, G @ g
     gmax = float(np.abs(beta).max())
-    monkeypatch.setattr(penalised_module, "WORKING_SET_FIRST_MIN_N", 300)
-    for ratio, strategy in ((0.1, "working_set_homotopy"), (0.5 * penalised_module.WORKING_SET_FIRST_RATIO, "homotopy")):
+    policy = DEFAULT_POLICY.but(plan={"working_set_first_min_n": 300})
+    for ratio, first in ((0.1, "working_set"), (0.5 * policy.plan.working_set_first_ratio, "homotopy")):
         gamma = ratio * gmax
-        sol = solve_kmm(K, beta, gamma=gamma)
-        assert sol.info["strategy"] == strategy and sol.info["fallback"] is None
-        assert sol.kkt <= 1e-10 * max(1.0, gmax)
+        sol = solve_kmm(K, beta, gamma=gamma, policy=policy)
+        assert sol.info["plan"][0] == first and sol.kkt <= 1e-10 * max(1.0, gmax)
         ref = make_problem(K, beta, gamma=gamma).objective(scipy_penalised(K, beta, gamma))
         assert sol.objective <= ref + 1e-9 * max(1.0, abs(ref))
-    monkeypatch.setattr(penalised_module, "WORKING_SET_FIRST_MIN_N", 401)
-    assert solve_kmm(K, beta, gamma=0.1 * gmax).info["strategy"] == "homotopy"
+    later = policy.but(plan={"working_set_first_min_n": 401})
+    assert solve_kmm(K, beta, gamma=0.1 * gmax, policy=later).info["plan"][0] == "homotopy"
 
 
-def test_working_set_homotopy_gives_up_at_its_cap_and_the_chain_goes_on(monkeypatch):
+def test_working_set_homotopy_gives_up_at_its_cap_and_the_chain_goes_on():
+    """A working set capped below the optimum's support gives up (it cannot hold it), and the plan's next steps
+    answer the same optimum."""
     import convalue.solvers.working_set as WS
     from convalue.solvers import solve_kmm_gradients
     from convalue.solvers.operators import GradientOperator
@@ -1329,11 +1401,10 @@ def test_working_set_homotopy_gives_up_at_its_cap_and_the_chain_goes_on(monkeypa
     gamma = 0.02 * float(np.abs(G @ g).max())
     full = solve_kmm_gradients(G, g, gamma=gamma)
     assert np.count_nonzero(full.w) > 16
-    monkeypatch.setattr(WS, "WORKING_SET_START", 8)
-    monkeypatch.setattr(WS, "WORKING_SET_MAX", 16)  # smaller than the support
+    small = DEFAULT_POLICY.but(working_set={"start": 8, "max_size": 16})  # smaller than the support
     op = GradientOperator(G, g)
-    w, steps, ok = WS.working_set_homotopy(op, gamma, 1e-10)
+    w, steps, ok = WS.working_set_homotopy(op, gamma, 1e-10, policy=small)
     assert not ok and np.count_nonzero(w) <= 16
-    capped = solve_kmm_gradients(G, g, gamma=gamma)
-    assert capped.status == "optimal" and capped.info["strategy"] != "working_set_homotopy"
+    capped = solve_kmm_gradients(G, g, gamma=gamma, policy=small)
+    assert capped.status == "optimal" and capped.info["step"] != "working_set"
     assert capped.objective == pytest.approx(full.objective, rel=1e-9, abs=1e-12)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ray
 
+from convalue.actors.progress import report_attempt
 from convalue.engine.model.spec import ReplicaSpec
 from convalue.engine.model.tokenize import TokenizedExample
 from convalue.engine.protocol.finetune import FinetuneResult, evaluate_loss, finetune
@@ -23,9 +24,11 @@ def _replica(spec: ReplicaSpec):
 
 def run_finetune_job(spec: ReplicaSpec, label: str, target: list[TokenizedExample],
                      aux: dict[str, list[TokenizedExample]], val: list[TokenizedExample],
-                     with_base: bool, weights: dict[str, float] | None = None) -> FinetuneResult:
+                     with_base: bool, weights: dict[str, float] | None = None,
+                     progress: object | None = None) -> FinetuneResult:
     """Load theta_0, optionally evaluate it, then fine-tune (aux groups drawn by `weights`, else uniformly) and
-    evaluate (one job)."""
+    evaluate (one job); progress: the run's progress actor, told where the job runs (retries are counted there)."""
+    report_attempt(progress, "finetune", f"{label} (seed {spec.finetune.seed})")
     model, device, amp_dtype = _replica(spec)
     cfg = spec.finetune
     base = evaluate_loss(model, val, cfg.eval_batch_size, spec.pad_id, device, amp_dtype) if with_base else None

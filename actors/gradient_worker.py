@@ -9,6 +9,7 @@ import numpy as np
 import ray
 
 from convalue.actors.pool import DeferredStartup
+from convalue.actors.progress import report_attempt
 from convalue.engine.config import ConfigError
 from convalue.engine.features.batching import WorkItem
 from convalue.engine.features.grpo import GrpoError
@@ -23,11 +24,12 @@ USER_ERRORS = (ConfigError, ModelError, ProjectionError, GrpoError, RewardError)
 class GradientWorkerImpl(DeferredStartup):
     """Loads theta_0 (with a seeded LoRA adapter, unless full-parameter) once; returns projected group vectors."""
 
-    def __init__(self, spec: ReplicaSpec):
+    def __init__(self, spec: ReplicaSpec, progress: object | None = None):
         import torch
 
         from convalue.engine.features.replica import build_featurizer
 
+        report_attempt(progress, "featurize", None)  # a second process of this actor: a restart
         torch.set_num_threads(spec.threads)
         t0 = time.perf_counter()
         self.grads = self._start(lambda: build_featurizer(spec), USER_ERRORS)
@@ -39,8 +41,11 @@ class GradientWorkerImpl(DeferredStartup):
         return {"pid": os.getpid(), "dim_in": self.grads.dim, "dim_out": self.grads.projector.dim_out,
                 "load_seconds": self.load_seconds}
 
-    def featurize(self, items: list[WorkItem]) -> tuple[list[str], np.ndarray, dict, list[np.ndarray] | None]:
-        """(names, [len(items), p] block, stats, per-example [m_i, p] blocks or None) for one block of groups."""
+    def featurize(self, items: list[WorkItem], progress: object | None = None,
+                  ) -> tuple[list[str], np.ndarray, dict, list[np.ndarray] | None]:
+        """(names, [len(items), p] block, stats, per-example [m_i, p] blocks or None) for one block of groups;
+        progress: the run's progress actor, told where the block is computed (retries are counted there)."""
+        report_attempt(progress, "featurize", "+".join(it.name for it in items))
         self._ready()
         tokens0, sec0 = self.grads.tokens, self.grads.seconds
         block = self.grads.featurize(items)

@@ -1,4 +1,5 @@
-"""A run's progress on its cluster: a small actor that keeps it and exports it as Ray metrics (Prometheus)."""
+"""A run's progress on its cluster: a small actor that keeps it, exports it as Ray metrics (Prometheus) and
+records where each work item ran, so retries and worker restarts are counted."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import ray
 
 log = logging.getLogger("convalue")
 
-TAGS = ("run", "stage")
+TAGS = ("run", "attempt", "stage")  # attempt: one id per start of a run, so a resumed run does not add to the last
+#: on a cluster the actor outlives the driver this long after the run, so a scrape sees the final gauges
+LINGER_S = 60.0
 # Ray 2.60 drops a gauge from the node's metrics endpoint once it has not been set for two report intervals
 # (20 s by default; its metrics agent's gauge TTL), while counters stay, so a stage that runs for minutes would
 # vanish from a dashboard: the actor sets its gauges again at this period, below the TTL at any report interval
@@ -25,10 +28,10 @@ class ProgressActor:
     """Stage, items done of items to do, and tokens of one run; every change is exported as a Ray metric
     (`ray_convalue_*` on each node's metrics endpoint, which Prometheus and the dashboard's Grafana read)."""
 
-    def __init__(self, run: str):
+    def __init__(self, run: str, attempt: str):
         from ray.util.metrics import Counter, Gauge
 
-        self.run = run
+        self.run, self.attempt = run, attempt
         self.done_metric = Counter("convalue_items_done", "Work items finished by a stage (groups featurised, "
                                    "bootstrap resamples, fine-tunes).", tag_keys=TAGS)
         self.total_metric = Gauge("convalue_items_total", "Work items the stage has to finish.", tag_keys=TAGS)
@@ -36,16 +39,17 @@ class ProgressActor:
         self.seconds_metric = Gauge("convalue_stage_seconds", "Wall seconds of the stage, once it ended.",
                                     tag_keys=TAGS)
         self.tokens_metric = Counter("convalue_tokens_featurised", "Tokens featurised by the gradient workers.",
-                                     tag_keys=("run",))
+                                     tag_keys=("run", "attempt"))
         self.stages: dict[str, dict] = {}
         self.current: str | None = None
         self.tokens = 0
         self.gauges: dict[tuple[str, str], tuple[object, float]] = {}  # (metric, stage) -> (gauge, value)
+        self.attempts: dict[str, dict[str, list[str]]] = {}  # stage -> work item -> where each attempt ran
         self.lock = threading.Lock()
         threading.Thread(target=self._refresh, name="convalue-gauges", daemon=True).start()
 
     def _tags(self, stage: str) -> dict[str, str]:
-        return {"run": self.run, "stage": stage}
+        return {"run": self.run, "attempt": self.attempt, "stage": stage}
 
     def _stage(self, stage: str) -> dict:
         return self.stages.setdefault(stage, {"done": 0, "total": None, "seconds": None})
@@ -80,7 +84,7 @@ class ProgressActor:
             self.done_metric.inc(n, tags=self._tags(stage))
         if tokens > 0:
             self.tokens += tokens
-            self.tokens_metric.inc(tokens, tags={"run": self.run})
+            self.tokens_metric.inc(tokens, tags={"run": self.run, "attempt": self.attempt})
 
     def end(self, stage: str, seconds: float) -> None:
         """The stage ended (finished or failed) after `seconds`."""
@@ -89,6 +93,34 @@ class ProgressActor:
         self._set(self.seconds_metric, stage, seconds)
         if self.current == stage:
             self.current = None
+
+    def linger(self, seconds: float) -> None:
+        """Keep exporting the final gauges for `seconds`, then end this actor's process."""
+        threading.Timer(seconds, os._exit, (0,)).start()
+
+    def attempt(self, stage: str, item: str, where: str) -> None:
+        """A worker started work item `item` of the stage (item None: an actor of the stage started); where:
+        `<actor id>:<pid>` or `task:<pid>`."""
+        self.attempts.setdefault(stage, {}).setdefault(item or f"start {where}", []).append(where)
+
+    def recovery(self) -> dict:
+        """Per stage: work items started more than once (retries) and actors that came back in a new process
+        (restarts), each with the items concerned."""
+        out = {}
+        for stage, items in self.attempts.items():
+            retried = {item: len(places) - 1 for item, places in items.items()
+                       if len(places) > 1 and not item.startswith("start ")}
+            pids: dict[str, set[str]] = {}
+            for places in items.values():
+                for where in places:
+                    actor, _, pid = where.rpartition(":")
+                    if actor and actor != "task":
+                        pids.setdefault(actor, set()).add(pid)
+            restarts = sum(len(p) - 1 for p in pids.values())
+            if retried or restarts:
+                out[stage] = {"retries": sum(retried.values()), "retried": sorted(retried)[:20],
+                              "worker_restarts": restarts}
+        return out
 
     def snapshot(self) -> dict:
         """{"stage": the running one or None, "stages": {name: {done, total, seconds}}, "tokens": n}."""
@@ -100,9 +132,12 @@ class Progress:
     driver, measured on a local Ray); the actor is named convalue-progress-<run>-<pid>-<6 hex> on the dashboard
     (unique even for the same run name again in one process, before Ray has released the last one's name)."""
 
-    def __init__(self, run: str):
-        name = f"convalue-progress-{run}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self.actor = ProgressActor.options(name=name).remote(run)
+    def __init__(self, run: str, detached: bool = False):
+        self.attempt = uuid.uuid4().hex[:12]
+        self.detached = detached
+        name = f"convalue-progress-{run}-{os.getpid()}-{self.attempt[:6]}"
+        opts = {"lifetime": "detached"} if detached else {}
+        self.actor = ProgressActor.options(name=name, **opts).remote(run, self.attempt)
 
     def begin(self, stage: str) -> None:
         """The stage starts."""
@@ -120,6 +155,14 @@ class Progress:
         """The stage ended after `seconds`."""
         self.actor.end.remote(stage, seconds)
 
+    def recovery(self, timeout: float = 10.0) -> dict:
+        """ProgressActor.recovery() ({} if the actor cannot answer)."""
+        try:
+            return ray.get(self.actor.recovery.remote(), timeout=timeout)
+        except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as exc:
+            log.warning("recovery record of the run unavailable: %s", exc)
+            return {}
+
     def snapshot(self, timeout: float = 10.0) -> dict | None:
         """The actor's state once every call sent before has been applied; None (with a warning) if it cannot
         answer within `timeout` seconds (say, the cluster went away with the run's failure)."""
@@ -129,9 +172,23 @@ class Progress:
             log.warning("progress of the run unavailable: %s", exc)
             return None
 
-    def close(self) -> None:
-        """Stop the actor (best effort: a cluster that is gone takes it with it)."""
+    def close(self, linger_s: float = LINGER_S) -> None:
+        """Stop the actor: at once on a cluster this run started (it ends with it), after linger_s on a cluster it
+        joined, so the final gauges can be scraped (best effort: a cluster that is gone takes it with it)."""
         try:
-            ray.kill(self.actor)
+            if self.detached:
+                self.actor.linger.remote(linger_s)
+            else:
+                ray.kill(self.actor)
         except Exception as exc:  # called from a run's cleanup: never hide the run's own error behind this one
             log.warning("progress actor not stopped: %s", exc)
+
+
+def report_attempt(progress: object | None, stage: str, item: str | None) -> None:
+    """From inside a worker: tell the run's progress actor (a handle, or None) that work item `item` starts here
+    (None: this actor starts, so a restart shows as a second process of the same actor)."""
+    if progress is None:
+        return
+    ctx = ray.get_runtime_context()
+    actor = ctx.get_actor_id()
+    progress.attempt.remote(stage, item, f"{actor or 'task'}:{os.getpid()}")

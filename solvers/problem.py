@@ -216,7 +216,14 @@ def check_normalize(normalize: str) -> None:
 
 
 def check_norms(diag: np.ndarray, floor: float) -> None:
-    """Every candidate's squared gradient norm K_ii must exceed floor."""
+    """Every candidate's squared gradient norm K_ii must exceed floor (a negative one: K is no Gram matrix)."""
+    negative = np.flatnonzero(diag < 0)
+    if negative.size:
+        i = int(negative[0])
+        raise KMMInputError(
+            f"K has {negative.size} negative diagonal entr{'y' if negative.size == 1 else 'ies'}, first K[{i}, {i}] = "
+            f"{float(diag[i]):.6g}: a Gram matrix G G^T has K_ii = ||g_i||^2 >= 0, so this K is not one"
+        )
     zero = np.flatnonzero(diag <= floor)
     if zero.size:
         raise KMMInputError(

@@ -64,10 +64,18 @@ def test_a_stored_fine_tune_is_read_back(tmp_path):
     lambda s: replace(s, model=ModelConfig(dtype="bfloat16")),
     lambda s: replace(s, device="cuda"),
     lambda s: replace(s, threads=2),
-    lambda s: replace(s, model_dir="/elsewhere/other-model"),
+    lambda s: replace(s, model_digest="0" * 64),
 ])
 def test_every_setting_that_decides_the_result_is_in_the_key(tmp_path, change):
     assert _store(tmp_path, change(SPEC)).job_key(AUX) != _store(tmp_path).job_key(AUX)
+
+
+def test_the_model_is_keyed_by_its_content_not_its_folder(tmp_path):
+    moved = replace(SPEC, model_dir="/elsewhere/same-weights")
+    assert _store(tmp_path, moved).job_key(AUX) == _store(tmp_path).job_key(AUX)
+    assert _store(tmp_path, moved).base_key() == _store(tmp_path).base_key()
+    changed = replace(SPEC, model_digest="1" * 64)
+    assert _store(tmp_path, changed).base_key() != _store(tmp_path).base_key()
 
 
 def test_which_runs_happen_is_not_in_the_key(tmp_path):

@@ -228,7 +228,7 @@ def test_a_failed_protocol_lists_the_fine_tunes_it_has(first_run, tmp_path, monk
     own_copy(first_run, tmp_path / "runs" / "t")
 
     @ray.remote(max_retries=0)
-    def failing_finetune(spec, label, target, aux, val, with_base, weights):
+    def failing_finetune(spec, label, *rest):
         raise RuntimeError(f"no memory for {label}")
 
     monkeypatch.setattr(finetunes, "finetune_task", failing_finetune)
@@ -316,7 +316,8 @@ def test_failure_mid_run_leaves_no_complete_looking_result(ray_session, tiny_mod
 
     target = write_jsonl(tmp_path / "t.jsonl", chatterbot_pairs("marathi", 8))
     pool = write_jsonl(tmp_path / "p.jsonl", [r | {"group": "en"} for r in chatterbot_pairs("english", 4)])
-    cfg = tiny_run_config(tmp_path, tiny_model_dir, target, pool, lora={"target_modules": ["input_layernorm"]})
+    cfg = tiny_run_config(tmp_path, tiny_model_dir, target, pool, lora={"target_modules": ["input_layernorm"]},
+                          select={"k": 1})
     with pytest.raises(WorkItemError, match="gradient worker start-up") as err:
         run(config_from_dict(cfg))
     assert isinstance(err.value.cause, ModelError) and "is not supported" in str(err.value.cause)
@@ -356,7 +357,7 @@ def test_a_run_says_running_until_it_ends(ray_session, tiny_model_dir, tmp_path,
 
     monkeypatch.setattr(pipeline, "featurize", featurize)
     with pytest.raises(RuntimeError, match="stopped in featurize"):
-        run(config_from_dict(tiny_run_config(tmp_path, tiny_model_dir, target, pool)))
+        run(config_from_dict(tiny_run_config(tmp_path, tiny_model_dir, target, pool, select={"k": 1})))
     assert seen["status"] == "running" and seen["data"]["candidates"] == 1
     (run_dir / "summary.json").write_text(json.dumps(seen))  # what a killed run leaves
     with pytest.raises(StoreError, match=r"field `status` is \"running\""):
@@ -502,7 +503,8 @@ def test_status_tells_a_live_run_from_an_interrupted_one(first_run, tmp_path, ca
     summary = json.loads((run_dir / "summary.json").read_text())
     status = run_status(run_dir)
     assert status["state"] == "complete" and not status["live_process"]
-    assert status["vectors"] == {"stored": 6, "needed": 6, "target": True, "complete": True}  # 5 groups, the target
+    assert status["vectors"] == {"stored": 6, "needed": 6, "target": True, "complete": True,  # 5 groups, the target
+                                 "damaged": [], "verified": "checksums"}
     records = [json.loads(p.read_text()) for p in (run_dir / "finetunes").glob("*.json")]
     assert status["finetune_records"] == sum("val_loss" in r for r in records) >= len(
         {tuple(r["groups"]) for r in first.finetune})  # finetunes/ keeps the first run's fine-tunes

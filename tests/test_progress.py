@@ -67,3 +67,34 @@ def test_progress_keeps_each_stage_and_exports_it_as_ray_metrics(ray_session):
     while (late := progress.snapshot(timeout=5)) is not None and time.monotonic() < deadline:
         time.sleep(0.2)
     assert late is None
+
+
+def test_each_start_of_a_run_has_its_own_attempt_tag_and_a_detached_actor_lingers(ray_session):
+    """A resumed run reuses its name: its metrics carry a new `attempt`, so sums per (run, attempt) do not mix the
+    two starts; on a joined cluster the actor outlives close() for a while, then ends."""
+    first, second = Progress("t-resume"), Progress("t-resume", detached=True)
+    assert first.attempt != second.attempt
+    try:
+        first.total("featurize", 9)
+        first.advance("featurize", 9)
+        second.total("featurize", 9)
+        second.advance("featurize", 6)
+        port = ray_session.nodes()[0]["MetricsExportPort"]
+        series: dict[str, float] = {}
+        deadline = time.monotonic() + 45.0
+        while len(series) < 2 and time.monotonic() < deadline:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+            for line in text.splitlines():
+                m = re.match(r'^ray_convalue_items_done_total\{(.*)\} (\S+)$', line)
+                if m and 'run="t-resume"' in m[1]:
+                    series[re.search(r'attempt="(\w+)"', m[1])[1]] = float(m[2])
+            time.sleep(1.0)
+        assert series == {first.attempt: 9.0, second.attempt: 6.0}
+    finally:
+        first.close()
+        second.close(linger_s=3.0)
+    assert second.snapshot(timeout=5) is not None  # still there after close: its gauges can be scraped
+    deadline = time.monotonic() + 30.0
+    while (late := second.snapshot(timeout=5)) is not None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert late is None

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 import typing
 from dataclasses import field
+from pathlib import Path
 from typing import Any, Literal
 
 
@@ -18,6 +20,19 @@ class ConfigError(ValueError):
         where = ": ".join(x for x in (file, field) if x)
         shown = "" if value is dataclasses.MISSING else f" (got {value!r})"
         super().__init__(f"{where}: {message}{shown}" if where else f"{message}{shown}")
+
+
+def check_readable(path: Path, field: str, value: Any, folder: bool = False) -> None:
+    """Refuse a file (or folder) this process cannot read, before any model is loaded."""
+    if not os.access(path, os.R_OK | (os.X_OK if folder else 0)):
+        raise ConfigError(f"cannot be read by this process (permission denied on {path})", field=field, value=value)
+
+
+def check_writable(path: Path, field: str, value: Any) -> None:
+    """Refuse a folder this process cannot create files in."""
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"cannot be written by this process (permission denied on {path})", field=field,
+                          value=value)
 
 
 def opt(default: Any = dataclasses.MISSING, help: str = "", factory: Any = None) -> Any:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from convalue.engine.config.fields import ConfigError, opt
+from convalue.engine.config.fields import ConfigError, check_readable, opt
 
 BUILTIN_MODELS = ("smollm2-135m-instruct",)
 #: built-in sentence-embedding models for clustering a flat pool: name -> the package that ships its folder
@@ -140,6 +140,7 @@ class SourceConfig:
                 raise ConfigError("is not an existing folder", field="path", value=self.path)
             if self.kind != "folder" and not p.is_file():
                 raise ConfigError("is not an existing file", field="path", value=self.path)
+            check_readable(p, "path", self.path, folder=self.kind == "folder")
 
 
 @dataclass(kw_only=True)

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from convalue.engine.config.fields import ConfigError, opt
+from convalue.engine.config.fields import ConfigError, check_writable, opt
 from convalue.engine.config.inputs import (
     DataConfig,
     FeaturesConfig,
@@ -50,6 +50,7 @@ class RunConfig:
         if not existing.is_dir():
             raise ConfigError(f"the run folder {run_dir} cannot be made: {existing} is a file", field="out",
                               value=self.out)
+        check_writable(existing, "out", self.out)
         if self.features.keep_per_example and (self.features.representation != "one_step"
                                                or self.features.parameters != "lora"
                                                or self.model.token_budget is None):

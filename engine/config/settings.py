@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from convalue.engine.config.fields import ConfigError, opt
+from convalue.engine.config.fields import ConfigError, check_readable, opt
 
 
 @dataclass(kw_only=True)
@@ -43,6 +43,8 @@ class SolverConfig:
                               field="method", value=self.method)
         if self.costs_file is not None and not Path(self.costs_file).expanduser().is_file():
             raise ConfigError("is not an existing file", field="costs_file", value=self.costs_file)
+        if self.costs_file is not None:
+            check_readable(Path(self.costs_file).expanduser(), "costs_file", self.costs_file)
         if (self.gamma is None) == (self.budget is None):
             raise ConfigError("give exactly one of `gamma` or `budget`", field="gamma",
                               value={"gamma": self.gamma, "budget": self.budget})

@@ -53,7 +53,14 @@ def _row_example(row: dict, src: SourceConfig, where: str) -> Example:
 
 
 def _read_rows(path: Path) -> list[tuple[str, dict]]:
-    """(where, row) for every row of a .jsonl or .parquet file."""
+    """(where, row) for every row of a .jsonl or .parquet file; an unreadable file is a DataError naming it."""
+    try:
+        return _rows_of(path)
+    except OSError as exc:
+        raise DataError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+
+
+def _rows_of(path: Path) -> list[tuple[str, dict]]:
     if path.suffix == ".jsonl":
         rows = []
         with path.open("rb") as fh:

@@ -32,9 +32,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--tol", type=float, help="stop the penalised form at this KKT violation (as solver.tol; "
                    "default: the run's own)")
     t = sub.add_parser("status", help="say whether a run folder is complete, failed, running or interrupted, and "
-                                      "what it holds (exit 0 complete, 1 failed or interrupted, 3 running)")
+                                      "what it holds (exit 0 complete, 1 failed, interrupted or damaged, 3 running)")
     t.add_argument("run_dir")
     t.add_argument("--json", action="store_true", help="print the status as one JSON object")
+    t.add_argument("--quick", action="store_true", help="check that the vector blocks exist, without hashing them")
     sub.add_parser("config-reference", help="print the config reference (Markdown)")
     return p
 
@@ -65,19 +66,21 @@ def main(argv: list[str] | None = None) -> int:
         from convalue.engine.store.status import EXIT_CODES, format_status, run_status
 
         try:
-            status = run_status(Path(args.run_dir))
+            status = run_status(Path(args.run_dir), quick=args.quick)
         except (StoreError, FileNotFoundError) as exc:
             print(f"convalue: error: {exc}", file=sys.stderr)
             return 2
         print(json.dumps(status) if args.json else format_status(status))
         return EXIT_CODES[status["state"]]
     from convalue.actors.pool import WorkItemError
+    from convalue.engine.driver import signals
     from convalue.engine.driver.session import ClusterError
     from convalue.engine.features.grpo import GrpoError
     from convalue.engine.features.rewards import RewardError
 
     user_errors = (ConfigError, DataError, ModelError, StoreError, KMMInputError, KMMSolveError, GrpoError,
-                   RewardError, ClusterError)
+                   RewardError, ClusterError, FileNotFoundError, PermissionError)
+    signals.install()
     try:
         if args.command == "run":
             import pyarrow.parquet as pq
@@ -119,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             if summary.finetune_stale:
                 print(f"note: {summary.finetune_stale}")
             return 0
-    except (*user_errors, FileNotFoundError) as exc:
+    except user_errors as exc:
         print(f"convalue: error: {exc}", file=sys.stderr)
         return 2
     except WorkItemError as exc:
@@ -128,6 +131,11 @@ def main(argv: list[str] | None = None) -> int:
         # a problem with the input that a worker found: its message, without the remote traceback
         print(f"convalue: error: {exc.what}: {exc.cause}", file=sys.stderr)
         return 2
+    except BaseException:
+        if (stopped := signals.received()) is None:
+            raise
+        print(f"convalue: {stopped}; the run folder's summary.json records it", file=sys.stderr)
+        return stopped.exit_code
     return 1
 
 

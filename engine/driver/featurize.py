@@ -51,7 +51,7 @@ class FeaturizeResult:
     stats: FeaturizeStats
 
 
-def fingerprint(cfg: RunConfig, model_dir) -> dict:
+def fingerprint(cfg: RunConfig, model_digest: str) -> dict:
     """What stored vectors depend on besides each group's preview (that is in the per-group key)."""
     import transformers
 
@@ -66,7 +66,7 @@ def fingerprint(cfg: RunConfig, model_dir) -> dict:
         "parameters": "full" if f.parameters == "full" else
         ("lora_A+lora_B" if f.representation == "task_vector" else "lora_B"),
         "model": cfg.model.source,
-        "model_dir": model_dir.name,
+        "model_digest": model_digest,  # the weights, config and tokenizer, not the folder's name
         "transformers": transformers.__version__,
         "dtype": cfg.model.dtype,
         "max_length": cfg.model.max_length,
@@ -104,7 +104,7 @@ def _compute(cfg: RunConfig, spec: ReplicaSpec, todo: list, keys: dict[str, str]
     blocks = plan_blocks(todo, cfg.ray.groups_per_call)
     grpo = {"prompts": 0, "zero_advantage_prompts": 0, "reward_sum": 0.0}
     opts = {"num_cpus": cfg.ray.cpus_per_worker, "num_gpus": cfg.ray.gpus_per_worker}
-    with ActorPool(GradientWorker, min(cfg.ray.workers, len(blocks)), spec, options=opts,
+    with ActorPool(GradientWorker, min(cfg.ray.workers, len(blocks)), spec, progress.actor, options=opts,
                    name="convalue-grad") as pool:
         info = pool.probe("info", "gradient worker")
         stats.workers, stats.dim_in, stats.dim_out = len(pool), info["dim_in"], info["dim_out"]
@@ -113,7 +113,7 @@ def _compute(cfg: RunConfig, spec: ReplicaSpec, todo: list, keys: dict[str, str]
         t0 = time.perf_counter()
         finished = 0
         for block, (names, X, st, per_example) in pool.map(
-                blocks, lambda w, b: w.featurize.remote(b), cfg.ray.max_in_flight, cost=block_tokens):
+                blocks, lambda w, b: w.featurize.remote(b, progress.actor), cfg.ray.max_in_flight, cost=block_tokens):
             store.write_block(names, [keys[n] for n in names], [len(it.examples) for it in block],
                               [block_tokens([it]) for it in block], X, per_example)
             rows.update(zip(names, X))

@@ -101,7 +101,8 @@ def run_protocol(cfg: RunConfig, spec: ReplicaSpec, tokenizer, data: PreparedDat
             return base_eval_task.options(**opts).remote(spec, val)
         j, seed = tasks[task.index]
         return finetune_task.options(**opts).remote(spec.for_job(seed, jobs[j].rho), jobs[j].label, train, auxes[j],
-                                                    val, base is None and task.index == first, jobs[j].weight_map())
+                                                    val, base is None and task.index == first, jobs[j].weight_map(),
+                                                    progress.actor)
 
     payloads = [FinetuneTask(i, jobs[tasks[i][0]].label, tasks[i][1]) for i in todo]
     if base is None and not todo:

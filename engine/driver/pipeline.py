@@ -12,10 +12,11 @@ import numpy as np
 
 from convalue.actors.embedder import embed_on_workers
 from convalue.actors.solver import bootstrap_on_actors, solve_on_actor
-from convalue.engine.config import RunConfig
+from convalue.engine.config import ConfigError, RunConfig
 from convalue.engine.data.clustering import EmbeddingCache
 from convalue.engine.data.costs import load_costs
 from convalue.engine.data.prepare import TARGET_KEY, prepare
+from convalue.engine.driver import signals
 from convalue.engine.driver.featurize import FeaturizeResult, featurize, fingerprint
 from convalue.engine.driver.finetunes import FinetuneOutcome, run_protocol
 from convalue.engine.driver.session import (
@@ -24,6 +25,7 @@ from convalue.engine.driver.session import (
     check_reachable,
     cluster_address,
 )
+from convalue.engine.model.digest import model_digest
 from convalue.engine.model.loading import check_lora_targets_in, load_tokenizer, resolve_model_dir
 from convalue.engine.model.spec import ReplicaSpec
 from convalue.engine.protocol.evaluate import BASELINE_METHODS, given_weights, method_scores
@@ -70,6 +72,15 @@ def check_nonzero(cfg: RunConfig, names: list[str], G: np.ndarray, g_tar: np.nda
     raise ValueError(f"group vector is exactly zero for {zero[:10]} ({len(zero)} in all): {why}")
 
 
+def check_budgets(cfg: RunConfig, n: int) -> None:
+    """Refuse a selection or an evaluated budget k larger than the pool (it would buy fewer groups than it says)."""
+    if cfg.select.k > n:
+        raise ConfigError(f"is larger than the pool's {n} candidate group(s)", field="select.k", value=cfg.select.k)
+    if cfg.finetune.enabled and (too_big := [k for k in cfg.finetune.ks or [] if k > n]):
+        raise ConfigError(f"lists budgets larger than the pool's {n} candidate group(s): {too_big}",
+                          field="finetune.ks", value=cfg.finetune.ks)
+
+
 def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) -> RunSummary:
     """Run the whole valuation; returns the summary (also written to <out>/<name>/summary.json)."""
     joined = cluster_address(cfg, address)
@@ -103,6 +114,7 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> RunSummary:
                     "bf16 units run far slower than float32")
     with timer.stage("model"):
         model_dir = resolve_model_dir(cfg.model)
+        digest = model_digest(model_dir, Path(cfg.model.cache_dir).expanduser() / "digests")
         tokenizer = load_tokenizer(model_dir)
         if cfg.features.parameters == "lora":
             check_lora_targets_in(model_dir, cfg.lora)
@@ -119,13 +131,14 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> RunSummary:
     with timer.stage("data"):
         data = prepare(cfg.data, tokenizer, cfg.model.max_length, grpo=cfg.features.representation == "grpo",
                        embed=embed)
+        check_budgets(cfg, len(data.names()))
         costs = load_costs(cfg.solver.costs_file, data.names()) if cfg.solver.costs_file else None
         given = None  # `mixture: given`: every candidate's weight, checked before the hours of featurisation
         if cfg.finetune.enabled and cfg.finetune.mixture_weights is not None:
             given = given_weights(cfg.finetune.mixture_weights, data.names(), cfg.finetune.mixture_default_weight)
     run_dir.mkdir(parents=True, exist_ok=True)
     with run_folder_lock(run_dir):  # no other run or re-solve writes here meanwhile
-        store = VectorStore(run_dir / "vectors", fingerprint(cfg, model_dir), overwrite=overwrite)
+        store = VectorStore(run_dir / "vectors", fingerprint(cfg, digest), overwrite=overwrite)
         for f in RESULT_FILES:  # results of an earlier run in this folder are replaced, never mixed
             (run_dir / f).unlink(missing_ok=True)
         if embed is not None:
@@ -133,7 +146,8 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> RunSummary:
         clusters = clusters_table(data.resolved, set(data.names()))
         if clusters is not None:  # a flat pool's clusters: which example went where (before featurisation)
             write_parquet(clusters, run_dir / "clusters.parquet")
-        summary = RunSummary(status="running", config=cfg.to_dict(), packages=package_versions(), data={
+        summary = RunSummary(status="running", config=cfg.to_dict(), packages=package_versions(),
+                             model={"source": cfg.model.source, "dir": str(model_dir), "digest": digest}, data={
             "target": data.target.name, "target_train": len(data.target_train), "target_val": len(data.target_val),
             "target_preview": len(data.target_item.examples), "candidates": len(data.items),
             "warnings": data.warnings})
@@ -148,7 +162,8 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> RunSummary:
             if not session.connected:  # a flat pool connected before the data stage
                 with timer.stage("ray_init"):
                     session.up()
-            replica = ReplicaSpec.from_config(cfg, model_dir, tokenizer.pad_token_id)
+            summary.attempt = session.progress.attempt  # the metrics' `attempt` tag
+            replica = ReplicaSpec.from_config(cfg, model_dir, tokenizer.pad_token_id, digest)
             stage = "featurize"
             with timer.stage("featurize"):
                 features = featurize(cfg, replica, data, store, session.progress)
@@ -207,13 +222,28 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> RunSummary:
             if stage == "finetune" and outcome.finished:  # kept in finetunes/ too, so a rerun trains only the rest
                 summary.finetune_finished = outcome.finished
             summary.error = f"{type(exc).__name__}: {exc}"
+            if (stopped := signals.received()) is not None:
+                summary.signal, summary.error = stopped.name, f"Interrupted: {stopped}"
             raise
         finally:
             summary.timings_s = timer.seconds | {"total": round(time.perf_counter() - t_start, 3)}
             if session.progress is not None and (snap := session.progress.snapshot()) is not None:
                 summary.progress = snap["stages"]  # how far each stage got: of interest when one failed
+            summary.recovered = _recovered(session, store)
             summary.write(run_dir)
     return summary
+
+
+def _recovered(session: RaySession, store: VectorStore) -> dict | None:
+    """What the run survived, logged: work items retried and workers restarted (per stage), and damaged vector
+    blocks set aside and computed again; None when nothing happened."""
+    out = session.progress.recovery() if session.progress is not None else {}
+    for stage, r in out.items():
+        log.warning("%s: %d work item(s) ran again after a failure (%s), %d worker restart(s); results are complete",
+                    stage, r["retries"], ", ".join(r["retried"][:5]) or "-", r["worker_restarts"])
+    if store.dropped:
+        out["vectors"] = {"blocks_set_aside": store.dropped}
+    return out or None
 
 
 def _bootstrap(cfg: RunConfig, spec: SolveSpec, store: VectorStore, names: list[str], w: np.ndarray,

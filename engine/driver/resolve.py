@@ -4,6 +4,7 @@ process and without Ray; everything is read and checked before anything is writt
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +39,9 @@ def resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir}: not a finished run folder (no such folder)")
+    if not os.access(run_dir, os.W_OK | os.X_OK):
+        raise StoreError(f"{run_dir}: cannot be written by this process (permission denied); a re-solve rewrites "
+                         "the scores in place: copy the folder somewhere writable and solve the copy")
     with run_folder_lock(run_dir):
         return _resolve(run_dir, gamma=gamma, budget=budget, method=method, normalize=normalize, tol=tol)
 
@@ -49,6 +53,10 @@ def saved_summary(run_dir: Path) -> RunSummary:
     if summary.status == "running":  # a live run holds the folder's lock, so this one was killed
         raise StoreError(f"{path}: field `status` is \"running\": the run was stopped before it finished "
                          "(run it again with `convalue run`)")
+    if summary.status == "failed" and (summary.order is None or not (run_dir / "beta.npy").is_file()):
+        raise StoreError(f"{path}: the run failed in stage {summary.failed_stage or '?'} before it had scores to "
+                         f"re-solve ({summary.error or 'no error recorded'}); fix that and run it again with "
+                         "`convalue run`")
     order = summary.order
     if (not isinstance(order, list) or not order or not all(isinstance(n, str) for n in order)
             or len(set(order)) != len(order)):

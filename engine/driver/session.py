@@ -14,6 +14,7 @@ import ray
 
 from convalue.actors.progress import Progress
 from convalue.engine.config import RunConfig
+from convalue.engine.driver import signals
 
 log = logging.getLogger("convalue")
 WORKER_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -73,7 +74,9 @@ class RaySession:
         """Connect (or start an embedded Ray) unless already done, and start the run's progress actor."""
         if not self.connected:
             self.started, self.connected = connect(self.cfg, self.addr), True
-            self.progress = Progress(self.cfg.name)
+            signals.install()  # ray.init installs its own SIGTERM handler (sys.exit), which records no signal
+            # on a cluster joined by address, the progress actor outlives the driver briefly (for a final scrape)
+            self.progress = Progress(self.cfg.name, detached=self.addr is not None)
 
     def close(self) -> None:
         """Stop the progress actor; shut down a Ray this run started."""

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -188,7 +189,9 @@ def attach_lora(model: PreTrainedModel, lora: LoraConfig, *, dropout: float | No
                           lora_dropout=lora.dropout if dropout is None else dropout, bias="none",
                           task_type="CAUSAL_LM")
     devices = [model.device] if model.device.type != "cpu" else []
-    with torch.random.fork_rng(devices=devices):
+    with torch.random.fork_rng(devices=devices), warnings.catch_warnings():
+        # peft reads model.is_gradient_checkpointing, which transformers 5 deprecates: not ours to fix, once a job
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         torch.manual_seed(lora.init_seed)
         try:
             return get_peft_model(model, pcfg)

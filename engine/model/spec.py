@@ -29,13 +29,15 @@ class ReplicaSpec:
     pad_id: int
     threads: int = 1
     device: str = "cpu"
+    model_digest: str = ""  # the content hash of model_dir's weights, config and tokenizer (engine.model.digest)
 
     @classmethod
-    def from_config(cls, cfg: Any, model_dir: Path, pad_id: int) -> ReplicaSpec:
-        """The spec of a run config (cfg: RunConfig) with its resolved model folder and the tokenizer's pad id."""
+    def from_config(cls, cfg: Any, model_dir: Path, pad_id: int, model_digest: str = "") -> ReplicaSpec:
+        """The spec of a run config (cfg: RunConfig) with its resolved model folder, its content hash and the
+        tokenizer's pad id."""
         return cls(model_dir=str(model_dir), model=cfg.model, lora=cfg.lora, features=cfg.features,
                    projection=cfg.projection, finetune=cfg.finetune, pad_id=pad_id, threads=cfg.ray.cpus_per_worker,
-                   device="cuda" if cfg.ray.gpus_per_worker > 0 else "cpu")
+                   device="cuda" if cfg.ray.gpus_per_worker > 0 else "cpu", model_digest=model_digest)
 
     def for_job(self, seed: int, rho: float | None = None) -> ReplicaSpec:
         """The spec of one fine-tune job: the finetune section with its seed (and its rho_k where it has one)."""

@@ -107,7 +107,7 @@ def finetune(model, pad_id: int, cfg: FinetuneConfig, lora: LoraConfig, *, label
         torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
         opt.step()
         sched.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
     val_loss = evaluate_loss(peft_model, val, cfg.eval_batch_size, pad_id, device, autocast_dtype)
     return FinetuneResult(
         label=label, groups=names, steps=cfg.steps, target_steps=sum(1 for s in plan if s < 0),

@@ -87,6 +87,8 @@ class RunSummary:
     status: str
     config: dict = field(default_factory=dict)
     packages: dict[str, str | None] = field(default_factory=dict)
+    attempt: str | None = None  # this start's id, the `attempt` tag of the run's Ray metrics
+    model: dict | None = None
     data: dict | None = None
     featurize: dict | None = None
     metric: dict | None = None
@@ -102,6 +104,8 @@ class RunSummary:
     progress: dict | None = None
     failed_stage: str | None = None
     error: str | None = None
+    signal: str | None = None  # SIGTERM or SIGINT where one stopped the run
+    recovered: dict | None = None  # retries, worker restarts and damaged blocks the run survived
     finetune_finished: list[dict] | None = None
     resolving: ResolvingRecord | None = None
     resolved: bool | None = None
@@ -142,10 +146,10 @@ class RunSummary:
         """A summary from its JSON object; a field of the wrong shape is a StoreError naming it."""
         if not isinstance(data.get("status"), str):
             raise StoreError(f"{path}: field `status` is missing (not a convalue summary)")
-        shapes = {"config": dict, "packages": dict, "data": dict, "featurize": dict, "metric": dict, "order": list,
+        shapes = {"config": dict, "packages": dict, "attempt": str, "model": dict, "data": dict, "featurize": dict, "metric": dict, "order": list,
                   "space": str, "solver": dict, "bootstrap": dict, "selected": list, "ranking": list,
                   "finetune": list, "evaluation": dict, "timings_s": dict, "progress": dict, "failed_stage": str,
-                  "error": str, "finetune_finished": list, "resolving": dict, "resolved": bool,
+                  "error": str, "signal": str, "recovered": dict, "finetune_finished": list, "resolving": dict, "resolved": bool,
                   "finetune_stale": str}
         kwargs: dict[str, Any] = {"status": data["status"]}
         for name, shape in shapes.items():

@@ -29,7 +29,7 @@ def job_settings(spec: ReplicaSpec) -> dict:
     """What a fine-tune's result depends on besides its data: model, LoRA, training settings, device, threads,
     and the versions of the packages that compute it."""
     versions = package_versions(("torch", "transformers", "peft"))
-    return {"model": spec.model.source, "model_dir": Path(spec.model_dir).name, "dtype": spec.model.dtype,
+    return {"model": spec.model.source, "model_digest": spec.model_digest, "dtype": spec.model.dtype,
             "pad_id": spec.pad_id, "lora": asdict(spec.lora), "device": spec.device,
             "threads": spec.threads, "packages": versions,
             "finetune": {k: v for k, v in asdict(spec.finetune).items() if k not in NOT_IN_KEY}}
@@ -57,7 +57,7 @@ class FinetuneStore:
     def base_key(self) -> str:
         """Key of the base model's validation loss."""
         s = self._base["settings"]
-        return self._hash({"base": {k: s[k] for k in ("model", "model_dir", "dtype", "pad_id", "device", "packages")},
+        return self._hash({"base": {k: s[k] for k in ("model", "model_digest", "dtype", "pad_id", "device", "packages")},
                            "eval_batch_size": s["finetune"]["eval_batch_size"], "val": self._base["val"]})
 
     @staticmethod

@@ -9,15 +9,16 @@ from pathlib import Path
 from convalue.engine.data.prepare import TARGET_KEY
 from convalue.engine.report.summary import RunSummary
 from convalue.engine.store.locks import held
-from convalue.engine.store.vectors import StoreError, read_manifest
+from convalue.engine.store.vectors import StoreError, read_manifest, verify_blocks
 
 #: the state `convalue status` reports, and its exit code (scripts wait on 3, stop on 1)
-EXIT_CODES = {"complete": 0, "failed": 1, "interrupted": 1, "running": 3}
+EXIT_CODES = {"complete": 0, "failed": 1, "interrupted": 1, "damaged": 1, "running": 3}
 
 
-def run_status(run_dir: Path) -> dict:
+def run_status(run_dir: Path, quick: bool = False) -> dict:
     """The folder's state (complete, failed, running: a live process holds it, interrupted: none does), what it
-    stores (vectors, fine-tune records) and, from summary.json, its progress, selection and failure."""
+    stores (vectors, verified against the manifest and its checksums unless quick; fine-tune records) and, from
+    summary.json, its progress, selection and failure."""
     run_dir = Path(run_dir)
     summary = RunSummary.read(run_dir)
     written = summary.status
@@ -28,8 +29,11 @@ def run_status(run_dir: Path) -> dict:
         state = "failed" if written == "failed" else "complete"
     out = {"run_dir": str(run_dir), "state": state, "summary_status": written, "live_process": live,
            "command": "solve" if written == "resolving" else "run",
-           "vectors": _vectors(run_dir, summary), "finetune_records": _records(run_dir / "finetunes")}
-    for field in ("failed_stage", "error", "selected", "timings_s", "progress", "finetune_stale"):
+           "vectors": _vectors(run_dir, summary, quick), "finetune_records": _records(run_dir / "finetunes")}
+    if state == "complete" and out["vectors"] is not None and out["vectors"]["damaged"]:
+        out["state"] = "damaged"  # the results stand, but a rerun or re-solve from vectors would recompute
+    for field in ("failed_stage", "error", "signal", "selected", "timings_s", "progress", "finetune_stale",
+                  "recovered"):
         if getattr(summary, field) is not None:
             out[field] = getattr(summary, field)
     if summary.evaluation is not None and isinstance(summary.evaluation.get("best_k"), dict):
@@ -37,17 +41,22 @@ def run_status(run_dir: Path) -> dict:
     return out
 
 
-def _vectors(run_dir: Path, summary: RunSummary) -> dict | None:
-    """Group vectors stored (the target's included) against those the run needs; None before the store exists."""
+def _vectors(run_dir: Path, summary: RunSummary, quick: bool) -> dict | None:
+    """Group vectors stored (the target's included) against those the run needs, and what is damaged; None before
+    the store exists."""
     try:
         manifest = read_manifest(run_dir / "vectors")
-    except StoreError:
-        return None
+    except StoreError as exc:
+        if not (run_dir / "vectors" / "manifest.json").exists():
+            return None
+        return {"stored": 0, "needed": None, "target": False, "complete": False, "damaged": [str(exc)],
+                "verified": "manifest"}
     stored = {g for b in manifest["blocks"] for g in b["groups"]}
     data = summary.data or {}
     needed = data.get("candidates") + 1 if isinstance(data.get("candidates"), int) else None
     return {"stored": len(stored), "needed": needed, "target": TARGET_KEY in stored,
-            "complete": bool(manifest.get("complete"))}
+            "complete": bool(manifest.get("complete")), "damaged": verify_blocks(run_dir / "vectors", manifest, quick),
+            "verified": "files" if quick else "checksums"}
 
 
 def _records(root: Path) -> int:
@@ -78,7 +87,13 @@ def format_status(status: dict) -> str:
     v = status["vectors"]
     if v is not None:
         of = f" of {v['needed']}" if v["needed"] is not None else ""
-        lines.append(f"vectors: {v['stored']}{of} stored (groups and the target){', complete' if v['complete'] else ''}")
+        sound = "" if v["damaged"] else f" ({v['verified']} verified)"
+        lines.append(f"vectors: {v['stored']}{of} stored (groups and the target)"
+                     f"{', complete' if v['complete'] and not v['damaged'] else ''}{sound}")
+        if v["damaged"]:
+            lines.append(f"vectors DAMAGED ({len(v['damaged'])}); a rerun of the config sets these blocks aside and "
+                         "computes their groups again:")
+            lines += [f"  {line}" for line in v["damaged"]]
     lines.append(f"fine-tune records in finetunes/: {status['finetune_records']}")
     for stage, p in (status.get("progress") or {}).items():
         if isinstance(p, dict) and p.get("total"):

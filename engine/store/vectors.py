@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 FORMAT = 1
+DAMAGED = "damaged"  # where blocks refused on reopening are moved
+log = logging.getLogger("convalue")
 
 
 class StoreError(RuntimeError):
@@ -61,6 +64,23 @@ def read_manifest(root: Path) -> dict:
     return manifest
 
 
+def verify_blocks(root: Path, manifest: dict, quick: bool = False) -> list[str]:
+    """What is wrong with a store's blocks, one line each: missing, checksum mismatch (not checked when quick), a
+    block file on disk the manifest does not list; [] when the store is sound. Reads only."""
+    root, problems = Path(root), []
+    listed = {b["file"] for b in manifest["blocks"]}
+    for b in manifest["blocks"]:
+        path = root / b["file"]
+        if not path.is_file():
+            problems.append(f"{path}: missing (groups {b['groups'][:5]})")
+        elif not quick and _sha256(path) != b["sha256"]:
+            problems.append(f"{path}: checksum mismatch, the block was changed or truncated (groups {b['groups'][:5]})")
+    for path in sorted(root.glob("block-*.parquet")):
+        if path.name not in listed:
+            problems.append(f"{path}: not listed in the manifest (a block whose write did not finish)")
+    return problems
+
+
 class VectorStore:
     """A folder of Parquet blocks (group, key, n_examples, n_tokens, vector) and manifest.json.
 
@@ -96,12 +116,25 @@ class VectorStore:
                 self.dropped = [b["file"] for b, ok in zip(old["blocks"], valid) if not ok]
                 if self.dropped:
                     self._incomplete()
+                    self._set_aside(self.dropped)
         self.root.mkdir(parents=True, exist_ok=True)
         _atomic_json(self.manifest_path, self.manifest)
 
     def _valid(self, block: dict) -> bool:
         path = self.root / block["file"]
         return path.is_file() and _sha256(path) == block["sha256"]
+
+    def _set_aside(self, files: list[str]) -> None:
+        """Move damaged blocks to damaged/ (kept for a look, never read again); their groups are computed again."""
+        aside = self.root / DAMAGED
+        for name in files:
+            path = self.root / name
+            if path.exists():
+                aside.mkdir(exist_ok=True)
+                os.replace(path, aside / name)
+            log.warning("%s: %s (checksum mismatch or unreadable); %s; its groups are computed again", path,
+                        "damaged" if (aside / name).exists() else "missing",
+                        f"moved to {aside / name}" if (aside / name).exists() else "dropped from the manifest")
 
     def _incomplete(self) -> None:
         """Drop the complete mark: the store no longer holds exactly what the last finished run stored."""

@@ -22,6 +22,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--out", help="parent folder of the run folder (overrides `out`)")
     r.add_argument("--name", help="run name (overrides `name`)")
     r.add_argument("--overwrite", action="store_true", help="replace stored vectors made with other settings")
+    r.add_argument("--dry-run", action="store_true", help="print the plan (groups, tokens, fine-tunes, estimated "
+                   "time measured on this machine) and exit, without starting Ray")
     s = sub.add_parser("solve", help="re-solve a finished run from its gram.npy/beta.npy and rewrite its scores")
     s.add_argument("run_dir")
     g = s.add_mutually_exclusive_group()
@@ -96,6 +98,11 @@ def main(argv: list[str] | None = None) -> int:
             if args.out or args.name:
                 data = cfg.to_dict() | {k: v for k, v in (("out", args.out), ("name", args.name)) if v}
                 cfg = config_from_dict(data, file=args.config)
+            if args.dry_run:
+                from convalue.engine.driver.plan import format_plan, make_plan
+
+                print(format_plan(make_plan(cfg), cfg))
+                return 0
             summary = run(cfg, address=args.address, overwrite=args.overwrite)
             run_dir = Path(cfg.out).expanduser() / cfg.name
             print("\n".join(summary.ranking))

@@ -34,6 +34,7 @@ from convalue.engine.report.summary import RunSummary, SolverRecord
 from convalue.engine.report.tables import (
     clusters_table,
     evaluation_table,
+    examples_table,
     format_ranking,
     package_versions,
     scores_table,
@@ -48,8 +49,9 @@ from convalue.engine.store.locks import run_folder_lock
 from convalue.engine.store.vectors import VectorStore
 
 log = logging.getLogger("convalue")
-RESULT_FILES = ("scores.parquet", "gram.npy", "beta.npy", "costs.npy", "clusters.parquet", "bootstrap.parquet",
-                "evaluation.parquet", "scores.png", "evaluation.png", "summary.json")
+RESULT_FILES = ("scores.parquet", "gram.npy", "beta.npy", "costs.npy", "clusters.parquet", "examples.parquet",
+                "bootstrap.parquet", "evaluation.parquet", "scores.png", "evaluation.png", "report.html",
+                "summary.json")
 #: solver.space `auto` solves in gradient space above this many candidates (K would not fit in memory)
 GRADIENT_SPACE_MIN_N = 20_000
 
@@ -146,6 +148,7 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> RunSummary:
         clusters = clusters_table(data.resolved, set(data.names()))
         if clusters is not None:  # a flat pool's clusters: which example went where (before featurisation)
             write_parquet(clusters, run_dir / "clusters.parquet")
+        write_parquet(examples_table(data.target, data.candidates, target_key=TARGET_KEY), run_dir / "examples.parquet")
         summary = RunSummary(status="running", config=cfg.to_dict(), packages=package_versions(),
                              model={"source": cfg.model.source, "dir": str(model_dir), "digest": digest}, data={
             "target": data.target.name, "target_train": len(data.target_train), "target_val": len(data.target_val),

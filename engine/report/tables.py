@@ -38,6 +38,22 @@ def scores_table(names: list[str], n_examples: list[int], n_preview: list[int], 
     })
 
 
+def _first(ex, role: str) -> str:
+    """The first message of `role` in a chat example ('' if none)."""
+    return next((c for r, c in ex.messages if r == role), "")
+
+
+def examples_table(target: Group, candidates: list[Group], n: int = 3, target_key: str = "__target__") -> pa.Table:
+    """A few examples of every candidate group and of the target (group `target_key`), for report.html."""
+    rows = [(target_key, ex) for ex in target.examples[:n]] + [(g.name, ex) for g in candidates
+                                                                for ex in g.examples[:n]]
+    return pa.table({
+        "group": pa.array([g for g, _ in rows], pa.string()),
+        "prompt": pa.array([_first(ex, "user") for _, ex in rows], pa.string()),
+        "response": pa.array([_first(ex, "assistant") for _, ex in rows], pa.string()),
+    })
+
+
 def clusters_table(groups: list[Group], valued: set[str]) -> pa.Table | None:
     """Which example of a flat pool went to which cluster: one row per example of the clustered groups (or None).
 
@@ -48,15 +64,12 @@ def clusters_table(groups: list[Group], valued: set[str]) -> pa.Table | None:
     if not rows:
         return None
 
-    def first(ex, role: str) -> str:
-        return next((c for r, c in ex.messages if r == role), "")
-
     return pa.table({
         "group": pa.array([r[0] for r in rows], pa.string()),
         "source_group": pa.array([r[1] for r in rows], pa.string()),
         "index": pa.array([r[2] for r in rows], pa.int64()),
-        "prompt": pa.array([first(r[3], "user") for r in rows], pa.string()),
-        "response": pa.array([first(r[3], "assistant") for r in rows], pa.string()),
+        "prompt": pa.array([_first(r[3], "user") for r in rows], pa.string()),
+        "response": pa.array([_first(r[3], "assistant") for r in rows], pa.string()),
         "valued": pa.array([r[0] in valued for r in rows], pa.bool_()),
     })
 

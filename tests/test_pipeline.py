@@ -531,3 +531,19 @@ def test_status_tells_a_live_run_from_an_interrupted_one(first_run, tmp_path, ca
     assert main(["status", str(run_dir)]) == 2
     assert "summary.json: not readable JSON" in capsys.readouterr().err
 
+
+
+def test_report_and_list_read_a_finished_run(first_run, tmp_path, capsys):
+    """Every run leaves report.html; `convalue report` writes it again, `convalue list` names the run's picks."""
+    from convalue.engine.driver.cli import main
+
+    _, _, summary = first_run
+    run_dir = own_copy(first_run, tmp_path / "runs" / "t")
+    page = (run_dir / "report.html").read_text()
+    assert "<table" in page and "data:image/png;base64," in page and summary.selected[0] in page
+    (run_dir / "report.html").unlink()
+    assert main(["report", str(run_dir)]) == 0 and (run_dir / "report.html").is_file()
+    assert capsys.readouterr().out.strip() == str(run_dir / "report.html")
+    assert main(["list", str(tmp_path / "runs")]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert listed[1].split()[:2] == ["t", "complete"] and summary.selected[0] in listed[1]

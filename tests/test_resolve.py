@@ -195,8 +195,8 @@ def test_a_stopped_re_solve_reads_back_as_resolving_and_a_rerun_finishes_it(firs
     gamma = data["solver"]["gamma"] / 3
     write_parquet = resolving.write_parquet
 
-    def stop_after_scores(table, path):
-        write_parquet(table, path)
+    def stop_after_scores(table, folder, name):
+        write_parquet(table, folder, name)
         raise KeyboardInterrupt  # stopped right after scores.parquet, before summary.json
 
     monkeypatch.setattr(resolving, "write_parquet", stop_after_scores)

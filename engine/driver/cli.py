@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
-from pathlib import Path
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -38,6 +36,10 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("run_dir")
     t.add_argument("--json", action="store_true", help="print the status as one JSON object")
     t.add_argument("--quick", action="store_true", help="check that the vector blocks exist, without hashing them")
+    rep = sub.add_parser("report", help="write RUN_DIR/report.html again (one self-contained page) and print its path")
+    rep.add_argument("run_dir")
+    ls = sub.add_parser("list", help="list the runs under RUNS_DIR with their status, target and top picks")
+    ls.add_argument("runs_dir", nargs="?", default="runs")
     sub.add_parser("config-reference", help="print the config reference (Markdown)")
     return p
 
@@ -47,7 +49,6 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s convalue %(levelname)s %(message)s",
                         datefmt="%H:%M:%S", stream=sys.stderr)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models come from local folders; never reach for a hub
     from convalue.engine.config import (
         ConfigError,
         config_from_dict,
@@ -62,13 +63,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "config-reference":
         print(reference_markdown())
         return 0
+    if args.command in ("report", "list"):  # no Ray: they read run folders
+        try:
+            if args.command == "report":
+                from convalue.engine.report.html import write_report
+
+                print(write_report(args.run_dir))
+            else:
+                from convalue.engine.report.listing import format_runs, list_runs
+
+                print(format_runs(list_runs(args.runs_dir)))
+        except (StoreError, FileNotFoundError, PermissionError) as exc:
+            print(f"convalue: error: {exc}", file=sys.stderr)
+            return 2
+        return 0
     if args.command == "status":  # no Ray: it reads the folder and probes its lock
         import json
 
         from convalue.engine.store.status import EXIT_CODES, format_status, run_status
 
         try:
-            status = run_status(Path(args.run_dir), quick=args.quick)
+            status = run_status(args.run_dir, quick=args.quick)
         except (StoreError, FileNotFoundError) as exc:
             print(f"convalue: error: {exc}", file=sys.stderr)
             return 2
@@ -85,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     signals.install()
     try:
         if args.command == "run":
+            import pyarrow as pa
             import pyarrow.parquet as pq
 
             from convalue.engine.driver.pipeline import run
@@ -93,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                 format_cluster_samples,
                 format_evaluation,
             )
+            from convalue.engine.store.folder import RunFolder
 
             cfg = load_config(args.config)
             if args.out or args.name:
@@ -104,14 +121,15 @@ def main(argv: list[str] | None = None) -> int:
                 print(format_plan(make_plan(cfg), cfg))
                 return 0
             summary = run(cfg, address=args.address, overwrite=args.overwrite)
-            run_dir = Path(cfg.out).expanduser() / cfg.name
+            run_dir = RunFolder.at(cfg.out, cfg.name)
             print("\n".join(summary.ranking))
             print(f"\nselected (top-{cfg.select.k} with positive score): {', '.join(summary.selected) or 'none'}")
             if summary.bootstrap:
                 print(format_bootstrap(summary.bootstrap))
-            if (run_dir / "clusters.parquet").is_file() and summary.selected:
-                print(format_cluster_samples(pq.read_table(run_dir / "clusters.parquet", columns=["group", "prompt"]),
-                                             summary.selected))
+            if run_dir.is_file("clusters.parquet") and summary.selected:
+                clusters = pq.read_table(pa.BufferReader(run_dir.read_bytes("clusters.parquet")),
+                                         columns=["group", "prompt"])
+                print(format_cluster_samples(clusters, summary.selected))
             print(format_evaluation(summary.finetune, summary.evaluation))
             print(f"\nsolver: {summary.solver.describe()}")
             print("timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in summary.timings_s.items()))
@@ -120,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "solve":
             from convalue.engine.driver.resolve import resolve
 
-            summary = resolve(Path(args.run_dir), gamma=args.gamma, budget=args.budget, method=args.method,
+            summary = resolve(args.run_dir, gamma=args.gamma, budget=args.budget, method=args.method,
                               normalize=args.normalize, tol=args.tol)
             print("\n".join(summary.ranking))
             sol = summary.solver

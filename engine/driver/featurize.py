@@ -8,15 +8,19 @@ import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from convalue.actors.gradient_worker import GradientWorker
+from convalue.actors.gradient_worker import GradientWorker, StoreTarget
+from convalue.actors.gram import load_block
 from convalue.actors.pool import ActorPool
 from convalue.actors.progress import Progress
 from convalue.engine.config import RunConfig
 from convalue.engine.data.prepare import TARGET_KEY, PreparedData, preview_key
 from convalue.engine.features.batching import block_tokens, plan_blocks
 from convalue.engine.model.spec import ReplicaSpec
-from convalue.engine.store.vectors import VectorStore
+from convalue.engine.selection.blocked import BlockRows
+from convalue.engine.store.vectors import VectorStore, write_block
 
 log = logging.getLogger("convalue")
 
@@ -43,10 +47,12 @@ class FeaturizeStats:
 
 @dataclass(frozen=True, eq=False)
 class FeaturizeResult:
-    """The stage's result: every candidate's vector in `names` order, the target's, and the stats."""
+    """The stage's result: where every candidate's vector lives (blocks in Ray's object store, by file), the
+    target's vector, and the stats. The driver holds no candidate vector."""
 
     names: list[str]
-    G: np.ndarray
+    blocks: list[BlockRows]
+    refs: dict[str, ray.ObjectRef]
     g_tar: np.ndarray
     stats: FeaturizeStats
 
@@ -77,33 +83,83 @@ def fingerprint(cfg: RunConfig, model_digest: str) -> dict:
 
 def featurize(cfg: RunConfig, spec: ReplicaSpec, data: PreparedData, store: VectorStore,
               progress: Progress) -> FeaturizeResult:
-    """Compute (or reuse from the store) every group's projected gradient."""
+    """Compute (or reuse from the store) every group's projected gradient; the blocks stay in the object store."""
     items = [data.target_item] + data.items
     keys = {it.name: preview_key(it) for it in items}
     done = store.done()
     todo = [it for it in items if done.get(it.name) != keys[it.name]]
     reused = [it.name for it in items if done.get(it.name) == keys[it.name]]
     progress.total("featurize", len(items))
-    progress.advance("featurize", len(reused))
-    rows: dict[str, np.ndarray] = {}
-    if reused:
-        X, _ = store.load(reused)
-        rows.update(zip(reused, X))
-        log.info("resumed %d stored group vectors", len(reused))
     stats = FeaturizeStats(groups_computed=len(todo), groups_reused=len(reused))
+    found: dict[str, tuple[str, int]] = {}  # group -> (block file, row)
+    refs: dict[str, ray.ObjectRef] = {}
+    nodes: dict[str, tuple[str | None, int]] = {}  # block file -> (node of its array, bytes)
+    if reused:
+        _reuse(store, reused, keys, found, refs, nodes)
+        lost = [it for it in items if it.name in set(reused) and it.name not in found]
+        todo += lost  # in a block that failed its checksum when read back: computed again
+        reused = [n for n in reused if n in found]
+        stats.groups_computed, stats.groups_reused = len(todo), len(reused)
+        progress.advance("featurize", len(reused))
+        log.info("resumed %d stored group vectors", len(reused))
     if todo:
-        _compute(cfg, spec, todo, keys, store, progress, stats, rows)
+        _compute(cfg, spec, todo, keys, store, progress, stats, found, refs, nodes)
     store.mark_complete([it.name for it in items])
     names = data.names()
-    return FeaturizeResult(names=names, G=np.stack([rows[n] for n in names]), g_tar=rows[TARGET_KEY], stats=stats)
+    position = {n: i for i, n in enumerate(names)}
+    by_file: dict[str, list[tuple[int, int]]] = {}
+    for name in names:
+        file, row = found[name]
+        by_file.setdefault(file, []).append((row, position[name]))
+    blocks = [BlockRows(file, tuple(r for r, _ in rows), tuple(p for _, p in rows), *nodes[file])
+              for file, rows in by_file.items()]
+    file, row = found[TARGET_KEY]
+    g_tar = np.asarray(ray.get(refs[file])[row], np.float64)
+    return FeaturizeResult(names=names, blocks=blocks, refs=refs, g_tar=g_tar, stats=stats)
+
+
+def _reuse(store: VectorStore, reused: list[str], keys: dict[str, str], found: dict, refs: dict,
+           nodes: dict) -> None:
+    """Stored blocks holding the reused groups, each read into the object store by a task on a node that reaches
+    the store (the driver's node for a local folder)."""
+    wanted = set(reused)
+    local = store.folder.local is not None
+    here = ray.get_runtime_context().get_node_id()
+    opts = {"scheduling_strategy": NodeAffinitySchedulingStrategy(here, soft=False)} if local else {}
+    pending = []
+    for meta in store.blocks_of(reused):
+        rows = [(g, r) for r, (g, k) in enumerate(zip(meta.groups, meta.keys)) if g in wanted and keys[g] == k
+                and g not in found]
+        if rows:
+            pending.append((meta, rows, *load_block.options(**opts).remote(store.folder, meta)))
+            found.update((g, (meta.file, r)) for g, r in rows)
+    for meta, rows, error, array in pending:
+        why = ray.get(error)
+        if why is not None:  # damaged since it was written: set aside, its groups go back to the work list
+            store.set_aside(meta, "checksum mismatch when read back")
+            for g, _ in rows:
+                found.pop(g, None)
+            continue
+        refs[meta.file] = array
+        nodes[meta.file] = (here if local else None, meta.size)
 
 
 def _compute(cfg: RunConfig, spec: ReplicaSpec, todo: list, keys: dict[str, str], store: VectorStore,
-             progress: Progress, stats: FeaturizeStats, rows: dict[str, np.ndarray]) -> None:
-    """Featurise the groups `todo` on a pool of gradient workers, storing each block as it arrives."""
+             progress: Progress, stats: FeaturizeStats, found: dict, refs: dict, nodes: dict) -> None:
+    """Featurise the groups `todo` on a pool of gradient workers; each worker stores its own blocks where it can
+    reach the store (else the driver writes them), and each block's array stays in Ray's object store."""
     blocks = plan_blocks(todo, cfg.ray.groups_per_call)
     grpo = {"prompts": 0, "zero_advantage_prompts": 0, "reward_sum": 0.0}
     opts = {"num_cpus": cfg.ray.cpus_per_worker, "num_gpus": cfg.ray.gpus_per_worker}
+    here = ray.get_runtime_context().get_node_id()
+    target = StoreTarget(store.folder, here if store.folder.local is not None else None)
+    arrays: dict[int, ray.ObjectRef] = {}
+
+    def call(worker, block):
+        meta_ref, array_ref = worker.featurize.remote(block, [keys[it.name] for it in block], target, progress.actor)
+        arrays[id(block)] = array_ref
+        return meta_ref
+
     with ActorPool(GradientWorker, min(cfg.ray.workers, len(blocks)), spec, progress.actor, options=opts,
                    name="convalue-grad") as pool:
         info = pool.probe("info", "gradient worker")
@@ -112,22 +168,26 @@ def _compute(cfg: RunConfig, spec: ReplicaSpec, todo: list, keys: dict[str, str]
                  len(pool), info["dim_in"], cfg.features.representation, info["dim_out"])
         t0 = time.perf_counter()
         finished = 0
-        for block, (names, X, st, per_example) in pool.map(
-                blocks, lambda w, b: w.featurize.remote(b, progress.actor), cfg.ray.max_in_flight, cost=block_tokens):
-            store.write_block(names, [keys[n] for n in names], [len(it.examples) for it in block],
-                              [block_tokens([it]) for it in block], X, per_example)
-            rows.update(zip(names, X))
-            stats.tokens += st["tokens"]
-            stats.compute_seconds += st["seconds"]
-            for k in grpo if "grpo" in st else ():
-                grpo[k] += st["grpo"][k]
-            finished += len(names)
-            progress.advance("featurize", len(names), tokens=st["tokens"])
-            log.info("featurised %d/%d groups (%s)", finished, len(todo), ", ".join(names))
+        for block, out in pool.map(blocks, call, cfg.ray.max_in_flight, cost=block_tokens):
+            ref = arrays.pop(id(block))
+            meta = out.meta
+            if meta is None:  # the worker cannot reach the store: the driver writes this block
+                meta = write_block(store.folder, out.names, [keys[n] for n in out.names],
+                                   [len(it.examples) for it in block], [block_tokens([it]) for it in block],
+                                   ray.get(ref), out.per_example)
+            store.add(meta, info["dim_out"])
+            refs[meta.file], nodes[meta.file] = ref, (out.node, meta.size)
+            found.update((n, (meta.file, r)) for r, n in enumerate(out.names))
+            stats.tokens += out.stats["tokens"]
+            stats.compute_seconds += out.stats["seconds"]
+            for k in grpo if "grpo" in out.stats else ():
+                grpo[k] += out.stats["grpo"][k]
+            finished += len(out.names)
+            progress.advance("featurize", len(out.names), tokens=out.stats["tokens"])
+            log.info("featurised %d/%d groups (%s)", finished, len(todo), ", ".join(out.names))
     wall = time.perf_counter() - t0
     stats.wall_seconds = round(wall, 3)
     stats.tokens_per_second = round(stats.tokens / wall, 1) if wall > 0 else None
     if cfg.features.representation == "grpo":
         stats.grpo = {"prompts": grpo["prompts"], "zero_advantage_prompts": grpo["zero_advantage_prompts"],
                       "mean_reward": round(grpo["reward_sum"] / max(grpo["prompts"], 1), 4)}
-

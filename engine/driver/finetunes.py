@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import ray
@@ -25,6 +24,7 @@ from convalue.engine.protocol.evaluate import (
     summarise,
 )
 from convalue.engine.store.finetunes import FinetuneStore, job_settings
+from convalue.engine.store.folder import RunFolder
 
 log = logging.getLogger("convalue")
 
@@ -58,7 +58,7 @@ def effective_rho(run: PlannedRun, cfg: RunConfig) -> float:
 
 def run_protocol(cfg: RunConfig, spec: ReplicaSpec, tokenizer, data: PreparedData, names: list[str],
                  scores: dict[int, dict[str, np.ndarray]], beta: np.ndarray, given: dict[str, float] | None,
-                 run_dir: Path, progress: Progress, outcome: FinetuneOutcome) -> FinetuneOutcome:
+                 run_dir: RunFolder, progress: Progress, outcome: FinetuneOutcome) -> FinetuneOutcome:
     """Fine-tune every cell under each of its seeds (`scores`: each method's scores by seed, the random order may
     differ; `given`: every candidate's weight under `mixture: given`). `outcome` is filled as fine-tunes finish,
     so a caller that catches a failure still has what was done."""
@@ -80,7 +80,7 @@ def run_protocol(cfg: RunConfig, spec: ReplicaSpec, tokenizer, data: PreparedDat
     cells = [(s, i) for s in seeds for i in range(len(plans[s]))]
     jobs, served_by = distinct_jobs([plans[s][i] for s, i in cells])
     job_of = dict(zip(cells, served_by))
-    store = FinetuneStore(run_dir / "finetunes", job_settings(spec), data.target_train, data.target_val)
+    store = FinetuneStore(run_dir.sub("finetunes"), job_settings(spec), data.target_train, data.target_val)
     auxes = [{n: usable(n) for n in job.groups} for job in jobs]
     tasks = list(dict.fromkeys((job_of[c], c[0]) for c in cells))  # seed-major: every cell has a loss early
     keys = [store.job_key(auxes[j], seed, jobs[j].weight_map(), jobs[j].rho) for j, seed in tasks]

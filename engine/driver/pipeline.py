@@ -4,6 +4,7 @@ fine-tune), each stage a function with a typed result, the run folder's summary.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import time
 from pathlib import Path
@@ -11,7 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from convalue.actors.embedder import embed_on_workers
-from convalue.actors.solver import bootstrap_on_actors, solve_on_actor
+from convalue.actors.gram import build_gram
+from convalue.actors.solver import bootstrap_on_actors, solve_blocks_on_actor, solve_on_actor
 from convalue.engine.config import ConfigError, RunConfig
 from convalue.engine.data.clustering import EmbeddingCache
 from convalue.engine.data.costs import load_costs
@@ -29,6 +31,7 @@ from convalue.engine.model.digest import model_digest
 from convalue.engine.model.loading import check_lora_targets_in, load_tokenizer, resolve_model_dir
 from convalue.engine.model.spec import ReplicaSpec
 from convalue.engine.protocol.evaluate import BASELINE_METHODS, given_weights, method_scores
+from convalue.engine.report.html import write_report
 from convalue.engine.report.plots import plot_evaluation, plot_scores
 from convalue.engine.report.summary import RunSummary, SolverRecord
 from convalue.engine.report.tables import (
@@ -41,12 +44,14 @@ from convalue.engine.report.tables import (
     write_npy,
     write_parquet,
 )
+from convalue.engine.selection.blocked import GramResult
 from convalue.engine.selection.bootstrap import outputs as bootstrap_outputs
-from convalue.engine.selection.gram import cosine
 from convalue.engine.selection.select import select_top_k
 from convalue.engine.selection.solve import KMMProblemData, SolveSpec
+from convalue.engine.store.folder import RunFolder
 from convalue.engine.store.locks import run_folder_lock
 from convalue.engine.store.vectors import VectorStore
+from convalue.solvers import KMMSolution
 
 log = logging.getLogger("convalue")
 RESULT_FILES = ("scores.parquet", "gram.npy", "beta.npy", "costs.npy", "clusters.parquet", "examples.parquet",
@@ -63,9 +68,9 @@ def solver_space(cfg: RunConfig, n: int) -> str:
     return "gradients" if n > GRADIENT_SPACE_MIN_N else "gram"
 
 
-def check_nonzero(cfg: RunConfig, names: list[str], G: np.ndarray, g_tar: np.ndarray) -> None:
+def check_nonzero(cfg: RunConfig, names: list[str], row_norm2: np.ndarray, g_tar: np.ndarray) -> None:
     """Refuse all-zero group vectors (a zero vector has no direction to value), saying why they arise."""
-    zero = (["the target"] if not np.any(g_tar) else []) + [n for n, row in zip(names, G) if not np.any(row)]
+    zero = (["the target"] if not np.any(g_tar) else []) + [n for n, r in zip(names, row_norm2) if r == 0]
     if not zero:
         return
     why = ("every prompt's completions got the same reward, so every advantage is 0: raise "
@@ -83,6 +88,14 @@ def check_budgets(cfg: RunConfig, n: int) -> None:
                           field="finetune.ks", value=cfg.finetune.ks)
 
 
+def embedding_cache_dir(run_dir: RunFolder) -> Path:
+    """Where a flat pool's embeddings are cached: the run folder's embeddings/ when it is local, else a local cache
+    keyed by the run folder's URI (they are a cache: recomputed when absent)."""
+    if run_dir.local is not None:
+        return run_dir.local / "embeddings"
+    return Path("~/.cache/convalue/embeddings").expanduser() / hashlib.sha256(run_dir.label.encode()).hexdigest()[:16]
+
+
 def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) -> RunSummary:
     """Run the whole valuation; returns the summary (also written to <out>/<name>/summary.json)."""
     joined = cluster_address(cfg, address)
@@ -98,14 +111,22 @@ def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) 
         session.close()
 
 
-def gram_stage(spec: SolveSpec, features: FeaturizeResult, cfg: RunConfig, summary: RunSummary) -> KMMProblemData:
-    """The problem in the run's metric: beta, and K = G G^T in Gram space (else the vectors)."""
-    check_nonzero(cfg, features.names, features.G, features.g_tar)
-    problem = spec.problem(features.G, features.g_tar)
-    if problem.M is not None:
-        summary.metric = {"kind": cfg.features.metric, "support": int(np.count_nonzero(problem.M)),
-                          "max_over_mean": round(float(problem.M.max()), 3)}
-    return problem
+def gram_stage(spec: SolveSpec, features: FeaturizeResult, cfg: RunConfig, summary: RunSummary) -> GramResult:
+    """beta, the cosine and (in Gram space) K = G G^T in the run's metric, from tile tasks over the stored blocks."""
+    gram = build_gram(features.blocks, features.refs, len(features.names), features.g_tar, spec.metric,
+                      with_K=spec.space == "gram")
+    check_nonzero(cfg, features.names, gram.row_norm2, features.g_tar)
+    if gram.M is not None:
+        summary.metric = {"kind": cfg.features.metric, "support": int(np.count_nonzero(gram.M)),
+                          "max_over_mean": round(float(gram.M.max()), 3)}
+    return gram
+
+
+def solve_stage(spec: SolveSpec, features: FeaturizeResult, gram: GramResult) -> KMMSolution:
+    """The KMM solve on a solver actor: from K in Gram space, else from the vectors gathered on a worker."""
+    if gram.K is not None:
+        return solve_on_actor(spec, KMMProblemData(beta=gram.beta, K=gram.K, G=None, g_tar=None, M=gram.M))
+    return solve_blocks_on_actor(spec, features.blocks, features.refs, len(features.names), features.g_tar)
 
 
 def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> RunSummary:
@@ -120,14 +141,14 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> RunSummary:
         tokenizer = load_tokenizer(model_dir)
         if cfg.features.parameters == "lora":
             check_lora_targets_in(model_dir, cfg.lora)
-    run_dir = Path(cfg.out).expanduser() / cfg.name
+    run_dir = RunFolder.at(cfg.out, cfg.name)
     embed = None
     if any(src.clusters is not None for src in cfg.data.candidates):
         # a flat pool is embedded on Ray workers, so Ray starts before the data stage; embeddings kept in the
         # run folder (content-keyed) spare a rerun of the same pool, with another k or seed too, the embedding
         with timer.stage("ray_init"):
             session.up()
-        embed = EmbeddingCache(run_dir / "embeddings", functools.partial(
+        embed = EmbeddingCache(embedding_cache_dir(run_dir), functools.partial(
             embed_on_workers, workers=cfg.ray.workers, cpus_per_worker=cfg.ray.cpus_per_worker,
             max_in_flight=cfg.ray.max_in_flight))
     with timer.stage("data"):
@@ -138,17 +159,17 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> RunSummary:
         given = None  # `mixture: given`: every candidate's weight, checked before the hours of featurisation
         if cfg.finetune.enabled and cfg.finetune.mixture_weights is not None:
             given = given_weights(cfg.finetune.mixture_weights, data.names(), cfg.finetune.mixture_default_weight)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir.makedirs()
     with run_folder_lock(run_dir):  # no other run or re-solve writes here meanwhile
-        store = VectorStore(run_dir / "vectors", fingerprint(cfg, digest), overwrite=overwrite)
+        store = VectorStore(run_dir.sub("vectors"), fingerprint(cfg, digest), overwrite=overwrite)
         for f in RESULT_FILES:  # results of an earlier run in this folder are replaced, never mixed
-            (run_dir / f).unlink(missing_ok=True)
+            run_dir.delete(f)
         if embed is not None:
-            embed.save(write_npy)
+            embed.save(lambda X, path: write_npy(X, path.parent, path.name))
         clusters = clusters_table(data.resolved, set(data.names()))
         if clusters is not None:  # a flat pool's clusters: which example went where (before featurisation)
-            write_parquet(clusters, run_dir / "clusters.parquet")
-        write_parquet(examples_table(data.target, data.candidates, target_key=TARGET_KEY), run_dir / "examples.parquet")
+            write_parquet(clusters, run_dir, "clusters.parquet")
+        write_parquet(examples_table(data.target, data.candidates, target_key=TARGET_KEY), run_dir, "examples.parquet")
         summary = RunSummary(status="running", config=cfg.to_dict(), packages=package_versions(),
                              model={"source": cfg.model.source, "dir": str(model_dir), "digest": digest}, data={
             "target": data.target.name, "target_train": len(data.target_train), "target_val": len(data.target_val),
@@ -174,17 +195,18 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> RunSummary:
             names = features.names
             # K = G G^T has rank <= p: the bound lets validation skip the rank computation and tells the solver
             # where supports become singular
-            spec = SolveSpec.from_config(cfg, costs=costs, rank_bound=int(features.G.shape[1]),
+            spec = SolveSpec.from_config(cfg, costs=costs, rank_bound=int(features.g_tar.shape[0]),
                                          space=solver_space(cfg, len(names)))
             stage = "gram"
             with timer.stage("gram"):
-                problem = gram_stage(spec, features, cfg, summary)
+                gram = gram_stage(spec, features, cfg, summary)
+            summary.gram = gram.stats
             summary.order, summary.space = names, spec.space  # the row order of gram.npy / beta.npy
             stage = "solve"
             with timer.stage("solve"):
-                sol = solve_on_actor(spec, problem)
+                sol = solve_stage(spec, features, gram)
             summary.solver = SolverRecord.from_solution(sol, spec.normalize, spec.rank_bound)
-            w, beta = sol.w, problem.beta
+            w, beta = sol.w, gram.beta
             selected = select_top_k(w, beta, cfg.select.k)
             boot = None
             if cfg.bootstrap.samples:
@@ -192,18 +214,18 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> RunSummary:
                 with timer.stage("bootstrap"):
                     boot, summary.bootstrap = _bootstrap(cfg, spec, store, names, w, beta, selected,
                                                          session.progress)
-            cos = cosine(features.G, features.g_tar)
+            cos = gram.cosine
             table = scores_table(names, [len(g.examples) for g in data.candidates],
                                  [len(it.examples) for it in data.items], w, beta, cos, selected)
-            plot_scores(table, run_dir / "scores.png")  # first: a figure that fails leaves no scores behind
-            if problem.K is not None:
-                write_npy(problem.K, run_dir / "gram.npy")
-            write_npy(beta, run_dir / "beta.npy")
+            plot_scores(table, run_dir, "scores.png")  # first: a figure that fails leaves no scores behind
+            if gram.K is not None:
+                write_npy(gram.K, run_dir, "gram.npy")
+            write_npy(beta, run_dir, "beta.npy")
             if costs is not None:
-                write_npy(costs, run_dir / "costs.npy")
-            write_parquet(table, run_dir / "scores.parquet")
+                write_npy(costs, run_dir, "costs.npy")
+            write_parquet(table, run_dir, "scores.parquet")
             if boot is not None:
-                write_parquet(boot, run_dir / "bootstrap.parquet")
+                write_parquet(boot, run_dir, "bootstrap.parquet")
             summary.selected = [names[i] for i in selected]
             summary.ranking = format_ranking(table).splitlines()
             stage = "finetune"
@@ -214,8 +236,8 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> RunSummary:
                               for s in cfg.finetune.seeds()}
                     run_protocol(cfg, replica, tokenizer, data, names, scores, beta, given, run_dir,
                                  session.progress, outcome)
-                plot_evaluation(outcome.rows, outcome.evaluation, run_dir / "evaluation.png")
-                write_parquet(evaluation_table(outcome.rows), run_dir / "evaluation.parquet")
+                plot_evaluation(outcome.rows, outcome.evaluation, run_dir, "evaluation.png")
+                write_parquet(evaluation_table(outcome.rows), run_dir, "evaluation.parquet")
                 summary.evaluation = outcome.evaluation
             summary.finetune = outcome.rows
             summary.status = "complete"
@@ -234,6 +256,10 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> RunSummary:
                 summary.progress = snap["stages"]  # how far each stage got: of interest when one failed
             summary.recovered = _recovered(session, store)
             summary.write(run_dir)
+            try:
+                write_report(run_dir)  # the page a person opens; a failure here never hides the run's own
+            except Exception as exc:
+                log.warning("report.html not written: %s", exc)
     return summary
 
 

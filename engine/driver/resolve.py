@@ -8,9 +8,10 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from convalue.engine.config import ConfigError
-from convalue.engine.data.examples import read_parquet
 from convalue.engine.data.prepare import TARGET_KEY
 from convalue.engine.protocol.evaluate import PlannedRun, mix_runs
 from convalue.engine.report.plots import plot_scores
@@ -21,39 +22,41 @@ from convalue.engine.report.summary import (
     RunSummary,
     SolverRecord,
 )
-from convalue.engine.report.tables import format_ranking, scores_table, write_parquet
+from convalue.engine.report.tables import format_ranking, read_npy, scores_table, write_parquet
 from convalue.engine.selection.bootstrap import outputs as bootstrap_outputs
 from convalue.engine.selection.bootstrap import resample_run
 from convalue.engine.selection.select import select_top_k
 from convalue.engine.selection.solve import SolveSpec
+from convalue.engine.store.errors import StoreError
+from convalue.engine.store.folder import RunFolder, as_folder
 from convalue.engine.store.locks import run_folder_lock
-from convalue.engine.store.vectors import StoreError, VectorStore, read_manifest
+from convalue.engine.store.vectors import VectorStore
 from convalue.solvers import KMMInputError
 
 
-def resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method: str | None,
+def resolve(run_dir: RunFolder | Path | str, *, gamma: float | None, budget: float | None, method: str | None,
             normalize: str | None, tol: float | None = None) -> RunSummary:
     """Re-solve a saved run (no gradients recomputed) from gram.npy/beta.npy, or from its stored vectors when
-    it was solved in gradient space; rewrites its scores. tol: as `solver.tol`; None keeps the run's own where the
-    form stays penalised with convalue's solver."""
-    run_dir = Path(run_dir)
+    it was solved in gradient space; rewrites its scores (a local folder or a filesystem URI). tol: as
+    `solver.tol`; None keeps the run's own where the form stays penalised with convalue's solver."""
+    run_dir = as_folder(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir}: not a finished run folder (no such folder)")
-    if not os.access(run_dir, os.W_OK | os.X_OK):
+    if run_dir.local is not None and not os.access(run_dir.local, os.W_OK | os.X_OK):
         raise StoreError(f"{run_dir}: cannot be written by this process (permission denied); a re-solve rewrites "
                          "the scores in place: copy the folder somewhere writable and solve the copy")
     with run_folder_lock(run_dir):
         return _resolve(run_dir, gamma=gamma, budget=budget, method=method, normalize=normalize, tol=tol)
 
 
-def saved_summary(run_dir: Path) -> RunSummary:
+def saved_summary(run_dir: RunFolder) -> RunSummary:
     """summary.json of a finished run folder, checked for what a re-solve reads; errors name the file and field."""
     path = run_dir / "summary.json"
     summary = RunSummary.read(run_dir, "not a finished run folder (summary.json needed)")
     if summary.status == "running":  # a live run holds the folder's lock, so this one was killed
         raise StoreError(f"{path}: field `status` is \"running\": the run was stopped before it finished "
                          "(run it again with `convalue run`)")
-    if summary.status == "failed" and (summary.order is None or not (run_dir / "beta.npy").is_file()):
+    if summary.status == "failed" and (summary.order is None or not run_dir.is_file("beta.npy")):
         raise StoreError(f"{path}: the run failed in stage {summary.failed_stage or '?'} before it had scores to "
                          f"re-solve ({summary.error or 'no error recorded'}); fix that and run it again with "
                          "`convalue run`")
@@ -82,36 +85,34 @@ def _weights_ok(weights: object, groups: list) -> bool:
         isinstance(v, (int, float)) and not isinstance(v, bool) for v in weights.values()))
 
 
-def _load_saved(path: Path) -> np.ndarray:
+def _load_saved(run_dir: RunFolder, name: str) -> np.ndarray:
     """A saved .npy array of a run folder, or a StoreError naming the file."""
     try:
-        with open(path, "rb") as fh:
-            if fh.read(6) != b"\x93NUMPY":
-                raise ValueError("no .npy header")
-            fh.seek(0)
-            return np.load(fh, allow_pickle=False)
+        return read_npy(run_dir, name)
     except (OSError, ValueError, EOFError) as exc:
-        raise StoreError(f"{path}: not a readable .npy array ({exc})") from None
+        raise StoreError(f"{run_dir / name}: not a readable .npy array ({exc})") from None
 
 
-def _store(run_dir: Path) -> VectorStore:
-    root = run_dir / "vectors"
-    return VectorStore(root, read_manifest(root)["fingerprint"])
+def _store(run_dir: RunFolder) -> VectorStore:
+    return VectorStore.reader(run_dir.sub("vectors"))
 
 
-def stored_vectors(run_dir: Path, order: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def stored_vectors(run_dir: RunFolder, order: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """(G, g_tar) of a finished run from its vector store, in the row order `order` (raw, not in the metric)."""
     store = _store(run_dir)
     G, _ = store.load(order)
     return G, store.load([TARGET_KEY])[0][0]
 
 
-def _saved_scores(run_dir: Path, order: list[str]) -> dict[str, dict]:
+def _saved_scores(run_dir: RunFolder, order: list[str]) -> dict[str, dict]:
     """scores.parquet's rows by group, which must be exactly the groups of summary.json's order."""
     path = run_dir / "scores.parquet"
-    if not path.is_file():
+    if not run_dir.is_file("scores.parquet"):
         raise StoreError(f"{path}: missing (the run folder is incomplete)")
-    table = read_parquet(path, StoreError)
+    try:
+        table = pq.read_table(pa.BufferReader(run_dir.read_bytes("scores.parquet")))
+    except Exception as exc:  # pyarrow raises several types for unreadable files
+        raise StoreError(f"{path}: not a readable Parquet file ({exc})") from None
     needed = ["group", "n_examples", "n_preview", "cosine"]
     if missing := [c for c in needed if c not in table.column_names]:
         raise StoreError(f"{path}: missing column(s) {missing}")
@@ -124,7 +125,7 @@ def _saved_scores(run_dir: Path, order: list[str]) -> dict[str, dict]:
     return by_name
 
 
-def _bootstrap(run_dir: Path, summary: RunSummary, spec: SolveSpec, w: np.ndarray, beta: np.ndarray,
+def _bootstrap(run_dir: RunFolder, summary: RunSummary, spec: SolveSpec, w: np.ndarray, beta: np.ndarray,
                selected: list[int]) -> tuple[object, dict]:
     """The run's bootstrap (same samples and seed) for a re-solve's spec, in this process; (table, summary)."""
     boot = summary.config_section("bootstrap")
@@ -166,12 +167,12 @@ def _kmm_changed(summary: RunSummary, names: list[str], w: np.ndarray, beta: np.
     return sorted(changed)
 
 
-def _resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method: str | None,
+def _resolve(run_dir: RunFolder, *, gamma: float | None, budget: float | None, method: str | None,
              normalize: str | None, tol: float | None = None) -> RunSummary:
     summary = saved_summary(run_dir)
     names = summary.order  # the row order of gram.npy and beta.npy
     space = summary.space or "gram"
-    if space == "gram" and not (run_dir / "gram.npy").is_file():
+    if space == "gram" and not run_dir.is_file("gram.npy"):
         raise FileNotFoundError(f"{run_dir}: not a finished run folder (gram.npy needed)")
     old = summary.solver
     if gamma is None and budget is None and old is not None:
@@ -184,8 +185,8 @@ def _resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method
         raise ConfigError(f"{run_dir} was solved in gradient space (no gram.npy); this method needs the Gram",
                           field="method", value=method)
     files = ["beta.npy"] + (["gram.npy"] if space == "gram" else []) + (
-        ["costs.npy"] if (run_dir / "costs.npy").is_file() else [])
-    arrays = {name: _load_saved(run_dir / name) for name in files}
+        ["costs.npy"] if run_dir.is_file("costs.npy") else [])
+    arrays = {name: _load_saved(run_dir, name) for name in files}
     beta = arrays["beta.npy"]
     if beta.ndim != 1 or len(beta) != len(names):
         raise StoreError(f"{run_dir / 'beta.npy'}: shape {beta.shape}, but summary.json's order lists "
@@ -219,10 +220,10 @@ def _resolve(run_dir: Path, *, gamma: float | None, budget: float | None, method
     summary.resolving = ResolvingRecord(status=status, gamma=gamma, budget=budget, method=method or "auto",
                                         normalize=normalize, tol=tol)
     summary.write(run_dir)
-    plot_scores(table, run_dir / "scores.png")  # first, as in a run: a failed figure leaves the scores as they were
-    write_parquet(table, run_dir / "scores.parquet")
+    plot_scores(table, run_dir, "scores.png")  # first, as in a run: a failed figure leaves the scores as they were
+    write_parquet(table, run_dir, "scores.parquet")
     if boot is not None:
-        write_parquet(boot, run_dir / "bootstrap.parquet")
+        write_parquet(boot, run_dir, "bootstrap.parquet")
         summary.bootstrap = boot_stats
     summary.solver = SolverRecord.from_solution(sol, normalize, rank_bound)
     summary.selected = [names[i] for i in selected]

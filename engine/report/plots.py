@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import os
+import io
 from pathlib import Path
 
 import pyarrow as pa
 
 from convalue.engine.protocol.evaluate import LABELS, cell_losses
+from convalue.engine.store.folder import RunFolder, as_folder
 
 SCORES_SHOWN = 40  # most bars in scores.png; the whole ranking is in scores.parquet
 COLOURS = {"positive": "#2a9d8f", "negative": "#e76f51"}
@@ -20,14 +21,14 @@ def _figure(width: float, height: float):
     return Figure(figsize=(width, height), layout="constrained")
 
 
-def _save(fig, path: Path) -> None:
-    """Write a PNG atomically."""
-    tmp = path.with_name(path.name + ".tmp")
-    fig.savefig(tmp, format="png", dpi=110)
-    os.replace(tmp, path)
+def _save(fig, folder: RunFolder | Path, name: str) -> None:
+    """Write a PNG atomically into a run folder."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    as_folder(folder).write_bytes(name, buf.getvalue())
 
 
-def plot_scores(table: pa.Table, path: Path, limit: int = SCORES_SHOWN) -> None:
+def plot_scores(table: pa.Table, folder: RunFolder | Path, name: str = "scores.png", limit: int = SCORES_SHOWN) -> None:
     """Horizontal bars of the non-zero scores w by rank (past `limit`: the highest and the most negative ones),
     the selected candidates outlined and starred."""
     rows = table.to_pylist()  # sorted by rank
@@ -53,10 +54,10 @@ def plot_scores(table: pa.Table, path: Path, limit: int = SCORES_SHOWN) -> None:
                  f"{len(rows) - len(nonzero)} zero (not drawn)" + ("" if cut is None else
                  f"; {len(shown)} drawn") + "; * selected", fontsize=9)
     ax.set_xlabel("score w (positive: helps the target, negative: hurts, 0: redundant or irrelevant)", fontsize=8)
-    _save(fig, path)
+    _save(fig, folder, name)
 
 
-def plot_evaluation(rows: list[dict], evaluation: dict, path: Path) -> None:
+def plot_evaluation(rows: list[dict], evaluation: dict, folder: RunFolder | Path, name: str = "evaluation.png") -> None:
     """Validation loss against k for each method (mean over seeds, ± sd bars where there are several; its best k
     starred), with target-only and base-model lines."""
     ks = evaluation["ks"]
@@ -83,4 +84,4 @@ def plot_evaluation(rows: list[dict], evaluation: dict, path: Path) -> None:
     over = f"; mean ± sd over {len(seeds)} seeds" if len(seeds) > 1 else ""
     ax.set_title(f"Fixed compute: {rows[0]['steps']} steps per run (star: the method's best k{over})", fontsize=10)
     ax.legend(fontsize=8)
-    _save(fig, path)
+    _save(fig, folder, name)

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from convalue.engine.report.tables import write_json
-from convalue.engine.store.vectors import StoreError
+from convalue.engine.store.errors import StoreError
+from convalue.engine.store.folder import RunFolder, as_folder
 
 STATUSES = ("running", "complete", "failed", "resolving")
 SPACES = ("gram", "gradients")
@@ -92,6 +93,7 @@ class RunSummary:
     data: dict | None = None
     featurize: dict | None = None
     metric: dict | None = None
+    gram: dict | None = None  # how the blocked Gram was built: panels, tiles per node, bytes read and moved
     order: list[str] | None = None
     space: str | None = None
     solver: SolverRecord | None = None
@@ -120,19 +122,20 @@ class RunSummary:
                 out[f.name] = value.to_dict() if hasattr(value, "to_dict") else value
         return out
 
-    def write(self, run_dir: Path) -> None:
+    def write(self, run_dir: RunFolder | Path) -> None:
         """Write <run_dir>/summary.json atomically."""
-        write_json(self.to_dict(), Path(run_dir) / "summary.json")
+        write_json(self.to_dict(), run_dir, "summary.json")
 
     @classmethod
-    def read(cls, run_dir: Path, missing: str = "not a run folder (no summary.json)") -> RunSummary:
+    def read(cls, run_dir: RunFolder | Path, missing: str = "not a run folder (no summary.json)") -> RunSummary:
         """<run_dir>/summary.json: FileNotFoundError `<run_dir>: <missing>` without one, a StoreError naming the file
         and field where it is not a summary."""
-        path = Path(run_dir) / "summary.json"
-        if not path.is_file():
+        folder = as_folder(run_dir)
+        path = folder / "summary.json"
+        if not folder.is_file("summary.json"):
             raise FileNotFoundError(f"{run_dir}: {missing}")
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(folder.read_text("summary.json"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise StoreError(f"{path}: not readable JSON ({exc})") from None
         except OSError as exc:
@@ -146,7 +149,7 @@ class RunSummary:
         """A summary from its JSON object; a field of the wrong shape is a StoreError naming it."""
         if not isinstance(data.get("status"), str):
             raise StoreError(f"{path}: field `status` is missing (not a convalue summary)")
-        shapes = {"config": dict, "packages": dict, "attempt": str, "model": dict, "data": dict, "featurize": dict, "metric": dict, "order": list,
+        shapes = {"config": dict, "packages": dict, "attempt": str, "model": dict, "data": dict, "featurize": dict, "metric": dict, "gram": dict, "order": list,
                   "space": str, "solver": dict, "bootstrap": dict, "selected": list, "ranking": list,
                   "finetune": list, "evaluation": dict, "timings_s": dict, "progress": dict, "failed_stage": str,
                   "error": str, "signal": str, "recovered": dict, "finetune_finished": list, "resolving": dict, "resolved": bool,

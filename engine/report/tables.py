@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import importlib.metadata
+import io
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 from convalue.engine.data.examples import Group
 from convalue.engine.protocol.evaluate import LABELS, CellLoss, cell_losses
 from convalue.engine.selection.select import ranks
+from convalue.engine.store.folder import RunFolder, as_folder
 
 PACKAGES = ("convalue", "torch", "transformers", "peft", "ray", "cvxpy", "osqp", "numpy", "pyarrow", "scikit-learn")
 
@@ -74,25 +75,31 @@ def clusters_table(groups: list[Group], valued: set[str]) -> pa.Table | None:
     })
 
 
-def write_parquet(table: pa.Table, path: Path) -> None:
-    """Write atomically (no half-written file under the final name)."""
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
+def write_parquet(table: pa.Table, folder: RunFolder | Path, name: str) -> None:
+    """Write a Parquet file atomically into a run folder (local or remote)."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    as_folder(folder).write_bytes(name, sink.getvalue().to_pybytes())
 
 
-def write_npy(array: np.ndarray, path: Path) -> None:
-    """Save atomically."""
-    tmp = path.with_name(path.name + ".tmp.npy")
-    np.save(tmp, array)
-    os.replace(tmp, path)
+def write_npy(array: np.ndarray, folder: RunFolder | Path, name: str) -> None:
+    """Write a .npy array atomically into a run folder."""
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    as_folder(folder).write_bytes(name, buf.getvalue())
 
 
-def write_json(data: dict, path: Path) -> None:
-    """Write atomically."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=_jsonable), encoding="utf-8")
-    os.replace(tmp, path)
+def read_npy(folder: RunFolder | Path, name: str) -> np.ndarray:
+    """A .npy array of a run folder (ValueError or OSError where it is not one)."""
+    data = as_folder(folder).read_bytes(name)
+    if data[:6] != b"\x93NUMPY":
+        raise ValueError("no .npy header")
+    return np.load(io.BytesIO(data), allow_pickle=False)
+
+
+def write_json(data: dict, folder: RunFolder | Path, name: str) -> None:
+    """Write a JSON file atomically into a run folder."""
+    as_folder(folder).write_text(name, json.dumps(data, indent=2, default=_jsonable))
 
 
 def _jsonable(x):

@@ -1,57 +1,8 @@
-"""K = G G^T reduced tile by tile as row blocks arrive (BLAS, float64), and the metric the Gram is taken in."""
+"""The metric the Gram is taken in (Euclidean or the diagonal empirical Fisher), and the one-step cosine."""
 
 from __future__ import annotations
 
 import numpy as np
-
-
-class GramReducer:
-    """Accumulates Gram tiles K[I, J] = G_I G_J^T as blocks of projected gradients arrive."""
-
-    def __init__(self, *, tiles: bool = True) -> None:
-        self.tiles = tiles  # False: only collect the rows (gradient-space solves never form K)
-        self._blocks: list[tuple[list[str], np.ndarray]] = []
-        self._tiles: dict[tuple[int, int], np.ndarray] = {}
-
-    def add(self, names: list[str], X: np.ndarray) -> None:
-        """Add one block of rows; computes its tiles against every block seen so far."""
-        X = np.asarray(X, dtype=np.float64 if self.tiles else np.float32)
-        j = len(self._blocks)
-        self._blocks.append((list(names), X))
-        if self.tiles:
-            for i, (_, Xi) in enumerate(self._blocks):
-                self._tiles[(i, j)] = Xi @ X.T
-
-    def _positions(self, order: list[str]) -> dict[str, int]:
-        """Row position of every added name; each must have been added once, and every name of order."""
-        added = [n for names, _ in self._blocks for n in names]
-        pos = {n: i for i, n in enumerate(added)}
-        if len(pos) != len(added):
-            dup = sorted({n for n in added if added.count(n) > 1})
-            raise ValueError(f"groups added twice: {dup[:10]}")
-        missing = [n for n in order if n not in pos]
-        if missing:
-            raise ValueError(f"no gradient for groups {missing[:10]}")
-        return pos
-
-    def gram(self, order: list[str]) -> np.ndarray:
-        """K with rows and columns in `order`, assembled from the tiles."""
-        if not self.tiles:
-            raise ValueError("this reducer collects rows only (tiles=False); it has no Gram matrix")
-        pos = self._positions(order)
-        offsets = np.cumsum([0] + [len(names) for names, _ in self._blocks])
-        K = np.empty((offsets[-1], offsets[-1]))
-        for (i, j), tile in self._tiles.items():
-            K[offsets[i] : offsets[i + 1], offsets[j] : offsets[j + 1]] = tile
-            K[offsets[j] : offsets[j + 1], offsets[i] : offsets[i + 1]] = tile.T
-        perm = np.array([pos[n] for n in order])
-        return K[np.ix_(perm, perm)]
-
-    def vectors(self, order: list[str]) -> np.ndarray:
-        """The added rows in `order` ([len(order), p]; float64, or float32 without tiles)."""
-        self._positions(order)
-        rows = {n: X[i] for names, X in self._blocks for i, n in enumerate(names)}
-        return np.stack([rows[n] for n in order])
 
 
 def diag_fisher_vectors(G: np.ndarray, g_tar: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

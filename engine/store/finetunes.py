@@ -15,6 +15,7 @@ from convalue.engine.data.prepare import examples_digest
 from convalue.engine.model.spec import ReplicaSpec
 from convalue.engine.model.tokenize import TokenizedExample
 from convalue.engine.report.tables import package_versions, write_json
+from convalue.engine.store.folder import RunFolder, as_folder
 
 log = logging.getLogger("convalue")
 
@@ -38,8 +39,9 @@ def job_settings(spec: ReplicaSpec) -> dict:
 class FinetuneStore:
     """The fine-tunes of one run folder: get/put by key; a damaged entry is trained again, with a warning."""
 
-    def __init__(self, root: Path, settings: dict, train: list[TokenizedExample], val: list[TokenizedExample]):
-        self.root = root
+    def __init__(self, root: RunFolder | Path, settings: dict, train: list[TokenizedExample],
+                 val: list[TokenizedExample]):
+        self.root = as_folder(root)
         self._base = {"settings": settings, "train": examples_digest(train), "val": examples_digest(val)}
 
     def job_key(self, aux: dict[str, list[TokenizedExample]], seed: int | None = None,
@@ -66,11 +68,12 @@ class FinetuneStore:
 
     def get(self, key: str, fields: dict[str, type] = RESULT_FIELDS) -> dict | None:
         """The stored record, or None when absent or not a well-formed record of these fields."""
-        path = self.root / f"{key}.json"
-        if not path.is_file():
+        name = f"{key}.json"
+        path = self.root / name
+        if not self.root.is_file(name):
             return None
         try:
-            record = json.loads(path.read_text(encoding="utf-8"))
+            record = json.loads(self.root.read_text(name))
             ok = isinstance(record, dict) and record.get("key") == key and all(
                 isinstance(record.get(f), t) and not isinstance(record.get(f), bool)
                 and (t is not float or math.isfinite(record[f])) for f, t in fields.items())
@@ -88,8 +91,7 @@ class FinetuneStore:
 
     def put(self, key: str, record: dict) -> None:
         """Store a record atomically (the run holds the folder's lock)."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        write_json(record | {"key": key}, self.root / f"{key}.json")
+        write_json(record | {"key": key}, self.root, f"{key}.json")
 
     def put_base(self, loss: float) -> None:
         """Store the base-model validation loss."""

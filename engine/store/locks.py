@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from convalue.engine.store.vectors import StoreError
+from convalue.engine.store.errors import StoreError
 
 log = logging.getLogger("convalue")
 
@@ -52,8 +52,8 @@ def held(path: Path) -> bool:
         return True
 
 
-def run_folder_lock(run_dir: Path) -> contextlib.AbstractContextManager:
-    """The run folder's lock, refused at once (StoreError) while another run or re-solve holds it."""
-    return exclusive(run_dir, busy=lambda: StoreError(
+def run_folder_lock(run_dir) -> contextlib.AbstractContextManager:
+    """The run folder's lock (a RunFolder), refused at once (StoreError) while another run or re-solve holds it."""
+    return run_dir.lock(busy=lambda: StoreError(
         f"{run_dir}: in use by another convalue process (a run or a re-solve); wait for it to finish, "
         "or use another run name/--out"))

@@ -8,28 +8,29 @@ from pathlib import Path
 
 from convalue.engine.data.prepare import TARGET_KEY
 from convalue.engine.report.summary import RunSummary
-from convalue.engine.store.locks import held
-from convalue.engine.store.vectors import StoreError, read_manifest, verify_blocks
+from convalue.engine.store.errors import StoreError
+from convalue.engine.store.folder import RunFolder, as_folder
+from convalue.engine.store.vectors import committed_blocks, read_manifest, verify_blocks
 
 #: the state `convalue status` reports, and its exit code (scripts wait on 3, stop on 1)
 EXIT_CODES = {"complete": 0, "failed": 1, "interrupted": 1, "damaged": 1, "running": 3}
 
 
-def run_status(run_dir: Path, quick: bool = False) -> dict:
+def run_status(run_dir: RunFolder | Path | str, quick: bool = False) -> dict:
     """The folder's state (complete, failed, running: a live process holds it, interrupted: none does), what it
     stores (vectors, verified against the manifest and its checksums unless quick; fine-tune records) and, from
     summary.json, its progress, selection and failure."""
-    run_dir = Path(run_dir)
+    run_dir = as_folder(run_dir)
     summary = RunSummary.read(run_dir)
     written = summary.status
-    live = held(run_dir)
+    live = run_dir.held()
     if written in ("running", "resolving"):
         state = "running" if live else "interrupted"
     else:
         state = "failed" if written == "failed" else "complete"
     out = {"run_dir": str(run_dir), "state": state, "summary_status": written, "live_process": live,
            "command": "solve" if written == "resolving" else "run",
-           "vectors": _vectors(run_dir, summary, quick), "finetune_records": _records(run_dir / "finetunes")}
+           "vectors": _vectors(run_dir, summary, quick), "finetune_records": _records(run_dir.sub("finetunes"))}
     if state == "complete" and out["vectors"] is not None and out["vectors"]["damaged"]:
         out["state"] = "damaged"  # the results stand, but a rerun or re-solve from vectors would recompute
     for field in ("failed_stage", "error", "signal", "selected", "timings_s", "progress", "finetune_stale",
@@ -41,31 +42,34 @@ def run_status(run_dir: Path, quick: bool = False) -> dict:
     return out
 
 
-def _vectors(run_dir: Path, summary: RunSummary, quick: bool) -> dict | None:
+def _vectors(run_dir: RunFolder, summary: RunSummary, quick: bool) -> dict | None:
     """Group vectors stored (the target's included) against those the run needs, and what is damaged; None before
     the store exists."""
+    vectors = run_dir.sub("vectors")
     try:
-        manifest = read_manifest(run_dir / "vectors")
+        manifest = read_manifest(vectors)
     except StoreError as exc:
-        if not (run_dir / "vectors" / "manifest.json").exists():
+        if not vectors.exists("manifest.json"):
             return None
         return {"stored": 0, "needed": None, "target": False, "complete": False, "damaged": [str(exc)],
                 "verified": "manifest"}
-    stored = {g for b in manifest["blocks"] for g in b["groups"]}
+    stored = {g for b in committed_blocks(vectors, manifest).values() for g in b.groups}
     data = summary.data or {}
     needed = data.get("candidates") + 1 if isinstance(data.get("candidates"), int) else None
     return {"stored": len(stored), "needed": needed, "target": TARGET_KEY in stored,
-            "complete": bool(manifest.get("complete")), "damaged": verify_blocks(run_dir / "vectors", manifest, quick),
+            "complete": bool(manifest.get("complete")), "damaged": verify_blocks(vectors, manifest, quick),
             "verified": "files" if quick else "checksums"}
 
 
-def _records(root: Path) -> int:
+def _records(root: RunFolder) -> int:
     """Finished fine-tunes kept in finetunes/ (every readable record there, whichever settings trained it; the
     base model's loss is not one)."""
     count = 0
-    for p in root.glob("*.json") if root.is_dir() else ():
+    for name in root.names():
+        if not name.endswith(".json"):
+            continue
         try:
-            count += "val_loss" in json.loads(p.read_text(encoding="utf-8"))
+            count += "val_loss" in json.loads(root.read_text(name))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError):
             continue  # a damaged record is trained again by the next run; it is not a finished fine-tune
     return count

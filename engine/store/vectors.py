@@ -1,39 +1,55 @@
-"""Projected vectors persisted as checksummed Parquet blocks under a manifest (exact resume)."""
+"""Projected vectors as checksummed Parquet blocks in a run folder (local or on any pyarrow filesystem): written by
+whoever computed them (a gradient worker, or the driver), each with a small sidecar that commits it, and indexed
+by a manifest the driver consolidates now and then, so resume is exact and writing stays linear in the blocks."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
-import os
+import time
+import uuid
 from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-FORMAT = 1
-DAMAGED = "damaged"  # where blocks refused on reopening are moved
+from convalue.engine.store.errors import StoreError
+from convalue.engine.store.folder import RunFolder, as_folder
+
+__all__ = ["BlockMeta", "StoreError", "VectorStore", "committed_blocks", "read_manifest", "verify_blocks",
+           "write_block"]
+
+FORMAT = 2
+MANIFEST = "manifest.json"
+DAMAGED = "damaged"  # where blocks refused on reopening or reading are moved
+FLUSH_S = 10.0  # the manifest is rewritten at most this often while blocks arrive (and at the end)
 log = logging.getLogger("convalue")
 
 
-class StoreError(RuntimeError):
-    """The vector store is inconsistent with the run asking for it."""
+@dataclass(frozen=True)
+class BlockMeta:
+    """What the manifest keeps of one block: its file, groups with their preview keys, size and checksum."""
 
+    file: str
+    groups: list[str]
+    keys: list[str]
+    size: int
+    sha256: str
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    @classmethod
+    def from_dict(cls, data: dict) -> BlockMeta:
+        """A block's entry as the manifest or its sidecar holds it."""
+        return cls(file=data["file"], groups=list(data["groups"]), keys=list(data["keys"]), size=int(data["size"]),
+                   sha256=data["sha256"])
 
-
-def _atomic_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True), encoding="utf-8")
-    os.replace(tmp, path)
+    @property
+    def sidecar(self) -> str:
+        """The name of the sidecar that commits the block."""
+        return self.file.removesuffix(".parquet") + ".json"
 
 
 def _per_example_column(per_example: list[np.ndarray], n_examples: list[int], p: int, names: list[str]):
@@ -48,149 +64,201 @@ def _per_example_column(per_example: list[np.ndarray], n_examples: list[int], p:
     return pa.ListArray.from_arrays(offsets, rows)
 
 
-def read_manifest(root: Path) -> dict:
-    """The manifest.json of a vector store folder, checked to be a manifest; a StoreError naming it if not."""
-    path = Path(root) / "manifest.json"
+def write_block(folder: RunFolder, names: list[str], keys: list[str], n_examples: list[int], n_tokens: list[int],
+                vectors: np.ndarray, per_example: list[np.ndarray] | None = None) -> BlockMeta:
+    """Write one block of group vectors (and, optionally, each group's per-example vectors) and its sidecar; the
+    sidecar, written last, commits the block. Safe to call from any process that can reach the folder."""
+    vectors = np.asarray(vectors, dtype=np.float32)
+    if vectors.ndim != 2 or vectors.shape[0] != len(names):
+        raise StoreError(f"block has {vectors.shape} vectors for {len(names)} groups")
+    if not np.all(np.isfinite(vectors)):
+        raise StoreError(f"non-finite gradient values in groups {names}")
+    p = vectors.shape[1]
+    columns = {
+        "group": pa.array(names, pa.string()),
+        "key": pa.array(keys, pa.string()),
+        "n_examples": pa.array(n_examples, pa.int32()),
+        "n_tokens": pa.array(n_tokens, pa.int64()),
+        "vector": pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1), pa.float32()), p),
+    }
+    if per_example is not None:
+        columns["example_vectors"] = _per_example_column(per_example, n_examples, p, names)
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.table(columns), sink)
+    data = sink.getvalue().to_pybytes()
+    meta = BlockMeta(file=f"block-{uuid.uuid4().hex[:16]}.parquet", groups=list(names), keys=list(keys),
+                     size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    folder.write_bytes(meta.file, data)
+    folder.write_text(meta.sidecar, json.dumps(asdict(meta)))
+    return meta
+
+
+def block_vectors(folder: RunFolder, meta: BlockMeta) -> np.ndarray:
+    """One block's vectors ([rows, p] float32), its checksum verified on the bytes read (StoreError if it fails)."""
+    data = folder.read_bytes(meta.file)
+    if hashlib.sha256(data).hexdigest() != meta.sha256:
+        raise StoreError(f"{folder / meta.file}: checksum mismatch; the block was changed or truncated (run the "
+                         "config again: the run sets it aside and computes its groups anew)")
+    t = pq.read_table(pa.BufferReader(data), columns=["vector"])
+    p = t.schema.field("vector").type.list_size
+    return t.column("vector").combine_chunks().flatten().to_numpy(zero_copy_only=False).reshape(-1, p)
+
+
+def read_manifest(folder: RunFolder | Path) -> dict:
+    """The manifest of a vector store folder, checked to be one; a StoreError naming it if not."""
+    folder = as_folder(folder)
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        manifest = json.loads(folder.read_text(MANIFEST))
     except FileNotFoundError:
-        raise StoreError(f"{path}: missing (no vectors stored here)") from None
+        raise StoreError(f"{folder / MANIFEST}: missing (no vectors stored here)") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise StoreError(f"{path}: not readable JSON ({exc})") from None
+        raise StoreError(f"{folder / MANIFEST}: not readable JSON ({exc})") from None
     blocks = manifest.get("blocks") if isinstance(manifest, dict) else None
     if not isinstance(blocks, list) or not isinstance(manifest.get("fingerprint"), dict) or not all(
-            isinstance(b, dict) and {"file", "groups", "keys", "sha256"} <= set(b) for b in blocks):
-        raise StoreError(f"{path}: not a vector-store manifest (fingerprint and blocks expected)")
+            isinstance(b, dict) and {"file", "groups", "keys", "sha256", "size"} <= set(b) for b in blocks):
+        raise StoreError(f"{folder / MANIFEST}: not a vector-store manifest (fingerprint and blocks expected)")
     return manifest
 
 
-def verify_blocks(root: Path, manifest: dict, quick: bool = False) -> list[str]:
-    """What is wrong with a store's blocks, one line each: missing, checksum mismatch (not checked when quick), a
-    block file on disk the manifest does not list; [] when the store is sound. Reads only."""
-    root, problems = Path(root), []
-    listed = {b["file"] for b in manifest["blocks"]}
-    for b in manifest["blocks"]:
-        path = root / b["file"]
-        if not path.is_file():
-            problems.append(f"{path}: missing (groups {b['groups'][:5]})")
-        elif not quick and _sha256(path) != b["sha256"]:
-            problems.append(f"{path}: checksum mismatch, the block was changed or truncated (groups {b['groups'][:5]})")
-    for path in sorted(root.glob("block-*.parquet")):
-        if path.name not in listed:
-            problems.append(f"{path}: not listed in the manifest (a block whose write did not finish)")
+def committed_blocks(folder: RunFolder, manifest: dict) -> dict[str, BlockMeta]:
+    """Every committed block: those the manifest lists and those whose sidecar was written since."""
+    blocks = {b["file"]: BlockMeta.from_dict(b) for b in manifest.get("blocks", [])}
+    for name in folder.names():
+        if name.startswith("block-") and name.endswith(".json"):
+            try:
+                meta = BlockMeta.from_dict(json.loads(folder.read_text(name)))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # a sidecar cut short: its block was never committed
+            blocks.setdefault(meta.file, meta)
+    return blocks
+
+
+def verify_blocks(folder: RunFolder, manifest: dict, quick: bool = False) -> list[str]:
+    """What is wrong with a store's blocks, one line each: missing, wrong size, checksum mismatch (not hashed when
+    quick), a block file no sidecar or manifest commits; [] when the store is sound. Reads only."""
+    problems = []
+    blocks = committed_blocks(folder, manifest)
+    for meta in blocks.values():
+        size = folder.size(meta.file)
+        if size is None:
+            problems.append(f"{folder / meta.file}: missing (groups {meta.groups[:5]})")
+        elif size != meta.size:
+            problems.append(f"{folder / meta.file}: {size} bytes where {meta.size} were written (groups "
+                            f"{meta.groups[:5]})")
+        elif not quick and hashlib.sha256(folder.read_bytes(meta.file)).hexdigest() != meta.sha256:
+            problems.append(f"{folder / meta.file}: checksum mismatch, the block was changed (groups "
+                            f"{meta.groups[:5]})")
+    for name in folder.names():
+        if name.startswith("block-") and name.endswith(".parquet") and name not in blocks:
+            problems.append(f"{folder / name}: no sidecar commits it (a block whose write did not finish)")
     return problems
 
 
 class VectorStore:
-    """A folder of Parquet blocks (group, key, n_examples, n_tokens, vector) and manifest.json.
+    """A run's vectors: the fingerprint (model, LoRA, projection, preview settings) in the manifest, and the
+    committed blocks; a group is done when a committed block holds it with the same preview key. Reopening with
+    another fingerprint is an error; a block that is missing or damaged is set aside and its groups recomputed."""
 
-    The manifest holds the fingerprint (model, LoRA, projection, preview settings) and, per block, its
-    file, its groups with their preview keys, and its sha256; a group is done when a checksummed block
-    holds it with the same preview key. Reopening with another fingerprint is an error.
-    """
-
-    def __init__(self, root: Path, fingerprint: dict, *, overwrite: bool = False):
-        self.root = Path(root)
+    def __init__(self, folder: RunFolder | Path, fingerprint: dict, *, overwrite: bool = False,
+                 writable: bool = True):
+        self.folder, self.writable = as_folder(folder), writable
+        folder = self.folder
         self.fingerprint = json.loads(json.dumps(fingerprint, sort_keys=True))
-        self.manifest_path = self.root / "manifest.json"
-        self.manifest: dict = {"format": FORMAT, "fingerprint": self.fingerprint, "blocks": []}
-        self.dropped: list[str] = []  # blocks refused on reopen (missing, changed or truncated)
-        if self.manifest_path.exists():
+        self.blocks: dict[str, BlockMeta] = {}
+        self.state: dict = {}  # dim, complete, groups
+        self.dropped: list[str] = []  # blocks set aside (missing, changed or truncated)
+        self._flushed = 0.0
+        if folder.exists(MANIFEST):
             try:
-                old = read_manifest(self.root)
+                old = read_manifest(folder)
             except StoreError as exc:
                 if not overwrite:
                     raise StoreError(f"{exc}; use another run name/--out, or --overwrite to start it afresh") from None
-                old = {"blocks": [{"file": f.name} for f in self.root.glob("block-*.parquet")]}
+                old = {"fingerprint": None, "blocks": []}
             if old.get("fingerprint") != self.fingerprint:
                 if not overwrite:
-                    diff = sorted(k for k in set(old.get("fingerprint", {})) | set(self.fingerprint)
-                                  if old.get("fingerprint", {}).get(k) != self.fingerprint.get(k))
-                    raise StoreError(f"{self.manifest_path}: stored vectors were made with other settings "
+                    fp = old.get("fingerprint") or {}
+                    diff = sorted(k for k in set(fp) | set(self.fingerprint) if fp.get(k) != self.fingerprint.get(k))
+                    raise StoreError(f"{folder / MANIFEST}: stored vectors were made with other settings "
                                      f"(differs in {diff}); use another run name/--out, or --overwrite")
-                for b in old.get("blocks", []):
-                    (self.root / b["file"]).unlink(missing_ok=True)
+                for name in folder.names():
+                    if name.startswith("block-"):
+                        folder.delete(name)
             else:
-                valid = [self._valid(b) for b in old["blocks"]]
-                self.manifest = old | {"blocks": [b for b, ok in zip(old["blocks"], valid) if ok]}
-                self.dropped = [b["file"] for b, ok in zip(old["blocks"], valid) if not ok]
-                if self.dropped:
-                    self._incomplete()
-                    self._set_aside(self.dropped)
-        self.root.mkdir(parents=True, exist_ok=True)
-        _atomic_json(self.manifest_path, self.manifest)
+                self.state = {k: old[k] for k in ("dim", "complete", "groups") if k in old}
+                for meta in committed_blocks(folder, old).values():
+                    if folder.size(meta.file) == meta.size:
+                        self.blocks[meta.file] = meta
+                    else:
+                        self.set_aside(meta, "missing or cut short")
+        if writable:
+            folder.makedirs()
+            self.flush()
 
-    def _valid(self, block: dict) -> bool:
-        path = self.root / block["file"]
-        return path.is_file() and _sha256(path) == block["sha256"]
+    @classmethod
+    def reader(cls, folder: RunFolder) -> VectorStore:
+        """The store of a finished run, opened to read only (a re-solve, a bootstrap, an import)."""
+        return cls(folder, read_manifest(folder)["fingerprint"], writable=False)
 
-    def _set_aside(self, files: list[str]) -> None:
-        """Move damaged blocks to damaged/ (kept for a look, never read again); their groups are computed again."""
-        aside = self.root / DAMAGED
-        for name in files:
-            path = self.root / name
-            if path.exists():
-                aside.mkdir(exist_ok=True)
-                os.replace(path, aside / name)
-            log.warning("%s: %s (checksum mismatch or unreadable); %s; its groups are computed again", path,
-                        "damaged" if (aside / name).exists() else "missing",
-                        f"moved to {aside / name}" if (aside / name).exists() else "dropped from the manifest")
+    def set_aside(self, meta: BlockMeta, why: str) -> None:
+        """Move a damaged block (and its sidecar) to damaged/, never to be read again; its groups are recomputed."""
+        self.blocks.pop(meta.file, None)
+        self.state.pop("complete", None)
+        self.dropped.append(meta.file)
+        if not self.writable:
+            log.warning("%s: %s; a run of the config sets it aside and computes its groups %s again",
+                        self.folder / meta.file, why, meta.groups[:5])
+            return
+        for name in (meta.file, meta.sidecar):
+            if self.folder.is_file(name):
+                self.folder.move(name, f"{DAMAGED}/{name}")
+        log.warning("%s: %s; set aside in %s; its groups %s are computed again", self.folder / meta.file, why,
+                    self.folder / DAMAGED, meta.groups[:5])
 
-    def _incomplete(self) -> None:
-        """Drop the complete mark: the store no longer holds exactly what the last finished run stored."""
-        self.manifest.pop("complete", None)
-        self.manifest.pop("groups", None)
+    def flush(self) -> None:
+        """Write the consolidated manifest (the sidecars stay the blocks' own record)."""
+        manifest = {"format": FORMAT, "fingerprint": self.fingerprint, **self.state,
+                    "blocks": [asdict(m) for m in self.blocks.values()]}
+        self.folder.write_text(MANIFEST, json.dumps(manifest, sort_keys=True))
+        self._flushed = time.monotonic()
 
     def done(self) -> dict[str, str]:
         """Group name -> preview key of every group already stored."""
-        return {g: k for b in self.manifest["blocks"] for g, k in zip(b["groups"], b["keys"])}
+        return {g: k for m in self.blocks.values() for g, k in zip(m.groups, m.keys)}
+
+    def add(self, meta: BlockMeta, dim: int) -> None:
+        """Record a block written (by a worker or here); the manifest follows within FLUSH_S."""
+        if self.state.setdefault("dim", dim) != dim:
+            raise StoreError(f"block dimension {dim} differs from the store's {self.state['dim']}")
+        self.state.pop("complete", None)
+        self.blocks[meta.file] = meta
+        if time.monotonic() - self._flushed > FLUSH_S:
+            self.flush()
 
     def write_block(self, names: list[str], keys: list[str], n_examples: list[int], n_tokens: list[int],
-                    vectors: np.ndarray, per_example: list[np.ndarray] | None = None) -> None:
-        """Persist one block (and, optionally, each group's per-example vectors) in the manifest, atomically."""
-        vectors = np.asarray(vectors, dtype=np.float32)
-        if vectors.ndim != 2 or vectors.shape[0] != len(names):
-            raise StoreError(f"block has {vectors.shape} vectors for {len(names)} groups")
-        if not np.all(np.isfinite(vectors)):
-            raise StoreError(f"non-finite gradient values in groups {names}")
-        p = vectors.shape[1]
-        dim = self.manifest.setdefault("dim", p)
-        if dim != p:
-            raise StoreError(f"block dimension {p} differs from the store's {dim}")
-        idx = max((int(b["file"][6:12]) for b in self.manifest["blocks"]), default=-1) + 1
-        name = f"block-{idx:06d}.parquet"
-        columns = {
-            "group": pa.array(names, pa.string()),
-            "key": pa.array(keys, pa.string()),
-            "n_examples": pa.array(n_examples, pa.int32()),
-            "n_tokens": pa.array(n_tokens, pa.int64()),
-            "vector": pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1), pa.float32()), p),
-        }
-        if per_example is not None:
-            columns["example_vectors"] = _per_example_column(per_example, n_examples, p, names)
-        table = pa.table(columns)
-        tmp = self.root / (name + ".tmp")
-        self._incomplete()
-        pq.write_table(table, tmp)
-        os.replace(tmp, self.root / name)
-        self.manifest["blocks"].append({"file": name, "groups": list(names), "keys": list(keys),
-                                        "sha256": _sha256(self.root / name)})
-        _atomic_json(self.manifest_path, self.manifest)
+                    vectors: np.ndarray, per_example: list[np.ndarray] | None = None) -> BlockMeta:
+        """Write one block here (see write_block) and record it."""
+        meta = write_block(self.folder, names, keys, n_examples, n_tokens, vectors, per_example)
+        self.add(meta, int(np.shape(vectors)[1]))
+        return meta
 
     def _tables(self, names: list[str], columns: list[str]) -> Iterator[pa.Table]:
         """The blocks that hold any of `names`, each with those of `columns` it has; each file is read once and
-        its checksum verified on the very bytes that are parsed."""
+        its checksum verified on the very bytes that are parsed (a mismatch sets the block aside and raises)."""
         wanted = set(names)
-        for b in self.manifest["blocks"]:
-            if wanted.isdisjoint(b["groups"]):
+        for meta in list(self.blocks.values()):
+            if wanted.isdisjoint(meta.groups):
                 continue
-            path = self.root / b["file"]
             try:
-                data = path.read_bytes()
+                data = self.folder.read_bytes(meta.file)
             except OSError as exc:
-                raise StoreError(f"{path}: unreadable ({exc})") from None
-            if hashlib.sha256(data).hexdigest() != b["sha256"]:
-                raise StoreError(f"{path}: checksum mismatch; the block was changed or truncated")
+                raise StoreError(f"{self.folder / meta.file}: unreadable ({exc})") from None
+            if hashlib.sha256(data).hexdigest() != meta.sha256:
+                self.set_aside(meta, "checksum mismatch")
+                if self.writable:
+                    self.flush()
+                raise StoreError(f"{self.folder / meta.file}: checksum mismatch; the block was changed or truncated "
+                                 "(set aside: run the config again to compute its groups anew)")
             block = pq.ParquetFile(pa.BufferReader(data))
             yield block.read(columns=[c for c in columns if c in block.schema_arrow.names])
 
@@ -206,9 +274,9 @@ class VectorStore:
                 counts[g] = m
         missing = [n for n in names if n not in rows]
         if missing:
-            why = (f" (blocks {self.dropped[:5]} were refused on opening: missing, changed or truncated)"
+            why = (f" (blocks {self.dropped[:5]} were set aside: missing, changed or truncated)"
                    if self.dropped else "")
-            raise StoreError(f"{self.root}: no stored vector for groups {missing[:10]}{why}")
+            raise StoreError(f"{self.folder}: no stored vector for groups {missing[:10]}{why}")
         return np.stack([rows[n] for n in names]), {n: counts[n] for n in names}
 
     def load_examples(self, names: list[str]) -> dict[str, np.ndarray]:
@@ -225,12 +293,17 @@ class VectorStore:
                 out[g] = X[offsets[i] : offsets[i + 1]]
         missing = [n for n in names if n not in out]
         if missing:
-            raise StoreError(f"{self.root}: no per-example vectors for groups {missing[:10]} "
+            raise StoreError(f"{self.folder}: no per-example vectors for groups {missing[:10]} "
                              "(they are kept only with features.keep_per_example)")
         return {n: out[n] for n in names}
 
+    def blocks_of(self, names: list[str]) -> list[BlockMeta]:
+        """The committed blocks holding any of `names`."""
+        wanted = set(names)
+        return [m for m in self.blocks.values() if not wanted.isdisjoint(m.groups)]
+
     def mark_complete(self, names: list[str]) -> None:
-        """Record that the store holds every group of the run."""
-        self.manifest["complete"] = True
-        self.manifest["groups"] = list(names)
-        _atomic_json(self.manifest_path, self.manifest)
+        """Record that the store holds every group of the run (and write the manifest)."""
+        self.state["complete"] = True
+        self.state["groups"] = list(names)
+        self.flush()

@@ -1,0 +1,95 @@
+"""The distributed blocked Gram: block arrays kept in Ray's object store (or read from the run's store by a task),
+tile tasks K_ij = X_i X_j^T scheduled where their blocks live, the tiles assembled by the driver."""
+
+from __future__ import annotations
+
+import numpy as np
+import ray
+
+from convalue.engine.selection.blocked import (
+    BlockRows,
+    GramResult,
+    Panel,
+    TileResult,
+    assemble,
+    fisher_root,
+    panels_of,
+    stack_rows,
+    tile,
+)
+from convalue.engine.store.errors import StoreError
+from convalue.engine.store.folder import RunFolder
+from convalue.engine.store.vectors import BlockMeta, block_vectors
+
+
+def _node() -> str:
+    return ray.get_runtime_context().get_node_id()
+
+
+@ray.remote(num_cpus=0, num_returns=2)
+def load_block(folder: RunFolder, meta: BlockMeta) -> tuple[str | None, np.ndarray | None]:
+    """(None, a stored block's vectors) read into the object store of the node that reads it, or (why, None) when
+    its checksum fails (the driver then sets it aside and computes its groups again)."""
+    try:
+        return None, block_vectors(folder, meta)
+    except (StoreError, OSError) as exc:
+        return str(exc), None
+
+
+@ray.remote(num_cpus=1)
+def gram_tile(i: int, j: int, g: np.ndarray, root: np.ndarray | None, panel_i: Panel, panel_j: Panel | None,
+              *arrays: np.ndarray) -> TileResult:
+    """One tile of the Gram (the diagonal one, with beta and row statistics, when panel_j is None)."""
+    n_i = len(panel_i.blocks)
+    Xi = stack_rows(list(arrays[:n_i]), panel_i.blocks)
+    Xj = None if panel_j is None else stack_rows(list(arrays[n_i:]), panel_j.blocks)
+    result = tile(i, j, Xi, Xj, g, root)
+    result.node = _node()
+    blocks = panel_i.blocks + (panel_j.blocks if panel_j is not None else ())
+    result.bytes_moved = sum(b.nbytes for b in blocks if b.node is not None and b.node != result.node)
+    return result
+
+
+@ray.remote(num_cpus=1)
+def column_squares(panel: Panel, *arrays: np.ndarray) -> np.ndarray:
+    """The column sums of squares of a panel's rows (for the diagonal Fisher metric)."""
+    X = stack_rows(list(arrays), panel.blocks)
+    return np.einsum("ij,ij->j", X, X)
+
+
+@ray.remote(num_cpus=1)
+def gather_rows(n: int, panels: list[Panel], *arrays: np.ndarray) -> np.ndarray:
+    """G in the run's order (n rows, float32) from the panels' blocks: for a gradient-space solve, on the worker
+    that solves, never in the driver."""
+    G, k = None, 0
+    for panel in panels:
+        X = stack_rows(list(arrays[k:k + len(panel.blocks)]), panel.blocks)
+        k += len(panel.blocks)
+        if G is None:
+            G = np.empty((n, X.shape[1]), np.float32)
+        G[panel.positions] = X
+    return G
+
+
+def _refs(panel: Panel, refs: dict[str, ray.ObjectRef]) -> list[ray.ObjectRef]:
+    return [refs[b.file] for b in panel.blocks]
+
+
+def build_gram(blocks: list[BlockRows], refs: dict[str, ray.ObjectRef], n: int, g: np.ndarray, metric: str,
+               with_K: bool = True) -> GramResult:
+    """K (when with_K) and beta of n rows in the metric, and the cosine, from tile tasks over panels of `blocks`
+    (whose arrays are `refs`, by file); a panel pair i <= j once. Ray places each task on the node holding most of
+    its blocks' bytes."""
+    panels = panels_of(blocks)
+    root = M = None
+    if metric == "diag_fisher":
+        sums = ray.get([column_squares.remote(p, *_refs(p, refs)) for p in panels])
+        M, root = fisher_root(sums, n)
+    g_ref, root_ref = ray.put(np.asarray(g, np.float64)), ray.put(root)
+    calls = []
+    for i, pi in enumerate(panels):
+        calls.append(gram_tile.remote(i, i, g_ref, root_ref, pi, None, *_refs(pi, refs)))
+        if with_K:
+            calls += [gram_tile.remote(i, j, g_ref, root_ref, pi, pj, *_refs(pi, refs), *_refs(pj, refs))
+                      for j, pj in enumerate(panels[i + 1:], start=i + 1)]
+    return assemble(n, panels, ray.get(calls), np.asarray(g, np.float64), with_K=with_K, M=M)

@@ -16,7 +16,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml $(CONSTRAINTS) requirements-nodeps.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[dev]'
+	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[dev,all]'
 	$(PY) -m pip install -q --no-deps -c $(CONSTRAINTS) -r requirements-nodeps.txt
 	touch $(STAMP)
 

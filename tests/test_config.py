@@ -85,7 +85,7 @@ def test_flat_pool_example_is_valid():
         (merged(finetune={"baselines": ["random", "random"]}), "finetune.baselines", "['random', 'random']"),
         (merged(finetune={"baselines": ["one_step"]}), "finetune.baselines[0]", "one_step"),
         (merged(ray={"workers": "two"}), "ray.workers", "two"),
-        (merged(data=BASE["data"] | {"target": {"kind": "csv", "path": "x"}}), "data.target.kind", "csv"),
+        (merged(data=BASE["data"] | {"target": {"kind": "xml", "path": "x"}}), "data.target.kind", "xml"),
         (merged(data=BASE["data"] | {"candidates": [{"kind": "jsonl", "path": "/no/file.jsonl"}]}),
          "data.candidates[0].path", "/no/file.jsonl"),
         (merged(colour="blue"), "colour", "blue"),
@@ -112,6 +112,19 @@ def test_flat_pool_example_is_valid():
         (merged(finetune={"mixture_default_weight": 0.8}), "finetune.mixture", "uniform"),
         (merged(finetune={"mixture": "given", "mixture_weights": {"hindi": 2}, "mixture_default_weight": -1}),
          "finetune.mixture_default_weight", "-1"),
+        (merged(model={"source": "not a model!"}), "model.source", "not a model!"),
+        (merged(model={"source": "./org/name"}), "model.source", "org/name"),  # `./`: a folder, not a hub id
+        (merged(model={"source": "org/name", "revision": " "}), "model.revision", "' '"),
+        (merged(model={"revision": "v2"}), "model.revision", "v2"),  # the built-in model has no revisions
+        (merged(solver={"gamma": 0.1, "gamma_ratio": 0.1}), "solver.gamma", "gamma_ratio"),
+        (merged(solver={"gamma_ratio": -0.5}), "solver.gamma_ratio", "-0.5"),
+        (merged(solver={"gamma_ratio": ".inf"}), "solver.gamma_ratio", "inf"),
+        (merged(data=BASE["data"] | {"candidates": [{"kind": "chatterbot", "split": "train"}]}),
+         "data.candidates[0].split", "train"),
+        (merged(data=BASE["data"] | {"candidates": [{"kind": "hf", "path": "a/b/c"}]}),
+         "data.candidates[0].path", "a/b/c"),
+        (merged(data=BASE["data"] | {"candidates": [{"kind": "hf", "path": "org/name", "name": ""}]}),
+         "data.candidates[0].name", "''"),
     ],
 )
 def test_field_errors_name_file_field_and_value(tmp_path, data, field, value_repr):
@@ -162,3 +175,76 @@ def test_out_that_cannot_hold_the_run_folder(tmp_path):
     with pytest.raises(ConfigError, match=r"runs/x is a file"):
         load_config(write(tmp_path, merged(out=str(tmp_path / "runs"))))
     assert load_config(write(tmp_path, merged(out=str(tmp_path / "new" / "runs")))).out.endswith("new/runs")
+
+
+def test_a_hub_id_is_checked_for_its_form_only(tmp_path):
+    """A hub id is resolved when the run starts (the cache, or the hub); at config time only its form is checked."""
+    cfg = load_config(write(tmp_path, merged(model={"source": "HuggingFaceTB/SmolLM2-135M-Instruct",
+                                                    "revision": "v1.0"})))
+    assert (cfg.model.source, cfg.model.revision, cfg.model.on_hub()) == ("HuggingFaceTB/SmolLM2-135M-Instruct",
+                                                                          "v1.0", True)
+    assert cfg.to_dict()["model"]["revision"] == "v1.0"
+    # a folder of that name beside the config is a local model, not a hub id
+    (tmp_path / "org" / "name").mkdir(parents=True)
+    (tmp_path / "org" / "name" / "config.json").write_text("{}")
+    local = load_config(write(tmp_path, merged(model={"source": "org/name"})))
+    assert local.model.source == str(tmp_path / "org" / "name") and not local.model.on_hub()
+
+
+def test_relative_paths_are_read_against_the_config_file(tmp_path, monkeypatch):
+    """Every path of a config: data files and folders, an encoder folder, costs, a model folder, its cache, a reward
+    file, out; absolute and `~` paths are kept as written."""
+    cfgs, data = tmp_path / "cfgs", tmp_path / "data"
+    cfgs.mkdir()
+    data.mkdir()
+    (data / "t.jsonl").write_text('{"prompt": "a", "response": "b"}\n')
+    (data / "pool").mkdir()
+    (cfgs / "prices.json").write_text("{}")
+    (cfgs / "enc").mkdir()
+    (cfgs / "enc" / "config.json").write_text("{}")
+    (cfgs / "model").mkdir()
+    (cfgs / "model" / "config.json").write_text("{}")
+    monkeypatch.chdir(tmp_path / "data")  # anywhere but the config's folder
+    cfg = load_config(write(cfgs, {
+        "name": "x", "out": "out", "model": {"source": "model", "cache_dir": "cache"},
+        "features": {"grpo_reward": "rewards.py:score"},
+        "data": {"target": {"kind": "jsonl", "path": "../data/t.jsonl"},
+                 "candidates": [{"kind": "folder", "path": "../data/pool", "clusters": 2, "embedding": "enc"},
+                                {"kind": "jsonl", "path": str(data / "t.jsonl")}]},
+        "solver": {"gamma": 0.1, "costs_file": "prices.json"}}))
+    assert cfg.out == str(cfgs / "out") and cfg.model.source == str(cfgs / "model")
+    assert cfg.model.cache_dir == str(cfgs / "cache") and cfg.solver.costs_file == str(cfgs / "prices.json")
+    assert cfg.features.grpo_reward == f"{cfgs / 'rewards.py'}:score"
+    assert cfg.data.target.path == str(data / "t.jsonl")
+    pool, absolute = cfg.data.candidates
+    assert (pool.path, pool.embedding) == (str(data / "pool"), str(cfgs / "enc"))
+    assert absolute.path == str(data / "t.jsonl")
+    assert load_config(write(cfgs, merged(out="~/runs"))).out == "~/runs"
+
+
+def test_a_file_s_extension_must_match_its_kind(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"prompt": ["a"], "response": ["b"]}), tmp_path / "pool.parquet")
+    (tmp_path / "pool.parquet.gz").write_bytes(b"")
+    for kind, path, field, says in (("jsonl", "pool.parquet", "kind", "a `parquet` file: use kind `parquet`"),
+                                    ("parquet", "pool.parquet.gz", "path", "gzipped Parquet")):
+        data = merged(data=BASE["data"] | {"candidates": [{"kind": kind, "path": path}]})
+        with pytest.raises(ConfigError, match=says) as err:
+            load_config(write(tmp_path, data))
+        assert err.value.field == f"data.candidates[0].{field}"
+
+
+def test_missing_extras_are_named_at_config_time(tmp_path, monkeypatch):
+    """solver.method cvxpy needs [reference], kind `hf` needs [hf]: the config says which extra to install."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("cvxpy", "datasets") else real(name, *a))
+    with pytest.raises(ConfigError, match=r"solver.method: needs CVXPY and OSQP: pip install 'convalue\[reference\]'"):
+        load_config(write(tmp_path, merged(solver={"gamma": 0.1, "method": "cvxpy"})))
+    with pytest.raises(ConfigError, match=r"data.candidates\[0\].kind: `hf` needs the `datasets` package: pip install "
+                                          r"'convalue\[hf\]'"):
+        load_config(write(tmp_path, merged(data=BASE["data"] | {"candidates": [{"kind": "hf", "path": "org/x"}]})))

@@ -77,8 +77,8 @@ def test_readme_python_api_names_exist():
 
 
 def test_lowest_constraints_pin_every_floor_of_pyproject():
-    """constraints-lowest.txt (make test-lowest) pins each runtime dependency at pyproject's floor: a floor raised, or
-    a dependency added, in one file and not the other fails here."""
+    """constraints-lowest.txt (make test-lowest) pins each runtime dependency, the core's and every runtime extra's, at
+    pyproject's floor: a floor raised, or a dependency added, in one file and not the other fails here."""
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
     from packaging.version import Version
@@ -88,7 +88,12 @@ def test_lowest_constraints_pin_every_floor_of_pyproject():
     except ModuleNotFoundError:  # Python 3.10: pytest's own dependency
         import tomli as tomllib
 
-    deps = [Requirement(r) for r in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = {name: [Requirement(r) for r in reqs] for name, reqs in project["optional-dependencies"].items()}
+    # [all] names the runtime extras; [dev] holds the test tools, which are not floors of convalue's own
+    listed = {e for r in extras["all"] if canonicalize_name(r.name) == "convalue" for e in r.extras}
+    assert listed == set(extras) - {"all", "dev"}, "[all] must list every runtime extra"
+    deps = [Requirement(r) for r in project["dependencies"]] + [r for e in sorted(listed) for r in extras[e]]
     lines = (ROOT / "constraints-lowest.txt").read_text().splitlines()
     pins = {canonicalize_name(n): Version(v) for n, v in
             (line.split("==") for line in lines if line.strip() and not line.startswith("#"))}

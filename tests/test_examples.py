@@ -1,10 +1,12 @@
-"""The shipped examples stay usable: every config validates, and the bring-your-own example's data files read through
-the engine, split and preview as its config asks, and are exactly what examples/byo/make_data.py builds."""
+"""The shipped examples stay usable: every config validates from any directory and writes to runs/ at the repository
+root, and the bring-your-own example's data files read through the engine, split and preview as its config asks, and
+are exactly what examples/byo/make_data.py builds."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -17,29 +19,35 @@ BYO = ROOT / "examples" / "byo"
 
 @pytest.fixture
 def at_root(monkeypatch):
-    """The examples' relative paths are read relative to the current directory: run from the repository root."""
+    """Run from the repository root, as `make demo` does."""
     monkeypatch.chdir(ROOT)
 
 
 @pytest.mark.parametrize("path", sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("examples/**/*.yaml")))
-def test_every_example_config_validates(path, at_root):
+def test_every_example_config_validates_and_writes_to_runs_at_the_root(path, at_root):
     cfg = convalue.load_config(path)
     assert cfg.name and cfg.data.candidates
+    assert Path(cfg.out) == ROOT / "runs"  # make demo: runs/demo/ at the repository root
 
 
 def test_byo_config_uses_its_own_files_and_a_model_that_runs_offline(at_root):
     cfg = convalue.load_config("examples/byo/run.yaml")
     assert cfg.model.source == "smollm2-135m-instruct"  # the built-in model; the comment shows a local folder
-    assert (cfg.data.target.kind, cfg.data.target.path) == ("jsonl", "examples/byo/computers.jsonl")
+    assert (cfg.data.target.kind, cfg.data.target.path) == ("jsonl", str(BYO / "computers.jsonl"))
     [pool] = cfg.data.candidates
-    assert (pool.kind, pool.path, pool.group_by) == ("parquet", "examples/byo/pool.parquet", "group")
+    assert (pool.kind, pool.path, pool.group_by) == ("parquet", str(BYO / "pool.parquet"), "group")
 
 
-def test_byo_config_paths_are_relative_to_the_current_directory(tmp_path, monkeypatch):
-    """What the README says: a relative data path is read from where `convalue` runs, not from the config's folder."""
+def test_byo_config_paths_are_relative_to_the_config_file(tmp_path, monkeypatch):
+    """A relative path in a config is read against the config file's folder, from whatever directory `convalue`
+    runs in; `--out` on the command line stays relative to the current directory."""
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(convalue.ConfigError, match="path"):
-        convalue.load_config(BYO / "run.yaml")
+    cfg = convalue.load_config(BYO / "run.yaml")
+    assert cfg.data.target.path == str(BYO / "computers.jsonl") and cfg.out == str(ROOT / "runs")
+    relative = convalue.load_config(os.path.relpath(BYO / "run.yaml"))  # a relative config path
+    assert relative.data.candidates[0].path == str(BYO / "pool.parquet")
+    cli_out = convalue.config_from_dict(cfg.to_dict() | {"out": "elsewhere"}, file=str(BYO / "run.yaml"))
+    assert cli_out.out == "elsewhere"  # what `convalue run --out elsewhere` builds: the current directory's
 
 
 def test_byo_data_reads_through_the_engine(at_root):

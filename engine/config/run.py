@@ -28,7 +28,8 @@ class RunConfig:
     """A whole valuation run."""
 
     name: str = opt("run", "Run name; outputs go to `<out>/<name>/`.")
-    out: str = opt("runs", "Parent folder of run folders.")
+    out: str = opt("runs", "Parent folder of run folders; a relative one is read against the config file's folder "
+                           "(`convalue run --out` against the current directory).")
     model: ModelConfig = opt(help="Base model.", factory=ModelConfig)
     lora: LoraConfig = opt(help="LoRA adapter.", factory=LoraConfig)
     features: FeaturesConfig = opt(help="Group representation.", factory=FeaturesConfig)
@@ -45,12 +46,18 @@ class RunConfig:
         """Raise ConfigError naming the first field, or combination of sections, that does not hold."""
         if not self.name or "/" in self.name or self.name in (".", ".."):
             raise ConfigError("must be a plain folder name", field="name", value=self.name)
+        if "://" in self.out:  # a filesystem URI (s3://, gs://, hdfs://, ...): reached when the run writes it
+            return self._validate_sections()
         run_dir = Path(self.out).expanduser() / self.name
         existing = next(q for q in (run_dir, *run_dir.parents) if q.exists())  # the nearest existing path
         if not existing.is_dir():
             raise ConfigError(f"the run folder {run_dir} cannot be made: {existing} is a file", field="out",
                               value=self.out)
         check_writable(existing, "out", self.out)
+        self._validate_sections()
+
+    def _validate_sections(self) -> None:
+        """The checks that span sections."""
         if self.features.keep_per_example and (self.features.representation != "one_step"
                                                or self.features.parameters != "lora"
                                                or self.model.token_budget is None):

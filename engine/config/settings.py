@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,11 @@ class SolverConfig:
     """The KMM quadratic program."""
 
     gamma: float | None = opt(None, "l1 penalty of the penalised form (paper eq. kmm_l1_penalized).")
+    gamma_ratio: float | None = opt(
+        None, "The penalised form's gamma as a fraction of the smallest gamma that zeroes every score: gamma = "
+        "gamma_ratio * max_i |beta_i| / (c_i sqrt(K_ii)), with beta and K in the run's metric, sqrt(K_ii) only with "
+        "`normalize: cosine` and the prices c_i only with a `costs_file`; so 1 or more gives all-zero scores and a "
+        "ratio carries over between runs whose gradients differ in scale. The run records the gamma it used.")
     budget: float | None = opt(None, "k of the budget form ||w||_1 <= k (paper eq. kmm_qp).")
     method: Literal["auto", "active_set", "cvxpy", "cvxpy_paper"] = opt(
         "auto", "`auto`/`active_set`: convalue's exact active-set solver; `cvxpy`: the CVXPY + OSQP reference "
@@ -29,9 +35,10 @@ class SolverConfig:
     costs_file: str | None = opt(
         None, "Prices per candidate, a JSON object {group: price} or a Parquet file (group, cost): the l1 term "
         "becomes sum_i c_i |w_i| (with `budget`: the marketplace's cost-weighted budget). Every candidate needs "
-        "exactly one price > 0; a group priced twice is an error.")
+        "exactly one price > 0; a group priced twice is an error. A relative path is read against the config "
+        "file's folder.")
     tol: float | None = opt(
-        None, "With `gamma`: the KKT violation (relative to max(1, max|beta|)) at which convalue's solver may stop "
+        None, "With `gamma` or `gamma_ratio`: the KKT violation (relative to max(1, max|beta|)) at which convalue's solver may stop "
         "instead of polishing to round-off, in (0, 0.001]; dense solutions on a well-conditioned K then finish ADMM "
         "(1.4x faster at 1000 candidates, 779 active); every other answer stays exact. null: exact. Not with "
         "`budget` or the CVXPY methods.")
@@ -41,15 +48,20 @@ class SolverConfig:
         if self.space == "gradients" and self.method.startswith("cvxpy"):
             raise ConfigError("the CVXPY reference needs the Gram matrix: use `space: gram` with it",
                               field="method", value=self.method)
+        if self.method.startswith("cvxpy") and importlib.util.find_spec("cvxpy") is None:
+            raise ConfigError("needs CVXPY and OSQP: pip install 'convalue[reference]'", field="method",
+                              value=self.method)
         if self.costs_file is not None and not Path(self.costs_file).expanduser().is_file():
             raise ConfigError("is not an existing file", field="costs_file", value=self.costs_file)
         if self.costs_file is not None:
             check_readable(Path(self.costs_file).expanduser(), "costs_file", self.costs_file)
-        if (self.gamma is None) == (self.budget is None):
-            raise ConfigError("give exactly one of `gamma` or `budget`", field="gamma",
-                              value={"gamma": self.gamma, "budget": self.budget})
-        if self.gamma is not None and (not math.isfinite(self.gamma) or self.gamma < 0):
-            raise ConfigError("must be a finite number >= 0", field="gamma", value=self.gamma)
+        forms = {"gamma": self.gamma, "gamma_ratio": self.gamma_ratio, "budget": self.budget}
+        if sum(v is not None for v in forms.values()) != 1:
+            raise ConfigError("give exactly one of `gamma`, `gamma_ratio` or `budget`", field="gamma", value=forms)
+        for name in ("gamma", "gamma_ratio"):
+            value = getattr(self, name)
+            if value is not None and (not math.isfinite(value) or value < 0):
+                raise ConfigError("must be a finite number >= 0", field=name, value=value)
         if self.budget is not None and (not math.isfinite(self.budget) or self.budget <= 0):
             raise ConfigError("must be a finite number > 0", field="budget", value=self.budget)
         if self.tol is not None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.util
+import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,16 +21,16 @@ from convalue.engine.data.examples import DataError, Example, Group
 from convalue.engine.model.loading import checked_folder
 
 if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-    Encoder = tuple[PreTrainedTokenizerBase, PreTrainedModel]
 
 log = logging.getLogger("convalue")
 
 #: embed(texts, model_dir) -> float32 [len(texts), d] unit-norm rows
 Embed = Callable[[list[str], Path], np.ndarray]
-#: tokens of a text the encoder sees (all-MiniLM-L6-v2's own max_seq_length)
+#: tokens of a text a bare encoder sees (all-MiniLM-L6-v2's own max_seq_length)
 MAX_LENGTH = 256
+EMBEDDINGS_EXTRA = "pip install 'convalue[embeddings]'"
 
 
 def embedding_dir(name: str) -> Path:
@@ -46,38 +49,107 @@ def example_text(ex: Example) -> str:
     return "\n".join(content for _, content in ex.messages)
 
 
-def load_encoder(model_dir: Path) -> Encoder:
-    """(tokenizer, model) of a Hugging Face encoder folder, in eval mode."""
-    from transformers import AutoModel, AutoTokenizer
+@contextlib.contextmanager
+def _quiet_loading() -> Iterator[None]:
+    """transformers' weight-loading bar off while loading (it would land amid the run's log lines)."""
     from transformers.utils import logging as hf_logging
 
     bar = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # a weight-loading bar amid the run's log lines
+    hf_logging.disable_progress_bar()
     try:
-        return AutoTokenizer.from_pretrained(model_dir), AutoModel.from_pretrained(model_dir).eval()
-    except (OSError, ValueError) as exc:
-        raise DataError(f"embedding model {model_dir}: cannot be loaded as a Hugging Face encoder ({exc})") from None
+        yield
     finally:
         if bar:
             hf_logging.enable_progress_bar()
 
 
-def encode(encoder: Encoder, texts: list[str], *, batch_size: int = 64, max_length: int = MAX_LENGTH) -> np.ndarray:
-    """Unit-norm mean-pooled embeddings, one float32 row per text (texts batched by length)."""
-    import torch
+@dataclass(frozen=True, eq=False)
+class MeanPooling:
+    """A bare Hugging Face encoder: mean of the last hidden states over a text's tokens (MAX_LENGTH), unit norm."""
 
-    tokenizer, model = encoder
-    order = np.argsort([len(t) for t in texts], kind="stable")  # similar lengths share a batch: less padding
-    out = np.empty((len(texts), model.config.hidden_size), np.float32)
-    with torch.inference_mode():
-        for start in range(0, len(texts), batch_size):
-            idx = order[start : start + batch_size]
-            enc = tokenizer([texts[i] for i in idx], padding=True, truncation=True, max_length=max_length,
-                            return_tensors="pt")
-            mask = enc["attention_mask"].unsqueeze(-1).to(torch.float32)
-            pooled = (model(**enc).last_hidden_state * mask).sum(1) / mask.sum(1).clamp(min=1.0)
-            out[idx] = torch.nn.functional.normalize(pooled, dim=-1).numpy()
-    return out
+    tokenizer: PreTrainedTokenizerBase
+    model: PreTrainedModel
+
+    def encode(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
+        """Unit-norm mean-pooled embeddings, one float32 row per text (texts batched by length)."""
+        import torch
+
+        order = np.argsort([len(t) for t in texts], kind="stable")  # similar lengths share a batch: less padding
+        out = np.empty((len(texts), self.model.config.hidden_size), np.float32)
+        with torch.inference_mode():
+            for start in range(0, len(texts), batch_size):
+                idx = order[start : start + batch_size]
+                enc = self.tokenizer([texts[i] for i in idx], padding=True, truncation=True, max_length=MAX_LENGTH,
+                                     return_tensors="pt")
+                mask = enc["attention_mask"].unsqueeze(-1).to(torch.float32)
+                pooled = (self.model(**enc).last_hidden_state * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+                out[idx] = torch.nn.functional.normalize(pooled, dim=-1).numpy()
+        return out
+
+
+@dataclass(frozen=True, eq=False)
+class SentenceEncoder:
+    """A sentence-transformers folder, encoded with its own modules (pooling, normalisation, length, prompts)."""
+
+    model: SentenceTransformer
+
+    def encode(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
+        """Embeddings as the folder's modules make them, as unit-norm float32 rows."""
+        X = np.asarray(self.model.encode(texts, batch_size=batch_size, convert_to_numpy=True,
+                                         show_progress_bar=False), np.float32)
+        norms = np.linalg.norm(X, axis=1, keepdims=True)
+        return X / np.where(norms > 0, norms, 1.0)
+
+
+def _mean_pooled_st(model_dir: Path) -> bool:
+    """Whether a sentence-transformers folder is a transformer, mean pooling and (optionally) normalisation only."""
+    try:
+        modules = json.loads((model_dir / "modules.json").read_text(encoding="utf-8"))
+        kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
+        pooling = next(m for m in modules if m["type"].endswith("Pooling"))
+        cfg = json.loads((model_dir / pooling["path"] / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, StopIteration):
+        return False
+    mean = cfg.get("pooling_mode_mean_tokens") is True or cfg.get("pooling_mode") == "mean"
+    return mean and set(kinds) <= {"Transformer", "Pooling", "Normalize"}
+
+
+def encoder_kind(model_dir: Path) -> tuple[str, str | None]:
+    """How an encoder folder is read, `sentence-transformers` or `mean pooling`, with a warning where that is an
+    assumption (a bare folder) or a fallback (sentence-transformers not installed)."""
+    bare = (f"{model_dir}: no modules.json (not a sentence-transformers folder): embedded by mean pooling of the last "
+            f"hidden states over at most {MAX_LENGTH} tokens, normalised to unit length; an encoder trained with "
+            "another pooling (its CLS token, say) should be saved with sentence-transformers")
+    if not (model_dir / "modules.json").is_file():
+        return "mean pooling", bare
+    if importlib.util.find_spec("sentence_transformers") is not None:
+        return "sentence-transformers", None
+    if _mean_pooled_st(model_dir):
+        return "mean pooling", (f"{model_dir}: sentence-transformers is not installed ({EMBEDDINGS_EXTRA}); this "
+                                "folder's modules are mean pooling and normalisation, which convalue reproduces")
+    raise DataError(f"embedding model {model_dir}: its sentence-transformers modules (modules.json) need the "
+                    f"sentence-transformers package: {EMBEDDINGS_EXTRA}")
+
+
+def load_encoder(model_dir: Path) -> MeanPooling | SentenceEncoder:
+    """The encoder of a folder (see encoder_kind), in eval mode on the CPU."""
+    kind = encoder_kind(model_dir)[0]
+    try:
+        with _quiet_loading():
+            if kind == "sentence-transformers":
+                from sentence_transformers import SentenceTransformer
+
+                return SentenceEncoder(SentenceTransformer(str(model_dir), device="cpu"))
+            from transformers import AutoModel, AutoTokenizer
+
+            return MeanPooling(AutoTokenizer.from_pretrained(model_dir), AutoModel.from_pretrained(model_dir).eval())
+    except (OSError, ValueError, KeyError) as exc:
+        raise DataError(f"embedding model {model_dir}: cannot be loaded as a Hugging Face encoder ({exc})") from None
+
+
+def encode(encoder: MeanPooling | SentenceEncoder, texts: list[str], *, batch_size: int = 64) -> np.ndarray:
+    """Unit-norm embeddings, one float32 row per text."""
+    return encoder.encode(texts, batch_size)
 
 
 def embed_texts(texts: list[str], model_dir: Path) -> np.ndarray:
@@ -86,10 +158,16 @@ def embed_texts(texts: list[str], model_dir: Path) -> np.ndarray:
 
 
 def embedding_key(texts: list[str], model_dir: Path) -> str:
-    """Content hash of an embedding job: the encoder folder's files and every text (in order)."""
-    h = hashlib.sha256(f"max_length={MAX_LENGTH}".encode())
-    for f in sorted(p for p in model_dir.iterdir() if p.is_file()):
-        h.update(f.name.encode())
+    """Content hash of an embedding job: how the folder is read, its files and every text (in order)."""
+    if encoder_kind(model_dir)[0] == "sentence-transformers":  # its modules' configs are in subfolders
+        h = hashlib.sha256(b"sentence-transformers")
+        files = sorted((p for p in model_dir.rglob("*") if p.is_file() and ".git" not in p.parts),
+                       key=lambda p: p.relative_to(model_dir).as_posix())
+    else:
+        h = hashlib.sha256(f"max_length={MAX_LENGTH}".encode())
+        files = sorted(p for p in model_dir.iterdir() if p.is_file())
+    for f in files:
+        h.update(f.relative_to(model_dir).as_posix().encode())
         with f.open("rb") as fh:  # (hashlib.file_digest needs Python 3.11)
             for block in iter(lambda fh=fh: fh.read(1 << 20), b""):
                 h.update(block)
@@ -168,7 +246,11 @@ def cluster_pool(groups: dict[str, Group], k: int, embedding: str, seed: int, pr
                else f"{distinct} distinct examples (of {len(examples)})")
         raise DataError(f"source {prefix!r}: clusters={k} but the pool has only {has}; lower clusters")
     t0 = time.perf_counter()
-    X = (embed or embed_texts)(texts, embedding_dir(embedding))
+    model_dir = embedding_dir(embedding)
+    kind, note = encoder_kind(model_dir)
+    if note:
+        log.warning("%s", note)
+    X = (embed or embed_texts)(texts, model_dir)
     t1 = time.perf_counter()
     labels = kmeans_labels(X, k, seed)
     n = int(labels.max()) + 1
@@ -182,7 +264,7 @@ def cluster_pool(groups: dict[str, Group], k: int, embedding: str, seed: int, pr
         out[name] = Group(name, [examples[i] for i in rows], f"{prefix} (cluster {j} of {k} by {embedding})",
                           [members[i] for i in rows])
     sizes = np.bincount(labels)
-    log.info("source %r: %d examples in %d clusters (sizes %d-%d, median %d); embedding %.1f s, k-means %.1f s",
-             prefix, len(examples), n, sizes.min(), sizes.max(), int(np.median(sizes)), t1 - t0,
+    log.info("source %r: %d examples in %d clusters (sizes %d-%d, median %d); embedding (%s) %.1f s, k-means %.1f s",
+             prefix, len(examples), n, sizes.min(), sizes.max(), int(np.median(sizes)), kind, t1 - t0,
              time.perf_counter() - t1)
     return out

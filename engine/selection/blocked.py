@@ -69,6 +69,7 @@ class TileResult:
     beta: np.ndarray | None = None
     raw_dot: np.ndarray | None = None  # X_i g_tar (Euclidean), for the one-step cosine
     raw_norm2: np.ndarray | None = None
+    diag: np.ndarray | None = None  # K_ii in the metric
     node: str = ""
     bytes_moved: int = 0
 
@@ -81,7 +82,8 @@ def tile(i: int, j: int, Xi: np.ndarray, Xj: np.ndarray | None, g: np.ndarray, r
         Mj = Xj if root is None else Xj * root
         return TileResult(i, j, Mi @ Mj.T)
     gm = g if root is None else np.divide(g, root, out=np.zeros_like(g), where=root > 0)
-    return TileResult(i, i, Mi @ Mi.T, beta=Mi @ gm, raw_dot=Xi @ g, raw_norm2=np.einsum("ij,ij->i", Xi, Xi))
+    return TileResult(i, i, Mi @ Mi.T, beta=Mi @ gm, raw_dot=Xi @ g, raw_norm2=np.einsum("ij,ij->i", Xi, Xi),
+                      diag=np.einsum("ij,ij->i", Mi, Mi))
 
 
 @dataclass
@@ -93,6 +95,7 @@ class GramResult:
     cosine: np.ndarray
     row_norm2: np.ndarray
     M: np.ndarray | None
+    diag: np.ndarray | None = None  # K_ii in the metric (the gradient-space solve's normalisation and gamma_max)
     stats: dict = field(default_factory=dict)
 
 
@@ -100,14 +103,14 @@ def assemble(n: int, panels: list[Panel], tiles: list[TileResult], g: np.ndarray
              M: np.ndarray | None = None) -> GramResult:
     """K, beta and the cosine of n rows from the tiles of `panels` (each pair i <= j once)."""
     K = np.empty((n, n)) if with_K else None
-    beta, dot, norm2 = np.empty(n), np.empty(n), np.empty(n)
+    beta, dot, norm2, diag = np.empty(n), np.empty(n), np.empty(n), np.empty(n)
     for t in tiles:
         pi, pj = panels[t.i].positions, panels[t.j].positions
         if K is not None:
             K[np.ix_(pi, pj)] = t.K
             K[np.ix_(pj, pi)] = t.K.T
         if t.beta is not None:
-            beta[pi], dot[pi], norm2[pi] = t.beta, t.raw_dot, t.raw_norm2
+            beta[pi], dot[pi], norm2[pi], diag[pi] = t.beta, t.raw_dot, t.raw_norm2, t.diag
     norms = np.sqrt(norm2) * float(np.linalg.norm(g))
     cos = np.divide(dot, norms, out=np.zeros(n), where=norms > 0)
     nodes: dict[str, int] = {}
@@ -116,7 +119,11 @@ def assemble(n: int, panels: list[Panel], tiles: list[TileResult], g: np.ndarray
     stats = {"panels": len(panels), "tiles": len(tiles), "tiles_per_node": nodes,
              "bytes_moved": int(sum(t.bytes_moved for t in tiles)),
              "bytes_read": int(sum(panels[t.i].nbytes + (panels[t.j].nbytes if t.j != t.i else 0) for t in tiles))}
-    return GramResult(K=K, beta=beta, cosine=cos, row_norm2=norm2, M=M, stats=stats)
+    if len(tiles) <= 64:  # where each tile ran, against where its blocks lived
+        stats["tile_detail"] = [{"i": t.i, "j": t.j, "node": t.node, "bytes_moved": int(t.bytes_moved),
+                                 "block_nodes": sorted({b.node or "" for b in panels[t.i].blocks + panels[t.j].blocks})}
+                                for t in tiles]
+    return GramResult(K=K, beta=beta, cosine=cos, row_norm2=norm2, M=M, stats=stats, diag=diag)
 
 
 def fisher_root(col_sq_sums: list[np.ndarray], n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -24,11 +24,21 @@ class KMMProblemData:
     M: np.ndarray | None  # the diagonal Fisher metric's weights (None: Euclidean)
 
 
+def _diag(problem: KMMProblemData) -> np.ndarray:
+    """diag(K) of a problem: from K, else the squared row norms of the vectors."""
+    return np.diag(problem.K) if problem.K is not None else np.einsum("ij,ij->i", problem.G, problem.G)
+
+
 @dataclass(frozen=True, eq=False)
 class SolveSpec:
-    """The form (gamma or budget), solver settings, metric and space a run solves KMM with."""
+    """The form (gamma, gamma_ratio or budget), solver settings, metric and space a run solves KMM with.
+
+    gamma_ratio: gamma as a fraction of gamma_max(beta, diag K), the smallest gamma whose scores are all zero;
+    every solve turns it into the absolute gamma of its own problem (KMMSolution.gamma is that value).
+    """
 
     gamma: float | None = None
+    gamma_ratio: float | None = None
     budget: float | None = None
     method: str = "auto"
     normalize: str = "none"
@@ -42,8 +52,8 @@ class SolveSpec:
     def from_config(cls, cfg: Any, *, costs: np.ndarray | None, rank_bound: int | None, space: str) -> SolveSpec:
         """The spec of a run config (cfg: RunConfig), with its prices, K's rank bound (p) and the chosen space."""
         s = cfg.solver
-        return cls(gamma=s.gamma, budget=s.budget, method=s.method, normalize=s.normalize, tol=s.tol, costs=costs,
-                   rank_bound=rank_bound, metric=cfg.features.metric, space=space)
+        return cls(gamma=s.gamma, gamma_ratio=s.gamma_ratio, budget=s.budget, method=s.method, normalize=s.normalize,
+                   tol=s.tol, costs=costs, rank_bound=rank_bound, metric=cfg.features.metric, space=space)
 
     def replace(self, **changes: Any) -> SolveSpec:
         """A copy with some fields changed."""
@@ -57,6 +67,34 @@ class SolveSpec:
             return KMMProblemData(beta=beta, K=None, G=Gm, g_tar=gm, M=M)
         return KMMProblemData(beta=beta, K=Gm @ Gm.T, G=None, g_tar=None, M=M)
 
+    def gamma_max(self, beta: np.ndarray, diag: np.ndarray | None) -> float:
+        """The smallest gamma at which every score is zero: max_i |beta_i| / (c_i sqrt(K_ii)), the beta the solver
+        sees (sqrt(K_ii) with `normalize: cosine` only; the prices c_i where there are any)."""
+        b = np.abs(np.asarray(beta, np.float64))
+        if self.normalize == "cosine":  # diag is needed only here
+            d = np.sqrt(np.asarray(diag, np.float64))
+            b = np.divide(b, d, out=np.zeros_like(b), where=d > 0)  # a zero row is refused by the solver itself
+        if self.costs is not None:
+            b = b / np.asarray(self.costs, np.float64)
+        return float(b.max()) if b.size else 0.0
+
+    def absolute_gamma(self, problem: KMMProblemData) -> float | None:
+        """The gamma a solve of this problem uses: gamma, or gamma_ratio * gamma_max (None: the budget form)."""
+        if self.gamma_ratio is None:
+            return self.gamma
+        return self._gamma(problem.beta, _diag(problem))
+
+    def resolved(self, beta: np.ndarray, diag: np.ndarray | None) -> SolveSpec:
+        """This spec with gamma_ratio turned into the absolute gamma of the problem with this beta and diag(K) (row
+        norms squared, in the run's metric; used with `normalize: cosine` only): what a bootstrap or a re-solve should
+        reuse. Itself without a ratio."""
+        if self.gamma_ratio is None:
+            return self
+        return self.replace(gamma=self._gamma(beta, diag), gamma_ratio=None)
+
+    def _gamma(self, beta: np.ndarray, diag: np.ndarray | None) -> float | None:
+        return self.gamma if self.gamma_ratio is None else self.gamma_ratio * self.gamma_max(beta, diag)
+
     def solve(self, problem: KMMProblemData) -> KMMSolution:
         """Solve a problem in the run's space; raises on a failed solve."""
         if problem.K is not None:
@@ -65,12 +103,15 @@ class SolveSpec:
 
     def solve_gram(self, K: np.ndarray, beta: np.ndarray) -> KMMSolution:
         """solve_kmm on K and beta with these settings."""
-        return solve_kmm(K, beta, gamma=self.gamma, budget=self.budget, costs=self.costs, method=self.method,
-                         normalize=self.normalize, rank_bound=self.rank_bound, tol=self.tol)
+        return solve_kmm(K, beta, gamma=self._gamma(beta, np.diag(K)), budget=self.budget, costs=self.costs,
+                         method=self.method, normalize=self.normalize, rank_bound=self.rank_bound, tol=self.tol)
 
     def solve_vectors(self, G: np.ndarray, g_tar: np.ndarray) -> KMMSolution:
         """solve_kmm_gradients from vectors already in the run's metric (K formed only on active sets)."""
-        return solve_kmm_gradients(G, g_tar, gamma=self.gamma, budget=self.budget, costs=self.costs,
+        gamma = self.gamma
+        if self.gamma_ratio is not None:
+            gamma = self._gamma(G @ g_tar, np.einsum("ij,ij->i", G, G) if self.normalize == "cosine" else None)
+        return solve_kmm_gradients(G, g_tar, gamma=gamma, budget=self.budget, costs=self.costs,
                                    normalize=self.normalize, tol=self.tol)
 
     def scores(self, G: np.ndarray, g_tar: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -138,7 +138,7 @@ def start_workers(spec, n_workers: int, warmup: list, num_gpus: float = 0.0) -> 
     workers = [GradientWorker.options(num_cpus=1, num_gpus=num_gpus).remote(spec) for _ in range(n_workers)]
     ray.get([w.info.remote() for w in workers])
     startup = time.perf_counter() - t0
-    ray.get([w.featurize.remote(warmup) for w in workers])
+    ray.get([w.featurize.remote(warmup, ["warm-up"] * len(warmup))[0] for w in workers])
     return workers, startup
 
 
@@ -146,17 +146,24 @@ def time_blocks(workers: list, blocks: list) -> tuple[float, dict[str, np.ndarra
     """(seconds, vectors by group, each worker's busy seconds, each block's seconds in the order of `blocks`) of
     `blocks` on `workers`, dispatched as the pipeline does (longest first, to the worker with the fewest
     outstanding tokens, two calls in flight each)."""
+    import ray
+
     from convalue.actors.pool import windowed
     from convalue.engine.features.batching import block_tokens
 
     index = {id(b): i for i, b in enumerate(blocks)}
     t0 = time.perf_counter()
-    out, busy, per_block = {}, {}, [0.0] * len(blocks)
-    for block, (names, X, stats, _) in windowed(workers, blocks, lambda w, b: w.featurize.remote(b),
-                                                2 * len(workers), cost=block_tokens):
-        out.update(zip(names, X))
-        busy[stats["pid"]] = busy.get(stats["pid"], 0.0) + stats["seconds"]
-        per_block[index[id(block)]] = stats["seconds"]
+    out, busy, per_block, arrays = {}, {}, [0.0] * len(blocks), {}
+
+    def call(w, b):  # the block's metadata now, its vectors by reference (as the pipeline keeps them)
+        meta, X = w.featurize.remote(b, [it.name for it in b])
+        arrays[id(b)] = X
+        return meta
+
+    for block, done in windowed(workers, blocks, call, 2 * len(workers), cost=block_tokens):
+        out.update(zip(done.names, ray.get(arrays.pop(id(block)))))
+        busy[done.stats["pid"]] = busy.get(done.stats["pid"], 0.0) + done.stats["seconds"]
+        per_block[index[id(block)]] = done.stats["seconds"]
     return time.perf_counter() - t0, out, sorted(busy.values()), per_block
 
 

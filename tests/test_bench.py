@@ -44,3 +44,16 @@ def test_bootstrap_bench_spreads_the_same_resamples_and_ends_with_json():
     figures = bench_json("bootstrap.py", "--case", "40x64", "--m", "4", "--samples", "5", "--repeats", "1")
     assert figures["bench"] == "bootstrap" and figures["samples"] == 5 and figures["workers"] == 2
     assert figures["same_resamples"]  # one actor and two give the same resamples, bit for bit up to 1e-9
+
+
+def test_gram_bench_agrees_with_the_product_and_ends_with_json():
+    figures = bench_json("gram.py", "--n", "600", "--p", "64", "--block-rows", "32", "--rounds", "1")
+    (case,) = figures["results"]
+    assert case["n"] == 600 and case["max_rel_diff"] < 1e-12 and case["blocked_s"] > 0
+
+
+def test_scale_bench_values_a_pool_through_the_cli_and_ends_with_json(tmp_path):
+    figures = bench_json("scale.py", "--n", "400", "--p", "32", "--gamma-ratio", "0.05", "--workdir", str(tmp_path))
+    (case,) = figures["results"]
+    assert case["status"] == "complete" and case["kkt"] < 1e-6 and case["peak_rss_gb"] > 0
+    assert set(case["stages"]) >= {"import", "gram", "solve", "total"}

@@ -36,6 +36,22 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("run_dir")
     t.add_argument("--json", action="store_true", help="print the status as one JSON object")
     t.add_argument("--quick", action="store_true", help="check that the vector blocks exist, without hashing them")
+    sc = sub.add_parser("score", help="value vectors that already exist (a Parquet of group, vector rows, or an "
+                                      "earlier run folder) without a model: Gram, KMM, selection, report")
+    sc.add_argument("vectors", help="Parquet file (columns group, vector[, n_examples]) or run folder; local or URI")
+    sc.add_argument("--target", help="the target vector: a .npy or a one-row Parquet with column vector")
+    sc.add_argument("--target-group", default="__target__", help="else the row of VECTORS with this group name")
+    form = sc.add_mutually_exclusive_group(required=True)
+    form.add_argument("--gamma", type=float, help="penalised form with this gamma")
+    form.add_argument("--gamma-ratio", type=float, help="penalised form, gamma as a fraction of gamma_max")
+    form.add_argument("--budget", type=float, help="budget form ||w||_1 <= BUDGET")
+    sc.add_argument("--normalize", choices=["none", "cosine"], default="cosine")
+    sc.add_argument("--metric", choices=["euclidean", "diag_fisher"], default="euclidean")
+    sc.add_argument("--space", choices=["auto", "gram", "gradients"], default="auto")
+    sc.add_argument("--k", type=int, default=3, help="select the top-k positive groups")
+    sc.add_argument("--out", default="runs", help="parent folder of the run folder (local or URI)")
+    sc.add_argument("--name", default="scored", help="run folder name")
+    sc.add_argument("--overwrite", action="store_true", help="import the vectors afresh")
     rep = sub.add_parser("report", help="write RUN_DIR/report.html again (one self-contained page) and print its path")
     rep.add_argument("run_dir")
     ls = sub.add_parser("list", help="list the runs under RUNS_DIR with their status, target and top picks")
@@ -134,6 +150,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nsolver: {summary.solver.describe()}")
             print("timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in summary.timings_s.items()))
             print(f"outputs: {run_dir}/")
+            return 0
+        if args.command == "score":
+            from convalue.engine.driver.score import ScoreRequest, score
+
+            summary = score(ScoreRequest(
+                vectors=args.vectors, out=args.out, name=args.name, target=args.target, target_group=args.target_group,
+                gamma=args.gamma, gamma_ratio=args.gamma_ratio, budget=args.budget, normalize=args.normalize,
+                metric=args.metric, space=args.space, k=args.k, overwrite=args.overwrite))
+            print("\n".join(summary.ranking[:32]))
+            print(f"\nselected (top-{args.k} with positive score): {', '.join(summary.selected) or 'none'}")
+            print(f"solver: {summary.solver.describe()}")
+            print("timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in summary.timings_s.items()))
             return 0
         if args.command == "solve":
             from convalue.engine.driver.resolve import resolve

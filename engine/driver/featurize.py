@@ -56,6 +56,22 @@ class FeaturizeResult:
     g_tar: np.ndarray
     stats: FeaturizeStats
 
+    @classmethod
+    def of(cls, names: list[str], found: dict[str, tuple[str, int]], refs: dict[str, ray.ObjectRef],
+           nodes: dict[str, tuple[str | None, int]], stats: FeaturizeStats) -> FeaturizeResult:
+        """The result for candidates `names` whose rows are `found` (group -> (block file, row)) in blocks `refs`
+        living on `nodes` (file -> (node, bytes)); the target's row is fetched, nothing else."""
+        position = {n: i for i, n in enumerate(names)}
+        by_file: dict[str, list[tuple[int, int]]] = {}
+        for name in names:
+            file, row = found[name]
+            by_file.setdefault(file, []).append((row, position[name]))
+        blocks = [BlockRows(file, tuple(r for r, _ in rows), tuple(p for _, p in rows), *nodes[file])
+                  for file, rows in by_file.items()]
+        file, row = found[TARGET_KEY]
+        g_tar = np.asarray(ray.get(refs[file])[row], np.float64)
+        return cls(names=names, blocks=blocks, refs=refs, g_tar=g_tar, stats=stats)
+
 
 def fingerprint(cfg: RunConfig, model_digest: str) -> dict:
     """What stored vectors depend on besides each group's preview (that is in the per-group key)."""
@@ -95,7 +111,7 @@ def featurize(cfg: RunConfig, spec: ReplicaSpec, data: PreparedData, store: Vect
     refs: dict[str, ray.ObjectRef] = {}
     nodes: dict[str, tuple[str | None, int]] = {}  # block file -> (node of its array, bytes)
     if reused:
-        _reuse(store, reused, keys, found, refs, nodes)
+        reuse_blocks(store, reused, keys, found, refs, nodes)
         lost = [it for it in items if it.name in set(reused) and it.name not in found]
         todo += lost  # in a block that failed its checksum when read back: computed again
         reused = [n for n in reused if n in found]
@@ -105,20 +121,10 @@ def featurize(cfg: RunConfig, spec: ReplicaSpec, data: PreparedData, store: Vect
     if todo:
         _compute(cfg, spec, todo, keys, store, progress, stats, found, refs, nodes)
     store.mark_complete([it.name for it in items])
-    names = data.names()
-    position = {n: i for i, n in enumerate(names)}
-    by_file: dict[str, list[tuple[int, int]]] = {}
-    for name in names:
-        file, row = found[name]
-        by_file.setdefault(file, []).append((row, position[name]))
-    blocks = [BlockRows(file, tuple(r for r, _ in rows), tuple(p for _, p in rows), *nodes[file])
-              for file, rows in by_file.items()]
-    file, row = found[TARGET_KEY]
-    g_tar = np.asarray(ray.get(refs[file])[row], np.float64)
-    return FeaturizeResult(names=names, blocks=blocks, refs=refs, g_tar=g_tar, stats=stats)
+    return FeaturizeResult.of(data.names(), found, refs, nodes, stats)
 
 
-def _reuse(store: VectorStore, reused: list[str], keys: dict[str, str], found: dict, refs: dict,
+def reuse_blocks(store: VectorStore, reused: list[str], keys: dict[str, str], found: dict, refs: dict,
            nodes: dict) -> None:
     """Stored blocks holding the reused groups, each read into the object store by a task on a node that reaches
     the store (the driver's node for a local folder)."""

@@ -68,14 +68,15 @@ def solver_space(cfg: RunConfig, n: int) -> str:
     return "gradients" if n > GRADIENT_SPACE_MIN_N else "gram"
 
 
-def check_nonzero(cfg: RunConfig, names: list[str], row_norm2: np.ndarray, g_tar: np.ndarray) -> None:
+def check_nonzero(cfg: RunConfig | None, names: list[str], row_norm2: np.ndarray, g_tar: np.ndarray) -> None:
     """Refuse all-zero group vectors (a zero vector has no direction to value), saying why they arise."""
     zero = (["the target"] if not np.any(g_tar) else []) + [n for n, r in zip(names, row_norm2) if r == 0]
     if not zero:
         return
     why = ("every prompt's completions got the same reward, so every advantage is 0: raise "
            "features.grpo_generations or grpo_temperature, or use a reward that separates completions"
-           if cfg.features.representation == "grpo" else "the loss does not depend on the featurised parameters")
+           if cfg is not None and cfg.features.representation == "grpo" else
+           "the loss does not depend on the featurised parameters" if cfg is not None else "an all-zero vector")
     raise ValueError(f"group vector is exactly zero for {zero[:10]} ({len(zero)} in all): {why}")
 
 
@@ -111,10 +112,15 @@ def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) 
         session.close()
 
 
-def gram_stage(spec: SolveSpec, features: FeaturizeResult, cfg: RunConfig, summary: RunSummary) -> GramResult:
+def gram_stage_of(spec: SolveSpec, features: FeaturizeResult) -> GramResult:
     """beta, the cosine and (in Gram space) K = G G^T in the run's metric, from tile tasks over the stored blocks."""
-    gram = build_gram(features.blocks, features.refs, len(features.names), features.g_tar, spec.metric,
+    return build_gram(features.blocks, features.refs, len(features.names), features.g_tar, spec.metric,
                       with_K=spec.space == "gram")
+
+
+def gram_stage(spec: SolveSpec, features: FeaturizeResult, cfg: RunConfig, summary: RunSummary) -> GramResult:
+    """gram_stage_of, with the run's checks and the metric's record in the summary."""
+    gram = gram_stage_of(spec, features)
     check_nonzero(cfg, features.names, gram.row_norm2, features.g_tar)
     if gram.M is not None:
         summary.metric = {"kind": cfg.features.metric, "support": int(np.count_nonzero(gram.M)),

@@ -63,6 +63,21 @@ def connect(cfg: RunConfig, addr: str | None) -> bool:
     return True
 
 
+def connect_default() -> bool:
+    """Join RAY_ADDRESS's cluster, or start an embedded one sized to this machine (for commands without a run
+    config, such as `convalue score`); True if this call started Ray."""
+    if ray.is_initialized():
+        return False
+    if address := os.environ.get("RAY_ADDRESS"):
+        check_reachable(address, "RAY_ADDRESS")
+        ray.init(address=address)
+    else:
+        ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": WORKER_ENV})
+    signals.install()
+    return True
+
+
 class RaySession:
     """The run's Ray: connected once, when a stage first needs it; shut down at the end only if the run started it."""
 

@@ -1,0 +1,236 @@
+"""`convalue score VECTORS`: value a pool whose vectors already exist — a Parquet of (group, vector) rows made by
+another tool, or an earlier run's folder — without loading a model: the vectors are imported into a new run
+folder's store as blocks (streamed, never all in memory), then the Gram (or the gradient-space problem), the KMM
+solve, the selection, scores.parquet, summary.json and report.html follow as in a run."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from convalue.engine.data.prepare import TARGET_KEY
+from convalue.engine.driver.featurize import FeaturizeResult, FeaturizeStats, reuse_blocks
+from convalue.engine.driver.session import Timer
+from convalue.engine.report.summary import RunSummary, SolverRecord
+from convalue.engine.report.tables import (
+    format_ranking,
+    package_versions,
+    scores_table,
+    write_npy,
+    write_parquet,
+)
+from convalue.engine.selection.select import select_top_k
+from convalue.engine.selection.solve import SolveSpec
+from convalue.engine.store.errors import StoreError
+from convalue.engine.store.folder import RunFolder, as_folder
+from convalue.engine.store.locks import run_folder_lock
+from convalue.engine.store.vectors import VectorStore
+
+log = logging.getLogger("convalue")
+IMPORT_BLOCK_ROWS = 1024  # rows per imported block (and per Parquet batch read)
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    """What `convalue score` values and how."""
+
+    vectors: str  # a Parquet file (group, vector[, n_examples]) or an earlier run folder, local or URI
+    out: str
+    name: str
+    target: str | None = None  # a .npy or one-row Parquet (vector) file; None: the `target_group` row, or a run's
+    target_group: str = TARGET_KEY
+    gamma: float | None = None
+    gamma_ratio: float | None = None
+    budget: float | None = None
+    normalize: str = "cosine"
+    metric: str = "euclidean"
+    space: str = "auto"
+    k: int = 3
+    overwrite: bool = False
+
+
+def _vector_array(column: pa.ChunkedArray | pa.Array, where: str) -> np.ndarray:
+    """A list or fixed-size-list column of floats as an [rows, p] float32 array (ragged rows refused)."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if pa.types.is_fixed_size_list(arr.type):
+        return arr.flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(len(arr), arr.type.list_size)
+    if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)):
+        raise StoreError(f"{where}: column `vector` must be a list of numbers, got {arr.type}")
+    lengths = np.diff(arr.offsets.to_numpy())
+    if len(lengths) and (lengths.min() != lengths.max() or lengths.min() == 0):
+        raise StoreError(f"{where}: rows of `vector` have lengths {int(lengths.min())}..{int(lengths.max())}; "
+                         "every vector must have the same dimension p > 0")
+    p = int(lengths[0]) if len(lengths) else 0
+    return arr.flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(len(arr), p)
+
+
+def _parquet_batches(source: RunFolder, name: str) -> Iterator[tuple[list[str], np.ndarray, list[int]]]:
+    """(groups, vectors, n_examples) of a vectors Parquet, IMPORT_BLOCK_ROWS rows at a time."""
+    where = source / name
+    with source.fs.open_input_file(source.path(name)) as fh:
+        pf = pq.ParquetFile(fh)
+        missing = [c for c in ("group", "vector") if c not in pf.schema_arrow.names]
+        if missing:
+            raise StoreError(f"{where}: missing column(s) {missing} (expected group, vector[, n_examples])")
+        cols = ["group", "vector"] + (["n_examples"] if "n_examples" in pf.schema_arrow.names else [])
+        for batch in pf.iter_batches(batch_size=IMPORT_BLOCK_ROWS, columns=cols):
+            groups = batch.column("group").to_pylist()
+            if any(not isinstance(g, str) or not g for g in groups):
+                raise StoreError(f"{where}: column `group` must hold non-empty names")
+            X = _vector_array(batch.column("vector"), str(where))
+            if not np.all(np.isfinite(X)):
+                raise StoreError(f"{where}: non-finite values in the vectors of {groups[:5]}...")
+            n = batch.column("n_examples").to_pylist() if "n_examples" in cols else [0] * len(groups)
+            yield groups, X, [int(v or 0) for v in n]
+
+
+def _run_batches(source: RunFolder) -> Iterator[tuple[list[str], np.ndarray, list[int]]]:
+    """The vectors of an earlier run's store, block by block."""
+    store = VectorStore.reader(source.sub("vectors"))
+    for meta in store.blocks.values():
+        X, counts = store.load(meta.groups)
+        yield meta.groups, X, [counts[g] for g in meta.groups]
+
+
+def _target(req: ScoreRequest) -> np.ndarray | None:
+    """The target vector from --target (None: a row of the vectors is the target)."""
+    if req.target is None:
+        return None
+    folder, name = as_folder(req.target.rsplit("/", 1)[0] or "."), req.target.rsplit("/", 1)[-1]
+    if name.endswith(".npy"):
+        import io
+
+        g = np.load(io.BytesIO(folder.read_bytes(name)), allow_pickle=False)
+    else:
+        g = _vector_array(pq.read_table(pa.BufferReader(folder.read_bytes(name)), columns=["vector"]).column("vector"),
+                          req.target)
+    g = np.asarray(g, np.float32).reshape(-1) if np.ndim(g) == 1 or len(g) == 1 else None
+    if g is None or not np.all(np.isfinite(g)):
+        raise StoreError(f"{req.target}: the target must be one finite vector")
+    return g
+
+
+def import_vectors(req: ScoreRequest, store: VectorStore) -> tuple[list[str], int]:
+    """Write the request's vectors (and target) into store as blocks; (candidate names in file order, p)."""
+    source = as_folder(req.vectors)
+    is_run = source.is_dir() and source.sub("vectors").is_file("manifest.json")
+    if is_run:
+        batches = _run_batches(source)
+    else:
+        folder, name = as_folder(req.vectors.rsplit("/", 1)[0] or "."), req.vectors.rsplit("/", 1)[-1]
+        if not folder.is_file(name):
+            raise FileNotFoundError(f"{req.vectors}: no such vectors file or run folder")
+        batches = _parquet_batches(folder, name)
+    g = _target(req)
+    names, seen, p = [], set(), None
+    for groups, X, counts in batches:
+        if dupes := sorted(n for n in groups if n in seen):
+            raise StoreError(f"{req.vectors}: group {dupes[0]!r} appears twice")
+        p = p or X.shape[1]
+        if X.shape[1] != p:
+            raise StoreError(f"{req.vectors}: vectors of dimension {X.shape[1]} beside {p}")
+        seen.update(groups)
+        rename = [TARGET_KEY if (g is None and n == req.target_group) else n for n in groups]
+        store.write_block(rename, ["imported"] * len(groups), counts, [0] * len(groups), X)
+        names += [n for n in rename if n != TARGET_KEY]
+    if g is not None:
+        if p is not None and g.shape[0] != p:
+            raise StoreError(f"{req.target}: a target of dimension {g.shape[0]} for vectors of dimension {p}")
+        store.write_block([TARGET_KEY], ["imported"], [0], [0], g[None, :])
+    elif TARGET_KEY not in store.done():
+        raise StoreError(f"{req.vectors}: no target: give --target FILE, or name its row with --target-group "
+                         f"(no row named {req.target_group!r})")
+    if not names:
+        raise StoreError(f"{req.vectors}: no candidate vectors")
+    return names, int(p)
+
+
+def score(req: ScoreRequest) -> RunSummary:
+    """Import, value and write the run folder <out>/<name>; returns its summary (Ray starts for the Gram and the
+    solve: an embedded one unless RAY_ADDRESS names a cluster)."""
+    from convalue.engine.config import SolverConfig
+    from convalue.engine.driver.pipeline import check_nonzero, gram_stage_of, solve_stage
+    from convalue.engine.driver.session import connect_default
+
+    SolverConfig(gamma=req.gamma, gamma_ratio=req.gamma_ratio, budget=req.budget,
+                 normalize=req.normalize).validate()  # the same checks, and messages, as a config's solver section
+    for path, what in ((req.vectors, "vectors file or run folder"), (req.target, "target file")):
+        if path is not None and not as_folder(path).exists():
+            raise FileNotFoundError(f"{path}: no such {what}")
+    run_dir = RunFolder.at(req.out, req.name)
+    timer, t0 = Timer(), time.perf_counter()
+    run_dir.makedirs()
+    with run_folder_lock(run_dir):
+        for f in ("scores.parquet", "gram.npy", "beta.npy", "report.html", "summary.json"):
+            run_dir.delete(f)
+        summary = RunSummary(status="running", packages=package_versions(), config={
+            "import": {"vectors": req.vectors, "target": req.target, "target_group": req.target_group},
+            "select": {"k": req.k}, "features": {"metric": req.metric},
+            "solver": {"gamma": req.gamma, "gamma_ratio": req.gamma_ratio, "budget": req.budget,
+                       "normalize": req.normalize}})
+        summary.write(run_dir)
+        try:
+            with timer.stage("import"):
+                store = VectorStore(run_dir.sub("vectors"), {"imported": req.vectors, "target": req.target},
+                                    overwrite=req.overwrite)
+                if store.state.get("complete") and store.state.get("groups"):  # imported before: read it again
+                    names, p = [n for n in store.state["groups"] if n != TARGET_KEY], int(store.state["dim"])
+                else:
+                    names, p = import_vectors(req, store)
+                    store.mark_complete([TARGET_KEY, *names])
+            summary.data = {"target": req.target or req.target_group, "candidates": len(names), "p": p}
+            summary.order = names
+            started = connect_default()
+            with timer.stage("load"):
+                found, refs, nodes = {}, {}, {}
+                reuse_blocks(store, [TARGET_KEY, *names], {n: "imported" for n in [TARGET_KEY, *names]}, found,
+                             refs, nodes)
+                if lost := [n for n in [TARGET_KEY, *names] if n not in found]:
+                    raise StoreError(f"{store.folder}: the vectors of {lost[:5]} failed their checksum (set aside); "
+                                     "import them again with --overwrite")
+                features = FeaturizeResult.of(names, found, refs, nodes, FeaturizeStats(0, len(names) + 1))
+            space = req.space if req.space != "auto" else ("gradients" if len(names) > 20_000 else "gram")
+            spec = SolveSpec(gamma=req.gamma, gamma_ratio=req.gamma_ratio, budget=req.budget,
+                             normalize=req.normalize, rank_bound=p, metric=req.metric, space=space)
+            with timer.stage("gram"):
+                gram = gram_stage_of(spec, features)
+                check_nonzero(None, names, gram.row_norm2, features.g_tar)
+            summary.space, summary.gram = space, {k: v for k, v in gram.stats.items() if k != "tile_detail"}
+            spec = spec.resolved(gram.beta, gram.diag)
+            with timer.stage("solve"):
+                sol = solve_stage(spec, features, gram)
+            summary.solver = SolverRecord.from_solution(sol, spec.normalize, spec.rank_bound)
+            if req.gamma_ratio is not None:
+                summary.solver.info["gamma_ratio"] = req.gamma_ratio
+            selected = select_top_k(sol.w, gram.beta, req.k)
+            table = scores_table(names, [0] * len(names), [0] * len(names), sol.w, gram.beta, gram.cosine, selected)
+            if gram.K is not None:
+                write_npy(gram.K, run_dir, "gram.npy")
+            write_npy(gram.beta, run_dir, "beta.npy")
+            write_parquet(table, run_dir, "scores.parquet")
+            summary.selected = [names[i] for i in selected]
+            summary.ranking = format_ranking(table, limit=50).splitlines()
+            summary.status = "complete"
+        except BaseException as exc:
+            summary.status, summary.error = "failed", f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            if locals().get("started"):
+                import ray
+
+                ray.shutdown()
+            summary.timings_s = timer.seconds | {"total": round(time.perf_counter() - t0, 3)}
+            summary.write(run_dir)
+            try:
+                from convalue.engine.report.html import write_report
+
+                write_report(run_dir)
+            except Exception as exc:
+                log.warning("report.html not written: %s", exc)
+    return summary

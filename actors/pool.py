@@ -13,10 +13,18 @@ class WorkItemError(RuntimeError):
     """A call of the pool failed: `what` names its payload, `cause` is the worker's own exception (None when
     the worker died or the call was lost rather than raising)."""
 
-    def __init__(self, what: str, exc: BaseException):
+    def __init__(self, what: str, exc: BaseException | None = None, *, cause: BaseException | None = None,
+                 message: str | None = None):
         self.what = what
-        self.cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) else None
-        super().__init__(f"work item {what} failed: {exc}")
+        self.cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) else cause
+        super().__init__(message or f"work item {what} failed: {exc}")
+
+    def __reduce__(self):  # crosses Ray from the actor that dispatched the work to the driver
+        return (_rebuild, (self.what, self.cause, str(self)))
+
+
+def _rebuild(what: str, cause: BaseException | None, message: str) -> WorkItemError:
+    return WorkItemError(what, cause=cause, message=message)
 
 
 class DeferredStartup:

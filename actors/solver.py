@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import numpy as np
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from convalue.actors.evaluation import EvaluationRequest, FinetuneOutcome, run_protocol
 from convalue.actors.pool import ActorPool
 from convalue.engine.selection.bootstrap import resample_run, split_resamples
 from convalue.engine.selection.solve import KMMProblemData, SolveSpec
 from convalue.solvers import KMMSolution
+
+log = logging.getLogger("convalue")
 
 
 @ray.remote(num_cpus=1, max_restarts=1)
@@ -24,6 +29,17 @@ class SolverActor:
     def solve_vectors(self, spec: SolveSpec, G: np.ndarray, g_tar: np.ndarray) -> KMMSolution:
         """Solve from raw group vectors (the run's metric applied here) as spec says."""
         return spec.solve(spec.problem(G, g_tar))
+
+    def evaluate(self, request: EvaluationRequest, progress: object) -> FinetuneOutcome:
+        """Dispatch the evaluation protocol's fine-tunes and await them; the outcome so far is kept for
+        `finished()` when one fails."""
+        self.outcome = FinetuneOutcome()
+        return run_protocol(request, progress, self.outcome)
+
+    def finished(self) -> list[dict]:
+        """The fine-tunes the last evaluate() had finished (for a failed run's summary)."""
+        outcome = getattr(self, "outcome", None)
+        return outcome.finished if outcome is not None else []
 
     def bootstrap(self, examples: dict[str, np.ndarray], names: list[str], spec: SolveSpec, k: int, samples: int,
                   seed: int, first: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -48,6 +64,37 @@ def solve_blocks_on_actor(spec: SolveSpec, blocks: list, refs: dict, n: int, g_t
     G = gather_rows.remote(n, panels, *[refs[b.file] for p in panels for b in p.blocks])
     with ActorPool(SolverActor, 1) as pool:
         return ray.get(pool.actors[0].solve_vectors.remote(spec, G, g_tar))
+
+
+def evaluate_on_actor(request: EvaluationRequest, progress: object, outcome: FinetuneOutcome) -> FinetuneOutcome:
+    """The solver actor dispatches the protocol's fine-tunes and reports their results; this driver starts it and
+    awaits. On the driver's node (a local run folder is there), holding no CPU while its jobs hold theirs.
+    `outcome` gets the rows, or on a failure the fine-tunes finished so far."""
+    here = ray.get_runtime_context().get_node_id()
+    near = NodeAffinitySchedulingStrategy(here, soft=True)
+    with ActorPool(SolverActor, 1, options={"num_cpus": 0, "scheduling_strategy": near}) as pool:
+        actor = pool.actors[0]
+        try:
+            ref, seen = actor.evaluate.remote(request, progress), None
+            while not ray.wait([ref], timeout=2.0)[0]:  # the actor's log lines stay on its node: say how far here
+                stage = (ray.get(progress.snapshot.remote())["stages"].get("finetune") or {})
+                now = (stage.get("done"), stage.get("total"))
+                if now != seen and now[1] is not None:
+                    if seen is None:
+                        log.info("%d fine-tunes for the evaluation protocol, %d stored; dispatched by the solver "
+                                 "actor", now[1], now[0])
+                    else:
+                        log.info("fine-tunes: %d of %d done", *now)
+                    seen = now
+            done = ray.get(ref)
+        except BaseException:
+            try:
+                outcome.finished = ray.get(actor.finished.remote(), timeout=30)
+            except Exception:  # the actor is gone too: nothing more to say
+                pass
+            raise
+    outcome.rows, outcome.evaluation, outcome.finished = done.rows, done.evaluation, done.finished
+    return outcome
 
 
 def bootstrap_on_actors(examples: dict[str, np.ndarray], names: list[str], spec: SolveSpec, k: int, samples: int,

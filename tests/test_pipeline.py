@@ -216,12 +216,12 @@ def test_given_mixture_and_rho_k_train_what_they_change(first_run, tmp_path):
     assert table.column("rho").to_pylist() == [r["rho"] for r in out.finetune]
 
 
-def test_a_failed_protocol_lists_the_fine_tunes_it_has(first_run, tmp_path, monkeypatch):
-    """A fine-tune that fails stops the protocol; the failed summary lists what was done (here the stored ones),
-    and counts it in `progress`."""
+def test_a_failed_protocol_lists_the_fine_tunes_it_has(first_run, tmp_path):
+    """A fine-tune that fails stops the protocol the solver actor dispatches; the failed summary lists what was done
+    (here the stored ones), and counts it in `progress`."""
     import ray
 
-    import convalue.engine.driver.finetunes as finetunes
+    from convalue.actors.evaluation import Runners
     from convalue.actors.pool import WorkItemError
 
     _, data, first = first_run
@@ -231,10 +231,9 @@ def test_a_failed_protocol_lists_the_fine_tunes_it_has(first_run, tmp_path, monk
     def failing_finetune(spec, label, *rest):
         raise RuntimeError(f"no memory for {label}")
 
-    monkeypatch.setattr(finetunes, "finetune_task", failing_finetune)
     wider = data | {"out": str(tmp_path / "runs"), "finetune": data["finetune"] | {"ks": [1, 2, 3]}}
     with pytest.raises(WorkItemError, match="no memory for target \\+"):
-        run(config_from_dict(wider))
+        run(config_from_dict(wider), runners=Runners(finetune=failing_finetune))
     summary = json.loads((tmp_path / "runs" / "t" / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["failed_stage"] == "finetune"
     stored = {tuple(r["groups"]): r["val_loss"] for r in first.finetune}

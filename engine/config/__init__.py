@@ -16,6 +16,7 @@ from convalue.engine.config.reference import reference_markdown
 from convalue.engine.config.run import RunConfig
 from convalue.engine.config.settings import (
     BootstrapConfig,
+    DeepSpeedConfig,
     FinetuneConfig,
     RayConfig,
     SelectConfig,
@@ -29,6 +30,7 @@ __all__ = [
     "ConfigError",
     "DataConfig",
     "FeaturesConfig",
+    "DeepSpeedConfig",
     "FinetuneConfig",
     "LoraConfig",
     "ModelConfig",

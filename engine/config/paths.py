@@ -65,8 +65,8 @@ def _source(src: Any, base: Path) -> None:
 
 def resolve_relative(data: Any, base: Path) -> Any:
     """A copy of a config's plain data with its relative paths read against base (the config file's folder):
-    out, model.source (a local folder; a hub id stays), model.cache_dir, every source's path and embedding folder,
-    solver.costs_file and a `file.py:function` grpo_reward."""
+    out, model.source (a local folder; a hub id stays), model.cache_dir, finetune.model, every source's path and
+    embedding folder, solver.costs_file and a `file.py:function` grpo_reward."""
     if not isinstance(data, dict):
         return data
     data = copy.deepcopy(data)
@@ -86,6 +86,10 @@ def resolve_relative(data: Any, base: Path) -> Any:
         candidates = sources.get("candidates")
         for src in candidates if isinstance(candidates, list) else []:
             _source(src, base)
+    finetune = data.get("finetune")
+    if isinstance(finetune, dict) and isinstance(finetune.get("model"), str) and finetune["model"] and \
+            finetune["model"] not in BUILTIN_MODELS:
+        finetune["model"] = _join(base, finetune["model"])
     solver = data.get("solver")
     if isinstance(solver, dict) and isinstance(solver.get("costs_file"), str) and solver["costs_file"]:
         solver["costs_file"] = _join(base, solver["costs_file"])

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 from convalue.engine.config.fields import ConfigError, check_readable, opt
+from convalue.engine.config.paths import BUILTIN_MODELS
 
 
 @dataclass(kw_only=True)
@@ -88,6 +89,31 @@ class SelectConfig:
 
 
 @dataclass(kw_only=True)
+class DeepSpeedConfig:
+    """One fine-tune job as a Ray Train TorchTrainer under DeepSpeed ZeRO (finetune.strategy `deepspeed`)."""
+
+    workers: int = opt(2, "Training workers (processes; with `use_gpu`, one GPU each) of one fine-tune job.")
+    use_gpu: bool = opt(True, "One GPU per worker (NCCL); false: CPU workers (gloo).")
+    cpus_per_worker: int = opt(1, "CPUs (and torch threads) per training worker.")
+    stage: int = opt(2, "ZeRO stage: 0 (plain data parallel), 1 (optimizer states), 2 (+ gradients), 3 (+ "
+                        "parameters, built partitioned: no worker holds the whole model).")
+    offload_optimizer: Literal["none", "cpu"] = opt("none", "`cpu`: optimizer states in host memory (stage >= 1).")
+    offload_param: Literal["none", "cpu"] = opt("none", "`cpu`: parameters in host memory (stage 3).")
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the first field whose value does not hold."""
+        for name in ("workers", "cpus_per_worker"):
+            if getattr(self, name) <= 0:
+                raise ConfigError("must be > 0", field=name, value=getattr(self, name))
+        if self.stage not in (0, 1, 2, 3):
+            raise ConfigError("must be 0, 1, 2 or 3", field="stage", value=self.stage)
+        if self.offload_optimizer == "cpu" and self.stage < 1:
+            raise ConfigError("needs ZeRO stage 1 or more", field="offload_optimizer", value=self.offload_optimizer)
+        if self.offload_param == "cpu" and self.stage != 3:
+            raise ConfigError("needs ZeRO stage 3", field="offload_param", value=self.offload_param)
+
+
+@dataclass(kw_only=True)
 class FinetuneConfig:
     """The fixed-compute fine-tune that shows what a selection is worth (paper Alg. 1)."""
 
@@ -138,6 +164,17 @@ class FinetuneConfig:
         None, "The budgets K of the evaluation protocol (paper Alg. 1): KMM and every ranked baseline are "
         "fine-tuned on their top-k positive groups at each k, and the run reports each method's best k and its "
         "Borda count over K. null: [select.k].")
+    strategy: Literal["task", "deepspeed"] = opt(
+        "task", "`task`: each fine-tune is one Ray task on one device; `deepspeed`: a Ray Train TorchTrainer of "
+        "`deepspeed.workers` processes under DeepSpeed ZeRO (needs `pip install 'convalue[deepspeed]'`).")
+    model: str | None = opt(
+        None, "strategy `deepspeed`: fine-tune this model (a built-in name or a local Hugging Face folder) instead "
+        "of the valuation model: value with a small model, fine-tune a larger one, as the paper does. null: "
+        "model.source.")
+    dtype: Literal["float32", "bfloat16"] | None = opt(None, "strategy `deepspeed`: the fine-tune model's dtype. "
+                                                             "null: model.dtype.")
+    deepspeed: DeepSpeedConfig = opt(help="The DeepSpeed ZeRO settings of strategy `deepspeed`.",
+                                     factory=DeepSpeedConfig)
 
     def validate(self) -> None:
         """Raise ConfigError naming the first field whose value does not hold."""
@@ -176,6 +213,20 @@ class FinetuneConfig:
             if not self.ks or any(k <= 0 for k in self.ks) or len(set(self.ks)) != len(self.ks):
                 raise ConfigError("must list distinct budgets k > 0 (or be null: select.k alone)", field="ks",
                                   value=self.ks)
+        for name in ("model", "dtype"):
+            if getattr(self, name) is not None and self.strategy != "deepspeed":
+                raise ConfigError("is used by strategy `deepspeed` only", field=name, value=getattr(self, name))
+        if self.model is not None and self.model not in BUILTIN_MODELS and not (
+                Path(self.model).expanduser() / "config.json").is_file():
+            raise ConfigError(f"is neither a built-in model {list(BUILTIN_MODELS)} nor a Hugging Face model folder "
+                              "(no config.json)", field="model", value=self.model)
+        if self.strategy == "deepspeed":
+            if importlib.util.find_spec("deepspeed") is None:
+                raise ConfigError("needs DeepSpeed and Ray Train: pip install 'convalue[deepspeed]'",
+                                  field="strategy", value=self.strategy)
+            if self.batch_size < self.deepspeed.workers:
+                raise ConfigError(f"must be at least deepspeed.workers ({self.deepspeed.workers}): every worker "
+                                  "takes a share of each batch", field="batch_size", value=self.batch_size)
 
     def seeds(self) -> list[int]:
         """The seeds every protocol cell is fine-tuned under: seed and the next repeats - 1."""

@@ -12,15 +12,20 @@ from pathlib import Path
 import numpy as np
 
 from convalue.actors.embedder import embed_on_workers
+from convalue.actors.evaluation import EvaluationRequest, FinetuneOutcome, Runners
 from convalue.actors.gram import build_gram
-from convalue.actors.solver import bootstrap_on_actors, solve_blocks_on_actor, solve_on_actor
+from convalue.actors.solver import (
+    bootstrap_on_actors,
+    evaluate_on_actor,
+    solve_blocks_on_actor,
+    solve_on_actor,
+)
 from convalue.engine.config import ConfigError, RunConfig
 from convalue.engine.data.clustering import EmbeddingCache
 from convalue.engine.data.costs import load_costs
 from convalue.engine.data.prepare import TARGET_KEY, prepare
 from convalue.engine.driver import signals
 from convalue.engine.driver.featurize import FeaturizeResult, featurize, fingerprint
-from convalue.engine.driver.finetunes import FinetuneOutcome, run_protocol
 from convalue.engine.driver.session import (
     RaySession,
     Timer,
@@ -89,6 +94,25 @@ def check_budgets(cfg: RunConfig, n: int) -> None:
                           field="finetune.ks", value=cfg.finetune.ks)
 
 
+def deepspeed_job_spec(cfg: RunConfig, model_dir: Path, digest: str):
+    """The DeepSpeed fine-tune job spec (engine.protocol.deepspeed.TrainJobSpec) of finetune.strategy
+    `deepspeed`, with finetune.model resolved, its LoRA targets checked and its content hashed; None otherwise."""
+    if not (cfg.finetune.enabled and cfg.finetune.strategy == "deepspeed"):
+        return None
+    import dataclasses
+
+    from convalue.engine.protocol.deepspeed import TrainJobSpec, ZeroSettings
+
+    ft_dir, ft_digest = model_dir, digest
+    if cfg.finetune.model is not None:
+        ft_dir = resolve_model(dataclasses.replace(cfg.model, source=cfg.finetune.model, revision="main")).dir
+        ft_digest = model_digest(ft_dir, Path(cfg.model.cache_dir).expanduser() / "digests")
+        check_lora_targets_in(ft_dir, cfg.lora)
+    return TrainJobSpec(str(ft_dir), cfg.finetune.dtype or cfg.model.dtype, cfg.model.max_length, cfg.finetune,
+                        cfg.lora, ZeroSettings.from_config(cfg.finetune.deepspeed), cfg.finetune.deepspeed.cpus_per_worker,
+                        ft_digest)
+
+
 def embedding_cache_dir(run_dir: RunFolder) -> Path:
     """Where a flat pool's embeddings are cached: the run folder's embeddings/ when it is local, else a local cache
     keyed by the run folder's URI (they are a cache: recomputed when absent)."""
@@ -97,8 +121,10 @@ def embedding_cache_dir(run_dir: RunFolder) -> Path:
     return Path("~/.cache/convalue/embeddings").expanduser() / hashlib.sha256(run_dir.label.encode()).hexdigest()[:16]
 
 
-def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) -> RunSummary:
-    """Run the whole valuation; returns the summary (also written to <out>/<name>/summary.json)."""
+def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False,
+        runners: Runners | None = None) -> RunSummary:
+    """Run the whole valuation; returns the summary (also written to <out>/<name>/summary.json). runners: the
+    fine-tune tasks (the default ones; tests inject failing ones)."""
     joined = cluster_address(cfg, address)
     if joined:
         import ray
@@ -107,7 +133,7 @@ def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False) 
             check_reachable(*joined)  # before the model and data stages, not after them
     session = RaySession(cfg, joined[0] if joined else None)
     try:
-        return _run(cfg, overwrite, session)
+        return _run(cfg, overwrite, session, runners or Runners())
     finally:
         session.close()
 
@@ -135,7 +161,7 @@ def solve_stage(spec: SolveSpec, features: FeaturizeResult, gram: GramResult) ->
     return solve_blocks_on_actor(spec, features.blocks, features.refs, len(features.names), features.g_tar)
 
 
-def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> RunSummary:
+def _run(cfg: RunConfig, overwrite: bool, session: RaySession, runners: Runners) -> RunSummary:
     timer = Timer(lambda: session.progress)
     t_start = time.perf_counter()
     if cfg.model.dtype == "bfloat16" and cfg.ray.gpus_per_worker == 0:
@@ -148,6 +174,7 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> RunSummary:
         tokenizer = load_tokenizer(model_dir)
         if cfg.features.parameters == "lora":
             check_lora_targets_in(model_dir, cfg.lora)
+        train_spec = deepspeed_job_spec(cfg, model_dir, digest)
     run_dir = RunFolder.at(cfg.out, cfg.name)
     embed = None
     if any(src.clusters is not None for src in cfg.data.candidates):
@@ -245,8 +272,10 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession) -> RunSummary:
                     methods = ["kmm"] + [b for b in cfg.finetune.baselines if b in BASELINE_METHODS]
                     scores = {s: method_scores(methods, w, beta, cos, cfg.finetune.random_order_seed(s))
                               for s in cfg.finetune.seeds()}
-                    run_protocol(cfg, replica, tokenizer, data, names, scores, beta, given, run_dir,
-                                 session.progress, outcome)
+                    request = EvaluationRequest(cfg=cfg, spec=replica, tokenizer=tokenizer, data=data, names=names,
+                                                scores=scores, beta=beta, given=given, run_dir=run_dir,
+                                                train_spec=train_spec, runners=runners)
+                    evaluate_on_actor(request, session.progress.actor, outcome)
                 plot_evaluation(outcome.rows, outcome.evaluation, run_dir, "evaluation.png")
                 write_parquet(evaluation_table(outcome.rows), run_dir, "evaluation.parquet")
                 summary.evaluation = outcome.evaluation

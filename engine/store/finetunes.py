@@ -10,6 +10,7 @@ import logging
 import math
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from convalue.engine.data.prepare import examples_digest
 from convalue.engine.model.spec import ReplicaSpec
@@ -21,7 +22,8 @@ log = logging.getLogger("convalue")
 
 #: fine-tune settings that only choose which runs happen, not what a run gives
 NOT_IN_KEY = ("enabled", "baselines", "ks", "repeats", "random_orders", "mixture", "mixture_temperature",
-              "mixture_weights", "mixture_default_weight", "rho_by_k")  # the groups, weights and rho_k: per job
+              "mixture_weights", "mixture_default_weight", "rho_by_k",
+              "strategy", "model", "dtype", "deepspeed")  # how a job runs: in the settings below, each its own way  # the groups, weights and rho_k: per job
 RESULT_FIELDS = {"label": str, "groups": list, "steps": int, "target_steps": int, "aux_steps": int,
                  "val_loss": float, "first_train_loss": float, "last_train_loss": float, "seconds": float}
 
@@ -34,6 +36,15 @@ def job_settings(spec: ReplicaSpec) -> dict:
             "pad_id": spec.pad_id, "lora": asdict(spec.lora), "device": spec.device,
             "threads": spec.threads, "packages": versions,
             "finetune": {k: v for k, v in asdict(spec.finetune).items() if k not in NOT_IN_KEY}}
+
+
+def train_job_settings(ts: Any, spec: ReplicaSpec) -> dict:
+    """job_settings for a DeepSpeed job (ts: engine.protocol.deepspeed.TrainJobSpec): the fine-tune model's content
+    hash and dtype, the ZeRO settings and the DeepSpeed version beside the rest."""
+    versions = package_versions(("torch", "transformers", "peft", "deepspeed"))
+    return job_settings(spec) | {"model": spec.finetune.model or spec.model.source, "model_digest": ts.model_digest,
+                                 "dtype": ts.dtype, "pad_id": None, "device": "cuda" if ts.zero.use_gpu else "cpu",
+                                 "threads": ts.threads, "packages": versions, "zero": asdict(ts.zero)}
 
 
 class FinetuneStore:

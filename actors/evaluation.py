@@ -1,17 +1,18 @@
-"""The evaluation stage (paper Alg. 1): every cell of the protocol fine-tuned under each seed as a Ray task, each
-distinct selection once per seed and only where the run folder does not hold it already."""
+"""The evaluation protocol's dispatch (paper Alg. 1): every cell fine-tuned under each seed — a Ray task on one
+device, or a Ray Train job under DeepSpeed ZeRO — each distinct selection once per seed and only where the run
+folder does not hold it already. Run on a solver actor; the driver starts it and awaits the outcome."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import ray
 
 from convalue.actors.finetune_job import base_eval_task, finetune_task
 from convalue.actors.pool import windowed
-from convalue.actors.progress import Progress
 from convalue.engine.config import RunConfig
 from convalue.engine.data.prepare import PreparedData
 from convalue.engine.model.spec import ReplicaSpec
@@ -23,7 +24,7 @@ from convalue.engine.protocol.evaluate import (
     plan_runs,
     summarise,
 )
-from convalue.engine.store.finetunes import FinetuneStore, job_settings
+from convalue.engine.store.finetunes import FinetuneStore, job_settings, train_job_settings
 from convalue.engine.store.folder import RunFolder
 
 log = logging.getLogger("convalue")
@@ -41,6 +42,40 @@ class FinetuneTask:
         return "base-model evaluation" if self.index < 0 else f"fine-tune {self.label!r} (seed {self.seed})"
 
 
+@dataclass(frozen=True)
+class Runners:
+    """The Ray remote functions that run a fine-tune and the base model's evaluation (tests pass failing ones)."""
+
+    finetune: Any = None
+    base_eval: Any = None
+
+    def task(self) -> Any:
+        """The fine-tune task (actors.finetune_job's by default)."""
+        return self.finetune or finetune_task
+
+    def base(self) -> Any:
+        """The base-model evaluation task."""
+        return self.base_eval or base_eval_task
+
+
+@dataclass(frozen=True, eq=False)
+class EvaluationRequest:
+    """What the dispatch needs: the run's config, the replica (and, for DeepSpeed, the training job) specs, the
+    tokenizer, the prepared data, each method's scores by seed, beta, the given mixture weights, the run folder."""
+
+    cfg: RunConfig
+    spec: ReplicaSpec
+    tokenizer: Any
+    data: PreparedData
+    names: list[str]
+    scores: dict[int, dict[str, np.ndarray]]
+    beta: np.ndarray
+    given: dict[str, float] | None
+    run_dir: RunFolder
+    train_spec: Any = None  # engine.protocol.deepspeed.TrainJobSpec with finetune.strategy `deepspeed`
+    runners: Runners = Runners()
+
+
 @dataclass
 class FinetuneOutcome:
     """The protocol's rows (one per cell and seed) and its evaluation; while it runs, the fine-tunes finished so
@@ -56,12 +91,12 @@ def effective_rho(run: PlannedRun, cfg: RunConfig) -> float:
     return 1.0 if not run.groups else run.rho if run.rho is not None else cfg.finetune.rho
 
 
-def run_protocol(cfg: RunConfig, spec: ReplicaSpec, tokenizer, data: PreparedData, names: list[str],
-                 scores: dict[int, dict[str, np.ndarray]], beta: np.ndarray, given: dict[str, float] | None,
-                 run_dir: RunFolder, progress: Progress, outcome: FinetuneOutcome) -> FinetuneOutcome:
-    """Fine-tune every cell under each of its seeds (`scores`: each method's scores by seed, the random order may
-    differ; `given`: every candidate's weight under `mixture: given`). `outcome` is filled as fine-tunes finish,
-    so a caller that catches a failure still has what was done."""
+def run_protocol(req: EvaluationRequest, progress: Any, outcome: FinetuneOutcome) -> FinetuneOutcome:
+    """Fine-tune every cell under each of its seeds (req.scores: each method's scores by seed, the random order may
+    differ; req.given: every candidate's weight under `mixture: given`). `outcome` is filled as fine-tunes finish,
+    so a caller that catches a failure still has what was done. progress: the run's progress actor handle."""
+    cfg, spec, tokenizer, data, names = req.cfg, req.spec, req.tokenizer, req.data, req.names
+    scores, beta, given, run_dir = req.scores, req.beta, req.given, req.run_dir
     groups = {g.name: g for g in data.candidates}
     tokens: dict[str, list] = {}  # each group tokenised once, however many runs use it
 
@@ -80,7 +115,8 @@ def run_protocol(cfg: RunConfig, spec: ReplicaSpec, tokenizer, data: PreparedDat
     cells = [(s, i) for s in seeds for i in range(len(plans[s]))]
     jobs, served_by = distinct_jobs([plans[s][i] for s, i in cells])
     job_of = dict(zip(cells, served_by))
-    store = FinetuneStore(run_dir.sub("finetunes"), job_settings(spec), data.target_train, data.target_val)
+    settings = job_settings(spec) if req.train_spec is None else train_job_settings(req.train_spec, spec)
+    store = FinetuneStore(run_dir.sub("finetunes"), settings, data.target_train, data.target_val)
     auxes = [{n: usable(n) for n in job.groups} for job in jobs]
     tasks = list(dict.fromkeys((job_of[c], c[0]) for c in cells))  # seed-major: every cell has a loss early
     keys = [store.job_key(auxes[j], seed, jobs[j].weight_map(), jobs[j].rho) for j, seed in tasks]
@@ -88,26 +124,30 @@ def run_protocol(cfg: RunConfig, spec: ReplicaSpec, tokenizer, data: PreparedDat
     base = store.get_base()
     todo = [i for i, r in enumerate(results) if r is None]
     trained = set(todo)
-    progress.total("finetune", len(tasks))
-    progress.advance("finetune", len(tasks) - len(todo))
+    progress.total.remote("finetune", len(tasks))
+    progress.advance.remote("finetune", len(tasks) - len(todo))
     log.info("%d fine-tunes for %d protocol runs (%d methods x k in %s) x %d seed(s); %d stored in %s", len(tasks),
              len(plans[seeds[0]]), len(scores[seeds[0]]), ks, len(seeds), len(tasks) - len(todo), store.root)
-    opts = {"num_cpus": cfg.ray.cpus_per_worker, "num_gpus": cfg.ray.gpus_per_worker}
-    train, val = ray.put(data.target_train), ray.put(data.target_val)
     first = todo[0] if todo else None
+    if req.train_spec is None:
+        opts = {"num_cpus": cfg.ray.cpus_per_worker, "num_gpus": cfg.ray.gpus_per_worker}
+        train, val = ray.put(data.target_train), ray.put(data.target_val)
 
-    def submit(_: object, task: FinetuneTask):
-        if task.index < 0:
-            return base_eval_task.options(**opts).remote(spec, val)
-        j, seed = tasks[task.index]
-        return finetune_task.options(**opts).remote(spec.for_job(seed, jobs[j].rho), jobs[j].label, train, auxes[j],
-                                                    val, base is None and task.index == first, jobs[j].weight_map(),
-                                                    progress.actor)
+        def submit(_: object, task: FinetuneTask):
+            if task.index < 0:
+                return req.runners.base().options(**opts).remote(spec, val)
+            j, seed = tasks[task.index]
+            return req.runners.task().options(**opts).remote(
+                spec.for_job(seed, jobs[j].rho), jobs[j].label, train, auxes[j], val,
+                base is None and task.index == first, jobs[j].weight_map(), progress)
+        window = max(1, cfg.ray.workers * cfg.ray.max_in_flight)
+    else:
+        submit = _deepspeed_submit(req, jobs, tasks, base, first, progress)
+        window = max(1, cfg.ray.max_in_flight)
 
     payloads = [FinetuneTask(i, jobs[tasks[i][0]].label, tasks[i][1]) for i in todo]
     if base is None and not todo:
         payloads.append(FinetuneTask(-1, "base", None))
-    window = max(1, cfg.ray.workers * cfg.ray.max_in_flight)
     try:
         for done, (task, result) in enumerate(windowed([None], payloads, submit, window), start=1):
             if task.index < 0:
@@ -117,7 +157,7 @@ def run_protocol(cfg: RunConfig, spec: ReplicaSpec, tokenizer, data: PreparedDat
             i = task.index
             results[i] = result.to_dict()
             store.put(keys[i], results[i])
-            progress.advance("finetune")
+            progress.advance.remote("finetune")
             if results[i]["base_val_loss"] is not None:
                 base = results[i]["base_val_loss"]
                 store.put_base(base)
@@ -139,3 +179,26 @@ def run_protocol(cfg: RunConfig, spec: ReplicaSpec, tokenizer, data: PreparedDat
     outcome.rows = rows
     outcome.evaluation = summarise(rows, ks) | {"fine_tunes": {"trained": len(todo), "reused": len(tasks) - len(todo)}}
     return outcome
+
+
+def _deepspeed_submit(req: EvaluationRequest, jobs: list[PlannedRun], tasks: list[tuple[int, int]],
+                      base: float | None, first: int | None, progress: Any):
+    """submit() for finetune.strategy `deepspeed`: each job a Ray Train run of raw examples (the fine-tune model
+    tokenises them itself)."""
+    from convalue.actors.train_job import base_eval_job_task, train_job_task
+    from convalue.engine.data.sources import split_target
+    from convalue.engine.protocol.deepspeed import TrainJob
+
+    cfg, data = req.cfg, req.data
+    raw_train, raw_val = split_target(data.target, cfg.data.val_fraction, cfg.data.seed)
+    raw = {g.name: list(g.examples) for g in data.candidates}
+
+    def submit(_: object, task: FinetuneTask):
+        if task.index < 0:
+            return base_eval_job_task.remote(TrainJob(req.train_spec, "base", raw_train, {}, raw_val, base_only=True))
+        j, seed = tasks[task.index]
+        job = TrainJob(req.train_spec.for_job(seed, jobs[j].rho), jobs[j].label, raw_train,
+                       {n: raw[n] for n in jobs[j].groups}, raw_val, jobs[j].weight_map(),
+                       with_base=base is None and task.index == first)
+        return train_job_task.remote(job, progress)
+    return submit

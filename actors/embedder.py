@@ -46,15 +46,20 @@ class Chunk:
 
 
 def embed_on_workers(texts: list[str], model_dir: Path, *, workers: int, cpus_per_worker: int,
-                     max_in_flight: int, chunk: int = 512) -> np.ndarray:
-    """Embeddings of texts computed by up to `workers` Embedder actors (chunks of similar length, ray.wait)."""
+                     max_in_flight: int, chunk: int = 512, progress: object | None = None) -> np.ndarray:
+    """Embeddings of texts computed by up to `workers` Embedder actors (chunks of similar length, ray.wait);
+    progress: the run's Progress, told each chunk (stage `embed`)."""
     order = np.argsort([len(t) for t in texts], kind="stable")
     chunks = [Chunk(order[i : i + chunk]) for i in range(0, len(texts), chunk)][::-1]  # longest first: short tail
     out: np.ndarray | None = None
+    if progress is not None:
+        progress.total("embed", len(chunks))
     with ActorPool(Embedder, min(workers, len(chunks)), str(model_dir), cpus_per_worker,
                    options={"num_cpus": cpus_per_worker}) as pool:
         for c, X in pool.map(chunks, lambda a, c: a.embed.remote([texts[i] for i in c.index]), max_in_flight):
             if out is None:
                 out = np.empty((len(texts), X.shape[1]), np.float32)
             out[c.index] = X
+            if progress is not None:
+                progress.advance("embed")
     return out if out is not None else np.empty((0, 0), np.float32)

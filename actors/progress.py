@@ -11,6 +11,8 @@ import uuid
 
 import ray
 
+from convalue.engine.report.bars import Bars
+
 log = logging.getLogger("convalue")
 
 TAGS = ("run", "attempt", "stage")  # attempt: one id per start of a run, so a resumed run does not add to the last
@@ -132,7 +134,8 @@ class Progress:
     driver, measured on a local Ray); the actor is named convalue-progress-<run>-<pid>-<6 hex> on the dashboard
     (unique even for the same run name again in one process, before Ray has released the last one's name)."""
 
-    def __init__(self, run: str, detached: bool = False):
+    def __init__(self, run: str, detached: bool = False, bars: Bars | None = None):
+        self.bars = bars or Bars(enabled=False)
         self.attempt = uuid.uuid4().hex[:12]
         self.detached = detached
         name = f"convalue-progress-{run}-{os.getpid()}-{self.attempt[:6]}"
@@ -146,14 +149,17 @@ class Progress:
     def total(self, stage: str, n: int) -> None:
         """The stage has n items to finish."""
         self.actor.total.remote(stage, n)
+        self.bars.total(stage, n)
 
     def advance(self, stage: str, n: int = 1, tokens: int = 0) -> None:
         """n more items of the stage finished."""
         self.actor.advance.remote(stage, n, tokens)
+        self.bars.advance(stage, n)
 
     def end(self, stage: str, seconds: float) -> None:
         """The stage ended after `seconds`."""
         self.actor.end.remote(stage, seconds)
+        self.bars.close(stage)
 
     def recovery(self, timeout: float = 10.0) -> dict:
         """ProgressActor.recovery() ({} if the actor cannot answer)."""
@@ -171,6 +177,17 @@ class Progress:
         except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as exc:
             log.warning("progress of the run unavailable: %s", exc)
             return None
+
+    def follow(self, stage: str) -> tuple[int | None, int | None]:
+        """(done, total) of a stage another worker advances (the fine-tunes a solver actor dispatches), read back
+        and shown on the stage's bar."""
+        stage_state = (self.snapshot() or {"stages": {}})["stages"].get(stage) or {}
+        done, total = stage_state.get("done"), stage_state.get("total")
+        if total is not None:
+            if stage not in self.bars.bars:
+                self.bars.total(stage, total)
+            self.bars.set(stage, done or 0)
+        return done, total
 
     def close(self, linger_s: float = LINGER_S) -> None:
         """Stop the actor: at once on a cluster this run started (it ends with it), after linger_s on a cluster it

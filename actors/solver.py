@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import ray
@@ -66,7 +67,7 @@ def solve_blocks_on_actor(spec: SolveSpec, blocks: list, refs: dict, n: int, g_t
         return ray.get(pool.actors[0].solve_vectors.remote(spec, G, g_tar))
 
 
-def evaluate_on_actor(request: EvaluationRequest, progress: object, outcome: FinetuneOutcome) -> FinetuneOutcome:
+def evaluate_on_actor(request: EvaluationRequest, progress: Any, outcome: FinetuneOutcome) -> FinetuneOutcome:
     """The solver actor dispatches the protocol's fine-tunes and reports their results; this driver starts it and
     awaits. On the driver's node (a local run folder is there), holding no CPU while its jobs hold theirs.
     `outcome` gets the rows, or on a failure the fine-tunes finished so far."""
@@ -75,10 +76,9 @@ def evaluate_on_actor(request: EvaluationRequest, progress: object, outcome: Fin
     with ActorPool(SolverActor, 1, options={"num_cpus": 0, "scheduling_strategy": near}) as pool:
         actor = pool.actors[0]
         try:
-            ref, seen = actor.evaluate.remote(request, progress), None
+            ref, seen = actor.evaluate.remote(request, progress.actor), None
             while not ray.wait([ref], timeout=2.0)[0]:  # the actor's log lines stay on its node: say how far here
-                stage = (ray.get(progress.snapshot.remote())["stages"].get("finetune") or {})
-                now = (stage.get("done"), stage.get("total"))
+                now = progress.follow("finetune")
                 if now != seen and now[1] is not None:
                     if seen is None:
                         log.info("%d fine-tunes for the evaluation protocol, %d stored; dispatched by the solver "

@@ -248,3 +248,25 @@ def test_missing_extras_are_named_at_config_time(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"data.candidates\[0\].kind: `hf` needs the `datasets` package: pip install "
                                           r"'convalue\[hf\]'"):
         load_config(write(tmp_path, merged(data=BASE["data"] | {"candidates": [{"kind": "hf", "path": "org/x"}]})))
+
+
+def test_set_overrides_a_field_and_is_validated_like_the_file(tmp_path):
+    import yaml
+
+    from convalue.engine.config import ConfigError, load_config
+
+    target = tmp_path / "t.jsonl"
+    target.write_text('{"prompt": "a", "response": "b"}\n')
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump({
+        "data": {"target": {"kind": "jsonl", "path": "t.jsonl"}, "candidates": [{"kind": "chatterbot"}]},
+        "solver": {"gamma": 0.05}}))
+    cfg = load_config(tmp_path / "run.yaml", ["solver.gamma=0.1", "finetune.ks=[1, 3]", "ray.dashboard=true",
+                                               "name=sweep-0.1"])
+    assert cfg.solver.gamma == 0.1 and cfg.finetune.ks == [1, 3] and cfg.ray.dashboard and cfg.name == "sweep-0.1"
+    assert cfg.data.target.path == str(target)  # the file's own relative paths still read against its folder
+    with pytest.raises(ConfigError, match=r"run.yaml: solver.gamma: must be a finite number >= 0 \(got -1.0\)"):
+        load_config(tmp_path / "run.yaml", ["solver.gamma=-1"])
+    with pytest.raises(ConfigError, match=r"solver.nope: unknown field"):
+        load_config(tmp_path / "run.yaml", ["solver.nope=1"])
+    with pytest.raises(ConfigError, match=r"--set takes key.path=value"):
+        load_config(tmp_path / "run.yaml", ["solver.gamma"])

@@ -118,8 +118,36 @@ def config_from_dict(data: Any, *, file: str | None = None, base: str | Path | N
         raise ConfigError(exc.reason, file=file, field=exc.field, value=exc.value) from None
 
 
-def load_config(path: str | Path) -> RunConfig:
-    """Read and validate a YAML run config; its relative paths are read against its folder (see resolve_relative)."""
+def apply_overrides(data: dict, overrides: list[str], file: str | None = None) -> dict:
+    """A copy of a config's plain data with `key.path=value` overrides set (value read as YAML: 0.1, true, null,
+    [1, 2], text); the path must name fields of the config's sections (checked when the data is validated)."""
+    import copy
+
+    data = copy.deepcopy(data)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        parts = key.strip().split(".")
+        if not sep or not all(parts):
+            raise ConfigError("--set takes key.path=value, e.g. solver.gamma=0.1", file=file, value=item)
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--set {key}: the value is not YAML ({exc})", file=file, value=raw) from None
+        node = data
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part) if isinstance(node, dict) else None
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {key}: {'.'.join(parts[:i + 1])} is not a section", file=file, value=item)
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """Read and validate a YAML run config, with `key.path=value` overrides; its relative paths are read against its
+    folder (see resolve_relative), an override's path value against the current directory."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError("config file not found", file=str(path))
@@ -132,4 +160,7 @@ def load_config(path: str | Path) -> RunConfig:
                           "save the file as UTF-8", file=str(path)) from None
     if data is None:
         raise ConfigError("config file is empty", file=str(path))
-    return config_from_dict(data, file=str(path), base=path.parent)
+    if not overrides:
+        return config_from_dict(data, file=str(path), base=path.parent)
+    resolved = resolve_relative(data, path.parent)  # the file's own paths, absolute now
+    return config_from_dict(apply_overrides(resolved, overrides, str(path)), file=str(path), base=Path.cwd())

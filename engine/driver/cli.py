@@ -20,6 +20,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--out", help="parent folder of the run folder (overrides `out`)")
     r.add_argument("--name", help="run name (overrides `name`)")
     r.add_argument("--overwrite", action="store_true", help="replace stored vectors made with other settings")
+    r.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="override a config field, e.g. --set solver.gamma=0.1 (repeatable; the value is read as YAML)")
     r.add_argument("--dry-run", action="store_true", help="print the plan (groups, tokens, fine-tunes, estimated "
                    "time measured on this machine) and exit, without starting Ray")
     s = sub.add_parser("solve", help="re-solve a finished run from its gram.npy/beta.npy and rewrite its scores")
@@ -65,6 +67,18 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s convalue %(levelname)s %(message)s",
                         datefmt="%H:%M:%S", stream=sys.stderr)
+    from convalue.engine.report.bars import wanted
+
+    if wanted():  # progress bars on a terminal: log lines are printed above them, not through them
+        from tqdm.contrib.logging import logging_redirect_tqdm
+
+        with logging_redirect_tqdm(loggers=[logging.getLogger("convalue")]):
+            return _command(args)
+    return _command(args)
+
+
+def _command(args: argparse.Namespace) -> int:
+    """Run the parsed command; its exit code."""
     from convalue.engine.config import (
         ConfigError,
         config_from_dict,
@@ -127,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             from convalue.engine.store.folder import RunFolder
 
-            cfg = load_config(args.config)
+            cfg = load_config(args.config, args.set)
             if args.out or args.name:
                 data = cfg.to_dict() | {k: v for k, v in (("out", args.out), ("name", args.name)) if v}
                 cfg = config_from_dict(data, file=args.config)

@@ -184,7 +184,7 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession, runners: Runners)
             session.up()
         embed = EmbeddingCache(embedding_cache_dir(run_dir), functools.partial(
             embed_on_workers, workers=cfg.ray.workers, cpus_per_worker=cfg.ray.cpus_per_worker,
-            max_in_flight=cfg.ray.max_in_flight))
+            max_in_flight=cfg.ray.max_in_flight, progress=session.progress))
     with timer.stage("data"):
         data = prepare(cfg.data, tokenizer, cfg.model.max_length, grpo=cfg.features.representation == "grpo",
                        embed=embed)
@@ -275,7 +275,7 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession, runners: Runners)
                     request = EvaluationRequest(cfg=cfg, spec=replica, tokenizer=tokenizer, data=data, names=names,
                                                 scores=scores, beta=beta, given=given, run_dir=run_dir,
                                                 train_spec=train_spec, runners=runners)
-                    evaluate_on_actor(request, session.progress.actor, outcome)
+                    evaluate_on_actor(request, session.progress, outcome)
                 plot_evaluation(outcome.rows, outcome.evaluation, run_dir, "evaluation.png")
                 write_parquet(evaluation_table(outcome.rows), run_dir, "evaluation.parquet")
                 summary.evaluation = outcome.evaluation

@@ -15,6 +15,7 @@ import ray
 from convalue.actors.progress import Progress
 from convalue.engine.config import RunConfig
 from convalue.engine.driver import signals
+from convalue.engine.report.bars import Bars
 
 log = logging.getLogger("convalue")
 WORKER_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -91,7 +92,7 @@ class RaySession:
             self.started, self.connected = connect(self.cfg, self.addr), True
             signals.install()  # ray.init installs its own SIGTERM handler (sys.exit), which records no signal
             # on a cluster joined by address, the progress actor outlives the driver briefly (for a final scrape)
-            self.progress = Progress(self.cfg.name, detached=self.addr is not None)
+            self.progress = Progress(self.cfg.name, detached=self.addr is not None, bars=Bars())
 
     def close(self) -> None:
         """Stop the progress actor; shut down a Ray this run started."""

@@ -17,7 +17,7 @@ def test_launcher_config_passes_ray_schema():
 
 
 def test_rayjob_fields():
-    job = yaml.safe_load((CLUSTER / "rayjob.yaml").read_text())
+    claim, job = yaml.safe_load_all((CLUSTER / "rayjob.yaml").read_text())
     assert job["apiVersion"] == "ray.io/v1" and job["kind"] == "RayJob"
     spec = job["spec"]
     assert spec["entrypoint"].startswith("convalue run ")
@@ -25,6 +25,15 @@ def test_rayjob_fields():
     gpu = [g for g in spec["rayClusterSpec"]["workerGroupSpecs"] if g["groupName"] == "gpu-group"][0]
     limits = gpu["template"]["spec"]["containers"][0]["resources"]["limits"]
     assert limits["nvidia.com/gpu"] == 1  # KubeRay reads the GPU count from limits
+    # the run folder outlives the pods: --out is a volume every pod mounts from a ReadWriteMany claim
+    assert claim["kind"] == "PersistentVolumeClaim" and claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    out = spec["entrypoint"].split("--out ")[1].split()[0]
+    groups = [spec["rayClusterSpec"]["headGroupSpec"], *spec["rayClusterSpec"]["workerGroupSpecs"]]
+    for group in groups:
+        pod = group["template"]["spec"]
+        (volume,) = pod["volumes"]
+        assert volume["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+        assert {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]} == {out}
 
 
 def test_launcher_installs_every_no_deps_package():

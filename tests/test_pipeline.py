@@ -343,7 +343,7 @@ def test_a_run_says_running_until_it_ends(ray_session, tiny_model_dir, tmp_path,
     never leaves results that look finished; a re-solve of such a folder is refused."""
     from conftest import chatterbot_pairs, write_jsonl
 
-    import convalue.engine.driver.pipeline as pipeline
+    import convalue.engine.driver.stages as stages
 
     target = write_jsonl(tmp_path / "t.jsonl", chatterbot_pairs("marathi", 8))
     pool = write_jsonl(tmp_path / "p.jsonl", [r | {"group": "en"} for r in chatterbot_pairs("english", 4)])
@@ -354,7 +354,7 @@ def test_a_run_says_running_until_it_ends(ray_session, tiny_model_dir, tmp_path,
         seen.update(json.loads((run_dir / "summary.json").read_text()))
         raise RuntimeError("stopped in featurize")
 
-    monkeypatch.setattr(pipeline, "featurize", featurize)
+    monkeypatch.setattr(stages, "featurize", featurize)  # a stop in the stage, at a known moment
     with pytest.raises(RuntimeError, match="stopped in featurize"):
         run(config_from_dict(tiny_run_config(tmp_path, tiny_model_dir, target, pool, select={"k": 1})))
     assert seen["status"] == "running" and seen["data"]["candidates"] == 1

@@ -38,6 +38,31 @@ def test_task_vector_representation_from_config(pipeline_config):
     assert summary.featurize["dim_in"] > 0
 
 
+def test_two_representations_meet_in_one_evaluation(pipeline_config):
+    """One-step and task vectors (the paper's TV: a short fine-tune on the whole group, a quarter of the target
+    fine-tune's steps) featurised and solved in one run; their cosine and KMM rankings share one table and Borda."""
+    tmp, data = pipeline_config
+    cfg = data | {"name": "two", "features": {"representations": ["one_step", "task_vector"], "tv_batch_size": 2},
+                  "finetune": data["finetune"] | {"ks": [1], "baselines": ["target_only"], "steps": 4}}
+    summary = run(config_from_dict(cfg))
+    assert summary.status == "complete" and set(summary.representations) == {"task_vector"}
+    tv = summary.representations["task_vector"]
+    assert tv["solver"]["status"] == "optimal" and tv["featurize"]["groups_computed"] == 6
+    methods = summary.evaluation["methods"]
+    assert {"kmm", "one_step", "tv", "tv+kmm"} <= set(methods) and set(summary.evaluation["borda"]) == set(methods)
+    labels = {r["label"] for r in summary.finetune}
+    assert "target + tv + KMM top-1" in labels and "target + one_step top-1" in labels
+    manifest = json.loads((tmp / "runs" / "two" / "vectors-task_vector" / "manifest.json").read_text())
+    assert manifest["fingerprint"]["features"]["representation"] == "task_vector"
+    assert manifest["fingerprint"]["features"]["tv_data"] == "group"
+    preview = run(config_from_dict(cfg | {"name": "two-preview",
+                                          "features": cfg["features"] | {"tv_data": "preview_shortcut"},
+                                          "finetune": {"enabled": False}}))
+    tv_scores = summary.representations["task_vector"]["solver"]
+    assert preview.representations["task_vector"]["featurize"]["groups_computed"] == 6  # other data: other vectors
+    assert preview.representations["task_vector"]["solver"]["objective"] != tv_scores["objective"]
+
+
 def test_grpo_representation_from_config(pipeline_config):
     """GRPO on real prompts: sampled completions, a reward from a user file, group vectors, a certified solve."""
     tmp, data = pipeline_config

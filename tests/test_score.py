@@ -79,3 +79,10 @@ def test_bad_vector_files_are_refused_naming_the_file(ray_session, tmp_path, cap
     assert rc == 2
     rc = main(["score", str(tmp_path / "nothing.parquet"), "--gamma", "0.1", "--out", str(tmp_path / "runs")])
     assert rc == 2 and "nothing.parquet: no such vectors file or run folder" in capsys.readouterr().err
+
+
+def test_a_bare_file_name_is_read_from_the_current_directory(ray_session, tmp_path, monkeypatch):
+    _pool(tmp_path, n=60, p=16)
+    monkeypatch.chdir(tmp_path)
+    rc = main(["score", "pool.parquet", "--target", "target.npy", "--gamma-ratio", "0.1", "--out", "runs"])
+    assert rc == 0 and (tmp_path / "runs" / "scored" / "scores.parquet").is_file()

@@ -131,8 +131,14 @@ class FeaturesConfig:
 
     representation: Literal["one_step", "task_vector", "grpo"] = opt(
         "one_step", "`one_step`: the mean SFT-loss gradient at theta_0; `task_vector`: tau = theta - theta_0 after "
-        "`tv_steps` AdamW steps on the group alone; `grpo`: the mean GRPO surrogate-loss gradient at theta_0 over "
-        "sampled completions scored by `grpo_reward`.")
+        "a short fine-tune on the group alone (see `tv_data`, `tv_steps`); `grpo`: the mean GRPO surrogate-loss "
+        "gradient at theta_0 over sampled completions scored by `grpo_reward`.")
+    representations: list[Literal["one_step", "task_vector", "grpo"]] | None = opt(
+        None, "Several representations valued in one run (the paper's comparison): each is featurised (its vectors "
+        "in `vectors/` for the first, `vectors-<name>/` for the others) and KMM solved on it; the evaluation then "
+        "ranks by each one's cosine (`one_step`, `tv`, `grpo`) and KMM scores (`one_step+kmm`, `tv+kmm`, ...) beside "
+        "`kmm` (the first's). The first is the run's own (`representation` must be it or left out). null: "
+        "`representation` alone.")
     parameters: Literal["lora", "full"] = opt(
         "lora", "`lora`: the adapter's lora_B (one_step, grpo) or lora_A and lora_B (task_vector); `full`: every "
         "base-model weight (needs a compressing projection; groups are featurised one at a time).")
@@ -142,7 +148,13 @@ class FeaturesConfig:
     keep_per_example: bool = opt(
         False, "one_step with packing (model.token_budget): also store every preview example's projected gradient "
         "beside its group's mean (for confidence intervals); turns prefix sharing off.")
-    tv_steps: int = opt(4, "Task vectors: optimizer steps per group.")
+    tv_data: Literal["group", "preview_shortcut"] = opt(
+        "group", "Task vectors: `group` fine-tunes on the group's data (the paper's definition); `preview_shortcut` "
+        "on its m-example preview only (cheaper, and a different vector).")
+    tv_steps: int | None = opt(None, "Task vectors: optimizer steps per group. null: `tv_fraction` of finetune.steps "
+                                     "(the paper: a fraction of the target fine-tune's steps).")
+    tv_fraction: float = opt(0.25, "Task vectors: the share of finetune.steps a group's fine-tune takes when "
+                                   "`tv_steps` is null.")
     tv_lr: float = opt(1e-3, "Task vectors: AdamW learning rate.")
     tv_batch_size: int = opt(4, "Task vectors: examples per step.")
     grpo_reward: str = opt(
@@ -159,9 +171,21 @@ class FeaturesConfig:
 
     def validate(self) -> None:
         """Raise ConfigError naming the first field whose value does not hold."""
-        for name in ("tv_steps", "tv_batch_size", "grpo_max_new_tokens"):
+        for name in ("tv_batch_size", "grpo_max_new_tokens"):
             if getattr(self, name) <= 0:
                 raise ConfigError("must be > 0", field=name, value=getattr(self, name))
+        if self.tv_steps is not None and self.tv_steps <= 0:
+            raise ConfigError("must be > 0 (or null)", field="tv_steps", value=self.tv_steps)
+        if not 0 < self.tv_fraction <= 1:
+            raise ConfigError("must be in (0, 1]", field="tv_fraction", value=self.tv_fraction)
+        if self.representations is not None:
+            if not self.representations or len(set(self.representations)) != len(self.representations):
+                raise ConfigError("must list distinct representations (or be null)", field="representations",
+                                  value=self.representations)
+            if self.representation not in (self.representations[0], "one_step"):
+                raise ConfigError(f"must be the first of `representations` ({self.representations[0]}) or left out",
+                                  field="representation", value=self.representation)
+            self.representation = self.representations[0]
         if not self.tv_lr > 0:
             raise ConfigError("must be > 0", field="tv_lr", value=self.tv_lr)
         if self.grpo_generations < 2:
@@ -173,7 +197,7 @@ class FeaturesConfig:
             raise ConfigError("must be in (0, 1]", field="grpo_top_p", value=self.grpo_top_p)
         if not self.grpo_kl_coef >= 0:
             raise ConfigError("must be >= 0", field="grpo_kl_coef", value=self.grpo_kl_coef)
-        if self.representation == "grpo":
+        if "grpo" in (self.representations or [self.representation]):
             from convalue.engine.features.rewards import RewardError, load_reward
 
             try:

@@ -28,8 +28,9 @@ class RunConfig:
     """A whole valuation run."""
 
     name: str = opt("run", "Run name; outputs go to `<out>/<name>/`.")
-    out: str = opt("runs", "Parent folder of run folders; a relative one is read against the config file's folder "
-                           "(`convalue run --out` against the current directory).")
+    out: str = opt("runs", "Parent folder of run folders: a local folder (a relative one is read against the config "
+                           "file's folder; `convalue run --out` against the current directory) or a filesystem URI "
+                           "(`s3://bucket/runs`, `gs://...`, `hdfs://...`).")
     model: ModelConfig = opt(help="Base model.", factory=ModelConfig)
     lora: LoraConfig = opt(help="LoRA adapter.", factory=LoraConfig)
     features: FeaturesConfig = opt(help="Group representation.", factory=FeaturesConfig)

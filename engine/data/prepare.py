@@ -141,3 +141,12 @@ def prepare(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, max_length: int
     for w in warnings:
         log.warning(w)
     return PreparedData(target, train_tok, val_tok, target_item, kept, items, warnings, candidates)
+
+
+def full_items(data: PreparedData, tokenizer: PreTrainedTokenizerBase, max_length: int) -> tuple[WorkItem,
+                                                                                                 list[WorkItem]]:
+    """(target, candidates) work items holding every usable example of each group, not its preview: the data of
+    a task vector as the paper defines it (a short fine-tune on the group)."""
+    target = WorkItem(TARGET_KEY, tuple(data.target_train))
+    return target, [WorkItem(g.name, tuple(_usable(tokenize_examples(tokenizer, list(g.examples), max_length))))
+                    for g in data.candidates]

@@ -17,7 +17,7 @@ from convalue.actors.pool import ActorPool
 from convalue.actors.progress import Progress
 from convalue.engine.config import RunConfig
 from convalue.engine.data.prepare import TARGET_KEY, PreparedData, preview_key
-from convalue.engine.features.batching import block_tokens, plan_blocks
+from convalue.engine.features.batching import WorkItem, block_tokens, plan_blocks
 from convalue.engine.model.spec import ReplicaSpec
 from convalue.engine.selection.blocked import BlockRows
 from convalue.engine.store.vectors import VectorStore, write_block
@@ -97,15 +97,17 @@ def fingerprint(cfg: RunConfig, model_digest: str) -> dict:
     }
 
 
-def featurize(cfg: RunConfig, spec: ReplicaSpec, data: PreparedData, store: VectorStore,
-              progress: Progress) -> FeaturizeResult:
-    """Compute (or reuse from the store) every group's projected gradient; the blocks stay in the object store."""
-    items = [data.target_item] + data.items
+def featurize(cfg: RunConfig, spec: ReplicaSpec, data: PreparedData, store: VectorStore, progress: Progress,
+              work: tuple[WorkItem, list[WorkItem]] | None = None, stage: str = "featurize") -> FeaturizeResult:
+    """Compute (or reuse from the store) every group's projected gradient; the blocks stay in the object store.
+    work: (target, candidates) items other than the previews (a task vector's whole groups); stage: its name in
+    the progress record."""
+    items = [data.target_item] + data.items if work is None else [work[0], *work[1]]
     keys = {it.name: preview_key(it) for it in items}
     done = store.done()
     todo = [it for it in items if done.get(it.name) != keys[it.name]]
     reused = [it.name for it in items if done.get(it.name) == keys[it.name]]
-    progress.total("featurize", len(items))
+    progress.total(stage, len(items))
     stats = FeaturizeStats(groups_computed=len(todo), groups_reused=len(reused))
     found: dict[str, tuple[str, int]] = {}  # group -> (block file, row)
     refs: dict[str, ray.ObjectRef] = {}
@@ -116,10 +118,10 @@ def featurize(cfg: RunConfig, spec: ReplicaSpec, data: PreparedData, store: Vect
         todo += lost  # in a block that failed its checksum when read back: computed again
         reused = [n for n in reused if n in found]
         stats.groups_computed, stats.groups_reused = len(todo), len(reused)
-        progress.advance("featurize", len(reused))
+        progress.advance(stage, len(reused))
         log.info("resumed %d stored group vectors", len(reused))
     if todo:
-        _compute(cfg, spec, todo, keys, store, progress, stats, found, refs, nodes)
+        _compute(cfg, spec, todo, keys, store, progress, stats, found, refs, nodes, stage)
     store.mark_complete([it.name for it in items])
     return FeaturizeResult.of(data.names(), found, refs, nodes, stats)
 
@@ -151,7 +153,8 @@ def reuse_blocks(store: VectorStore, reused: list[str], keys: dict[str, str], fo
 
 
 def _compute(cfg: RunConfig, spec: ReplicaSpec, todo: list, keys: dict[str, str], store: VectorStore,
-             progress: Progress, stats: FeaturizeStats, found: dict, refs: dict, nodes: dict) -> None:
+             progress: Progress, stats: FeaturizeStats, found: dict, refs: dict, nodes: dict,
+             stage: str = "featurize") -> None:
     """Featurise the groups `todo` on a pool of gradient workers; each worker stores its own blocks where it can
     reach the store (else the driver writes them), and each block's array stays in Ray's object store."""
     blocks = plan_blocks(todo, cfg.ray.groups_per_call)
@@ -189,7 +192,7 @@ def _compute(cfg: RunConfig, spec: ReplicaSpec, todo: list, keys: dict[str, str]
             for k in grpo if "grpo" in out.stats else ():
                 grpo[k] += out.stats["grpo"][k]
             finished += len(out.names)
-            progress.advance("featurize", len(out.names), tokens=out.stats["tokens"])
+            progress.advance(stage, len(out.names), tokens=out.stats["tokens"])
             log.info("featurised %d/%d groups (%s)", finished, len(todo), ", ".join(out.names))
     wall = time.perf_counter() - t0
     stats.wall_seconds = round(wall, 3)

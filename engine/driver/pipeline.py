@@ -13,24 +13,28 @@ import numpy as np
 
 from convalue.actors.embedder import embed_on_workers
 from convalue.actors.evaluation import EvaluationRequest, FinetuneOutcome, Runners
-from convalue.actors.gram import build_gram
 from convalue.actors.solver import (
     bootstrap_on_actors,
     evaluate_on_actor,
-    solve_blocks_on_actor,
-    solve_on_actor,
 )
-from convalue.engine.config import ConfigError, RunConfig
+from convalue.engine.config import RunConfig
 from convalue.engine.data.clustering import EmbeddingCache
 from convalue.engine.data.costs import load_costs
 from convalue.engine.data.prepare import TARGET_KEY, prepare
 from convalue.engine.driver import signals
-from convalue.engine.driver.featurize import FeaturizeResult, featurize, fingerprint
+from convalue.engine.driver.featurize import fingerprint
 from convalue.engine.driver.session import (
     RaySession,
     Timer,
     check_reachable,
     cluster_address,
+)
+from convalue.engine.driver.stages import (
+    Valuation,
+    check_budgets,
+    representation_config,
+    value,
+    vector_folder,
 )
 from convalue.engine.model.digest import model_digest
 from convalue.engine.model.loading import check_lora_targets_in, load_tokenizer, resolve_model
@@ -49,49 +53,23 @@ from convalue.engine.report.tables import (
     write_npy,
     write_parquet,
 )
-from convalue.engine.selection.blocked import GramResult
 from convalue.engine.selection.bootstrap import outputs as bootstrap_outputs
 from convalue.engine.selection.select import select_top_k
-from convalue.engine.selection.solve import KMMProblemData, SolveSpec
+from convalue.engine.selection.solve import SolveSpec
 from convalue.engine.store.folder import RunFolder
 from convalue.engine.store.locks import run_folder_lock
 from convalue.engine.store.vectors import VectorStore
-from convalue.solvers import KMMSolution
 
 log = logging.getLogger("convalue")
 RESULT_FILES = ("scores.parquet", "gram.npy", "beta.npy", "costs.npy", "clusters.parquet", "examples.parquet",
                 "bootstrap.parquet", "evaluation.parquet", "scores.png", "evaluation.png", "report.html",
                 "summary.json")
-#: solver.space `auto` solves in gradient space above this many candidates (K would not fit in memory)
-GRADIENT_SPACE_MIN_N = 20_000
 
 
-def solver_space(cfg: RunConfig, n: int) -> str:
-    """`gram` or `gradients` (solver.space, with `auto` choosing gradients above GRADIENT_SPACE_MIN_N)."""
-    if cfg.solver.space != "auto":
-        return cfg.solver.space
-    return "gradients" if n > GRADIENT_SPACE_MIN_N else "gram"
 
 
-def check_nonzero(cfg: RunConfig | None, names: list[str], row_norm2: np.ndarray, g_tar: np.ndarray) -> None:
-    """Refuse all-zero group vectors (a zero vector has no direction to value), saying why they arise."""
-    zero = (["the target"] if not np.any(g_tar) else []) + [n for n, r in zip(names, row_norm2) if r == 0]
-    if not zero:
-        return
-    why = ("every prompt's completions got the same reward, so every advantage is 0: raise "
-           "features.grpo_generations or grpo_temperature, or use a reward that separates completions"
-           if cfg is not None and cfg.features.representation == "grpo" else
-           "the loss does not depend on the featurised parameters" if cfg is not None else "an all-zero vector")
-    raise ValueError(f"group vector is exactly zero for {zero[:10]} ({len(zero)} in all): {why}")
 
 
-def check_budgets(cfg: RunConfig, n: int) -> None:
-    """Refuse a selection or an evaluated budget k larger than the pool (it would buy fewer groups than it says)."""
-    if cfg.select.k > n:
-        raise ConfigError(f"is larger than the pool's {n} candidate group(s)", field="select.k", value=cfg.select.k)
-    if cfg.finetune.enabled and (too_big := [k for k in cfg.finetune.ks or [] if k > n]):
-        raise ConfigError(f"lists budgets larger than the pool's {n} candidate group(s): {too_big}",
-                          field="finetune.ks", value=cfg.finetune.ks)
 
 
 def deepspeed_job_spec(cfg: RunConfig, model_dir: Path, digest: str):
@@ -138,27 +116,10 @@ def run(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False,
         session.close()
 
 
-def gram_stage_of(spec: SolveSpec, features: FeaturizeResult) -> GramResult:
-    """beta, the cosine and (in Gram space) K = G G^T in the run's metric, from tile tasks over the stored blocks."""
-    return build_gram(features.blocks, features.refs, len(features.names), features.g_tar, spec.metric,
-                      with_K=spec.space == "gram")
 
 
-def gram_stage(spec: SolveSpec, features: FeaturizeResult, cfg: RunConfig, summary: RunSummary) -> GramResult:
-    """gram_stage_of, with the run's checks and the metric's record in the summary."""
-    gram = gram_stage_of(spec, features)
-    check_nonzero(cfg, features.names, gram.row_norm2, features.g_tar)
-    if gram.M is not None:
-        summary.metric = {"kind": cfg.features.metric, "support": int(np.count_nonzero(gram.M)),
-                          "max_over_mean": round(float(gram.M.max()), 3)}
-    return gram
 
 
-def solve_stage(spec: SolveSpec, features: FeaturizeResult, gram: GramResult) -> KMMSolution:
-    """The KMM solve on a solver actor: from K in Gram space, else from the vectors gathered on a worker."""
-    if gram.K is not None:
-        return solve_on_actor(spec, KMMProblemData(beta=gram.beta, K=gram.K, G=None, g_tar=None, M=gram.M))
-    return solve_blocks_on_actor(spec, features.blocks, features.refs, len(features.names), features.g_tar)
 
 
 def _run(cfg: RunConfig, overwrite: bool, session: RaySession, runners: Runners) -> RunSummary:
@@ -195,7 +156,12 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession, runners: Runners)
             given = given_weights(cfg.finetune.mixture_weights, data.names(), cfg.finetune.mixture_default_weight)
     run_dir.makedirs()
     with run_folder_lock(run_dir):  # no other run or re-solve writes here meanwhile
-        store = VectorStore(run_dir.sub("vectors"), fingerprint(cfg, digest), overwrite=overwrite)
+        reps = cfg.features.representations or [cfg.features.representation]
+        # every representation's store opened (its settings checked) before anything of an earlier run is removed
+        stores = {rep: VectorStore(vector_folder(run_dir, rep, i == 0),
+                                   fingerprint(representation_config(cfg, rep), digest), overwrite=overwrite)
+                  for i, rep in enumerate(reps)}
+        store = stores[reps[0]]
         for f in RESULT_FILES:  # results of an earlier run in this folder are replaced, never mixed
             run_dir.delete(f)
         if embed is not None:
@@ -223,24 +189,26 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession, runners: Runners)
                     session.up()
             summary.attempt = session.progress.attempt  # the metrics' `attempt` tag
             replica = ReplicaSpec.from_config(cfg, model_dir, tokenizer.pad_token_id, digest)
-            stage = "featurize"
-            with timer.stage("featurize"):
-                features = featurize(cfg, replica, data, store, session.progress)
-            summary.featurize = features.stats.to_dict()
-            names = features.names
-            # K = G G^T has rank <= p: the bound lets validation skip the rank computation and tells the solver
-            # where supports become singular
-            spec = SolveSpec.from_config(cfg, costs=costs, rank_bound=int(features.g_tar.shape[0]),
-                                         space=solver_space(cfg, len(names)))
-            stage = "gram"
-            with timer.stage("gram"):
-                gram = gram_stage(spec, features, cfg, summary)
-            summary.gram = {k: v for k, v in gram.stats.items() if k != "tile_detail"}
-            spec = spec.resolved(gram.beta, gram.diag)  # gamma_ratio -> this problem's absolute gamma
+            valued: list[Valuation] = []
+
+            def on_stage(name: str) -> None:  # the stage a failure is recorded in
+                nonlocal stage
+                stage = name
+
+            for i, rep in enumerate(reps):
+                valued.append(value(cfg, rep, data, stores[rep], replica, tokenizer, costs, session.progress, timer,
+                                    primary=i == 0, on_stage=on_stage))
+                if i == 0:
+                    summary.featurize = valued[0].features.stats.to_dict()
+                    summary.gram = {k: v for k, v in valued[0].gram.stats.items() if k != "tile_detail"}
+                else:
+                    summary.representations = (summary.representations or {}) | {rep: valued[-1].record()}
+            main = valued[0]
+            names, gram, spec, sol = main.features.names, main.gram, main.spec, main.sol
+            if gram.M is not None:
+                summary.metric = {"kind": cfg.features.metric, "support": int(np.count_nonzero(gram.M)),
+                                  "max_over_mean": round(float(gram.M.max()), 3)}
             summary.order, summary.space = names, spec.space  # the row order of gram.npy / beta.npy
-            stage = "solve"
-            with timer.stage("solve"):
-                sol = solve_stage(spec, features, gram)
             summary.solver = SolverRecord.from_solution(sol, spec.normalize, spec.rank_bound)
             if cfg.solver.gamma_ratio is not None:
                 summary.solver.info["gamma_ratio"] = cfg.solver.gamma_ratio
@@ -269,8 +237,9 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession, runners: Runners)
             stage = "finetune"
             if cfg.finetune.enabled:
                 with timer.stage("finetune"):
-                    methods = ["kmm"] + [b for b in cfg.finetune.baselines if b in BASELINE_METHODS]
-                    scores = {s: method_scores(methods, w, beta, cos, cfg.finetune.random_order_seed(s))
+                    extra = representation_methods(valued)
+                    methods = ["kmm"] + [b for b in cfg.finetune.baselines if b in BASELINE_METHODS] + list(extra)
+                    scores = {s: method_scores(methods, w, beta, cos, cfg.finetune.random_order_seed(s), extra)
                               for s in cfg.finetune.seeds()}
                     request = EvaluationRequest(cfg=cfg, spec=replica, tokenizer=tokenizer, data=data, names=names,
                                                 scores=scores, beta=beta, given=given, run_dir=run_dir,
@@ -301,6 +270,18 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession, runners: Runners)
             except Exception as exc:
                 log.warning("report.html not written: %s", exc)
     return summary
+
+
+def representation_methods(valued: list[Valuation]) -> dict[str, np.ndarray]:
+    """With several representations, each one's cosine ranking and KMM scores as methods (`one_step`,
+    `one_step+kmm`, `tv`, `tv+kmm`, ...; the first's KMM is `kmm` itself); none with one representation."""
+    if len(valued) < 2:
+        return {}
+    out = {valued[0].tag: valued[0].gram.cosine}
+    for v in valued[1:]:
+        out[v.tag] = v.gram.cosine
+        out[f"{v.tag}+kmm"] = v.sol.w
+    return out
 
 
 def _recovered(session: RaySession, store: VectorStore) -> dict | None:

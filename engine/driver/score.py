@@ -28,7 +28,7 @@ from convalue.engine.report.tables import (
 from convalue.engine.selection.select import select_top_k
 from convalue.engine.selection.solve import SolveSpec
 from convalue.engine.store.errors import StoreError
-from convalue.engine.store.folder import RunFolder, as_folder
+from convalue.engine.store.folder import RunFolder, as_folder, file_location
 from convalue.engine.store.locks import run_folder_lock
 from convalue.engine.store.vectors import VectorStore
 
@@ -102,7 +102,7 @@ def _target(req: ScoreRequest) -> np.ndarray | None:
     """The target vector from --target (None: a row of the vectors is the target)."""
     if req.target is None:
         return None
-    folder, name = as_folder(req.target.rsplit("/", 1)[0] or "."), req.target.rsplit("/", 1)[-1]
+    folder, name = file_location(req.target)
     if name.endswith(".npy"):
         import io
 
@@ -123,7 +123,7 @@ def import_vectors(req: ScoreRequest, store: VectorStore) -> tuple[list[str], in
     if is_run:
         batches = _run_batches(source)
     else:
-        folder, name = as_folder(req.vectors.rsplit("/", 1)[0] or "."), req.vectors.rsplit("/", 1)[-1]
+        folder, name = file_location(req.vectors)
         if not folder.is_file(name):
             raise FileNotFoundError(f"{req.vectors}: no such vectors file or run folder")
         batches = _parquet_batches(folder, name)
@@ -155,13 +155,13 @@ def score(req: ScoreRequest) -> RunSummary:
     """Import, value and write the run folder <out>/<name>; returns its summary (Ray starts for the Gram and the
     solve: an embedded one unless RAY_ADDRESS names a cluster)."""
     from convalue.engine.config import SolverConfig
-    from convalue.engine.driver.pipeline import check_nonzero, gram_stage_of, solve_stage
     from convalue.engine.driver.session import connect_default
+    from convalue.engine.driver.stages import check_nonzero, gram_stage_of, solve_stage
 
     SolverConfig(gamma=req.gamma, gamma_ratio=req.gamma_ratio, budget=req.budget,
                  normalize=req.normalize).validate()  # the same checks, and messages, as a config's solver section
     for path, what in ((req.vectors, "vectors file or run folder"), (req.target, "target file")):
-        if path is not None and not as_folder(path).exists():
+        if path is not None and not (as_folder(path).is_dir() or file_location(path)[0].is_file(file_location(path)[1])):
             raise FileNotFoundError(f"{path}: no such {what}")
     run_dir = RunFolder.at(req.out, req.name)
     timer, t0 = Timer(), time.perf_counter()

@@ -61,7 +61,8 @@ def build_featurizer(spec: ReplicaSpec) -> GroupGradients | GroupTaskVectors | G
     projector = make_projector(proj.kind, sum(p.numel() for p in params), proj.dim, proj.seed)
     amp_dtype = autocast_dtype(device, mc.dtype)
     if features.representation == "task_vector":
-        return GroupTaskVectors(model, named, projector, spec.pad_id, steps=features.tv_steps,
+        steps = features.tv_steps or max(1, round(features.tv_fraction * spec.finetune.steps))
+        return GroupTaskVectors(model, named, projector, spec.pad_id, steps=steps,
                                 lr=features.tv_lr, batch_size=features.tv_batch_size, device=device,
                                 autocast_dtype=amp_dtype)
     if features.representation == "grpo":

@@ -41,15 +41,21 @@ class PlannedRun:
     def label(self) -> str:
         """The name printed beside its validation loss."""
         if self.method == "target_only":
-            return LABELS[self.method]
-        return f"target + {LABELS[self.method]} top-{self.k}"
+            return label_of(self.method)
+        return f"target + {label_of(self.method)} top-{self.k}"
+
+
+def label_of(method: str) -> str:
+    """A method's name in tables and plots (LABELS, or a representation's `tv`, `tv+kmm`, ... as written)."""
+    return LABELS.get(method) or method.replace("+kmm", " + KMM")
 
 
 def method_scores(methods: list[str], w: np.ndarray, beta: np.ndarray, cos: np.ndarray,
-                  seed: int) -> dict[str, np.ndarray]:
-    """Each method's score per candidate (higher is bought first): KMM's w, alignment beta, cosine, or a seeded
-    random order (every score positive, so random buys k at every k)."""
-    table = {"kmm": w, "alignment": beta, "cosine": cos}
+                  seed: int, extra: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """Each method's score per candidate (higher is bought first): KMM's w, alignment beta, cosine, a seeded random
+    order (every score positive, so random buys k at every k), or a score computed elsewhere (`extra`: another
+    representation's cosine or KMM scores, a fitted baseline's)."""
+    table = {"kmm": w, "alignment": beta, "cosine": cos} | (extra or {})
     scores = {}
     for m in methods:
         if m == "random":
@@ -57,7 +63,7 @@ def method_scores(methods: list[str], w: np.ndarray, beta: np.ndarray, cos: np.n
         elif m in table:
             scores[m] = np.asarray(table[m], dtype=np.float64)
         else:
-            raise ValueError(f"unknown valuation method {m!r}; expected one of {['kmm', *BASELINE_METHODS]}")
+            raise ValueError(f"unknown valuation method {m!r}; expected one of {['kmm', *BASELINE_METHODS, *table]}")
     return scores
 
 

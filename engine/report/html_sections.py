@@ -8,7 +8,7 @@ import math
 import statistics
 from typing import TYPE_CHECKING, Any
 
-from convalue.engine.protocol.evaluate import LABELS
+from convalue.engine.protocol.evaluate import label_of
 
 if TYPE_CHECKING:
     from convalue.engine.report.html import RunFiles
@@ -309,7 +309,7 @@ def evaluation_section(run: RunFiles) -> Html:
     for m in methods:
         star = best_k.get(m, {}).get("k")
         cell = [join(pm(*cells[m, k]), " ★" if star == k else "") if (m, k) in cells else "–" for k in ks]
-        body.append([LABELS.get(m, m), *cell, num(borda.get(m), "g")])
+        body.append([label_of(m), *cell, num(borda.get(m), "g")])
     target = cells.get(("target_only", None)) or ((ev["target_only_val_loss"], ev.get("target_only_val_loss_sd"))
                                                   if ev.get("target_only_val_loss") is not None else None)
     if target is not None:
@@ -324,7 +324,7 @@ def evaluation_section(run: RunFiles) -> Html:
              f"better){over}; ★ each method's best k; Borda count over k (higher is better)."),
         table(["method", *(f"k = {k}" for k in ks), "Borda"], body, id="evaluation-table"),
         table(["method", "best k", "validation loss", "groups bought"],
-              [[LABELS.get(m, m), num(b.get("k"), "d"), pm(b.get("val_loss"), b.get("val_loss_sd")),
+              [[label_of(m), num(b.get("k"), "d"), pm(b.get("val_loss"), b.get("val_loss_sd")),
                 ", ".join(map(str, b.get("groups") or [])) or "–"] for m, b in best_k.items()],
               id="best-k-table")]
     parts.append(_kmm_minus(ev))
@@ -353,7 +353,7 @@ def _kmm_minus(ev: dict) -> Html:
         else:
             verdict = "one seed: no interval" if mean == mean else "–"
             interval = "–"
-        body.append([LABELS.get(d.get("method"), d.get("method")), num(d.get("k"), "d"), pm(mean, d.get("sd"), "+.4f"),
+        body.append([label_of(d.get("method")), num(d.get("k"), "d"), pm(mean, d.get("sd"), "+.4f"),
                      interval, f"{d.get('reference_lower', '?')} of {d.get('seeds', '?')}", verdict])
         classes.append("good" if verdict == "KMM lower" else "bad" if verdict == "KMM higher" else None)
     return join(para("KMM's validation loss minus each method's at each k, seed by seed (the seeds' draws are "

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from convalue.engine.protocol.evaluate import LABELS, cell_losses
+from convalue.engine.protocol.evaluate import cell_losses, label_of
 from convalue.engine.store.folder import RunFolder, as_folder
 
 SCORES_SHOWN = 40  # most bars in scores.png; the whole ranking is in scores.parquet
@@ -68,12 +68,12 @@ def plot_evaluation(rows: list[dict], evaluation: dict, folder: RunFolder | Path
     for m in evaluation["methods"]:
         means, sds = [cell[m, k].mean for k in ks], [cell[m, k].sd or 0.0 for k in ks]
         line = ax.errorbar(ks, means, yerr=sds if len(seeds) > 1 else None, marker="o", capsize=3,
-                           label=f"{LABELS[m]} (Borda {evaluation['borda'][m]:g})").lines[0]
+                           label=f"{label_of(m)} (Borda {evaluation['borda'][m]:g})").lines[0]
         best = evaluation["best_k"][m]
         ax.plot([best["k"]], [best["val_loss"]], marker="*", markersize=14, color=line.get_color())
     if ("target_only", None) in cell:
         target = cell["target_only", None]
-        ax.axhline(target.mean, color="black", linestyle="--", linewidth=1, label=LABELS["target_only"])
+        ax.axhline(target.mean, color="black", linestyle="--", linewidth=1, label=label_of("target_only"))
         if target.sd is not None:
             ax.axhspan(target.mean - target.sd, target.mean + target.sd, color="black", alpha=0.08, linewidth=0)
     if evaluation.get("base_val_loss") is not None:

@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from convalue.engine.data.examples import Group
-from convalue.engine.protocol.evaluate import LABELS, CellLoss, cell_losses
+from convalue.engine.protocol.evaluate import CellLoss, cell_losses, label_of
 from convalue.engine.selection.select import ranks
 from convalue.engine.store.folder import RunFolder, as_folder
 
@@ -200,15 +200,15 @@ def format_evaluation(rows: list[dict], evaluation: dict | None) -> str:
     over = f"; mean ± sd over seeds {seeds}" if len(seeds) > 1 else ""
     best = {(m, b["k"]) for m, b in evaluation["best_k"].items()}
     col = max([8] + [len(_loss(c)) for c in cell.values()]) + 1
-    width = max([len("base model (theta_0)")] + [len(LABELS[m]) for m in methods])
+    width = max([len("base model (theta_0)")] + [len(label_of(m)) for m in methods])
     lines = [f"target validation loss after {rows[0]['steps']} steps (lower is better; * the method's best "
              f"k{over}), Borda count over k (higher is better):",
              f"  {'method':<{width}} " + " ".join(f"{'k=' + str(k):>{col}}" for k in ks) + f" {'Borda':>7}"]
     for m in methods:
         losses = " ".join(f"{_loss(cell[m, k]):>{col - 1}}{'*' if (m, k) in best else ' '}" for k in ks)
-        lines.append(f"  {LABELS[m]:<{width}} {losses} {evaluation['borda'][m]:>7.1f}")
+        lines.append(f"  {label_of(m):<{width}} {losses} {evaluation['borda'][m]:>7.1f}")
     if ("target_only", None) in cell:
-        lines.append(f"  {LABELS['target_only']:<{width}} {_loss(cell['target_only', None]):>{col - 1}}  (every k)")
+        lines.append(f"  {label_of('target_only'):<{width}} {_loss(cell['target_only', None]):>{col - 1}}  (every k)")
     if evaluation.get("base_val_loss") is not None:
         lines.append(f"  {'base model (theta_0)':<{width}} {evaluation['base_val_loss']:>{col - 1}.4f}")
     if over and evaluation.get("kmm_minus"):
@@ -218,7 +218,7 @@ def format_evaluation(rows: list[dict], evaluation: dict | None) -> str:
         for m in dict.fromkeys(d["method"] for d in evaluation["kmm_minus"]):
             cells = [f"k={d['k']} {d['mean']:+.4f}±{d['sd']:.4f}{_interval(d.get('ci95'))} (KMM lower in "
                      f"{d['reference_lower']} of {d['seeds']})" for d in evaluation["kmm_minus"] if d["method"] == m]
-            lines.append(f"  {LABELS[m]}: " + ", ".join(cells))
+            lines.append(f"  {label_of(m)}: " + ", ".join(cells))
     mixed = " and mixture weights" if any(r.get("weights") for r in rows) else ""
     per_k = len({r.get("rho") for r in rows if r["groups"]}) > 1  # finetune.rho_by_k: say each run's rho_k
     lines.append(f"what each run bought{mixed} (" + ("rho_k; " if per_k else "") + "target steps / auxiliary steps"

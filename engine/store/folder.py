@@ -204,6 +204,17 @@ class RunFolder:
         return lease is not None and time.time() - lease.get("renewed", 0) < LEASE_STALE_S
 
 
+def file_location(location: str | Path) -> tuple[RunFolder, str]:
+    """(the folder, the file name) of a file given as a local path or a filesystem URI (query options kept)."""
+    location = str(location)
+    if not is_uri(location):
+        path = Path(location).expanduser().absolute()
+        return RunFolder.open(path.parent), path.name
+    base, _, query = location.partition("?")
+    parent, _, name = base.rpartition("/")
+    return RunFolder.open(parent + (f"?{query}" if query else "")), name
+
+
 def as_folder(location: RunFolder | str | Path) -> RunFolder:
     """A RunFolder for a folder given as one, as a local path or as a filesystem URI."""
     return location if isinstance(location, RunFolder) else RunFolder.open(location)

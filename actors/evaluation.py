@@ -75,6 +75,15 @@ class EvaluationRequest:
     train_spec: Any = None  # engine.protocol.deepspeed.TrainJobSpec with finetune.strategy `deepspeed`
     runners: Runners = Runners()
 
+    def usable(self, name: str) -> list:
+        """A candidate group's tokenised examples with response tokens (tokenised once per request)."""
+        cache = self.__dict__.setdefault("_tokens", {})
+        if name not in cache:
+            group = next(g for g in self.data.candidates if g.name == name)
+            toks = tokenize_examples(self.tokenizer, group.examples, self.cfg.model.max_length)
+            cache[name] = [t for t in toks if t.n_response > 0]
+        return cache[name]
+
 
 @dataclass
 class FinetuneOutcome:
@@ -91,43 +100,34 @@ def effective_rho(run: PlannedRun, cfg: RunConfig) -> float:
     return 1.0 if not run.groups else run.rho if run.rho is not None else cfg.finetune.rho
 
 
-def run_protocol(req: EvaluationRequest, progress: Any, outcome: FinetuneOutcome) -> FinetuneOutcome:
-    """Fine-tune every cell under each of its seeds (req.scores: each method's scores by seed, the random order may
-    differ; req.given: every candidate's weight under `mixture: given`). `outcome` is filled as fine-tunes finish,
-    so a caller that catches a failure still has what was done. progress: the run's progress actor handle."""
-    cfg, spec, tokenizer, data, names = req.cfg, req.spec, req.tokenizer, req.data, req.names
-    scores, beta, given, run_dir = req.scores, req.beta, req.given, req.run_dir
-    groups = {g.name: g for g in data.candidates}
-    tokens: dict[str, list] = {}  # each group tokenised once, however many runs use it
+@dataclass
+class Trained:
+    """The fine-tunes of a list of (job, seed) tasks: each one's record, which were trained now (not read back),
+    and the base model's validation loss."""
 
-    def usable(name: str) -> list:
-        if name not in tokens:
-            toks = tokenize_examples(tokenizer, groups[name].examples, cfg.model.max_length)
-            tokens[name] = [t for t in toks if t.n_response > 0]
-        return tokens[name]
+    results: list[dict]
+    trained: set[int]
+    base: float | None
 
-    ks, seeds = cfg.evaluation_ks(), cfg.finetune.seeds()
-    plans = {s: plan_runs(names, scores[s], beta, ks, "target_only" in cfg.finetune.baselines, cfg.finetune.rho_at)
-             for s in seeds}  # one per seed, alike but for a random order per seed
-    sizes = {n: len(usable(n)) for plan in plans.values() for r in plan for n in r.groups}
-    plans = {s: mix_runs(plan, cfg.finetune.mixture, scores[s], names, sizes, cfg.finetune.mixture_temperature,
-                         given) for s, plan in plans.items()}
-    cells = [(s, i) for s in seeds for i in range(len(plans[s]))]
-    jobs, served_by = distinct_jobs([plans[s][i] for s, i in cells])
-    job_of = dict(zip(cells, served_by))
+
+def train_jobs(req: EvaluationRequest, jobs: list[PlannedRun], tasks: list[tuple[int, int]], progress: Any,
+               outcome: FinetuneOutcome, stage: str = "finetune") -> Trained:
+    """Fine-tune every (job, seed) of `tasks` that the run folder does not hold yet (each a Ray task, or a Ray
+    Train job with DeepSpeed), storing each record as it finishes; `outcome.finished` lists what is done even when
+    one fails."""
+    cfg, spec, data = req.cfg, req.spec, req.data
+    usable = req.usable
     settings = job_settings(spec) if req.train_spec is None else train_job_settings(req.train_spec, spec)
-    store = FinetuneStore(run_dir.sub("finetunes"), settings, data.target_train, data.target_val)
+    store = FinetuneStore(req.run_dir.sub("finetunes"), settings, data.target_train, data.target_val)
     auxes = [{n: usable(n) for n in job.groups} for job in jobs]
-    tasks = list(dict.fromkeys((job_of[c], c[0]) for c in cells))  # seed-major: every cell has a loss early
     keys = [store.job_key(auxes[j], seed, jobs[j].weight_map(), jobs[j].rho) for j, seed in tasks]
     results: list[dict | None] = [store.get(k) for k in keys]
     base = store.get_base()
     todo = [i for i, r in enumerate(results) if r is None]
     trained = set(todo)
-    progress.total.remote("finetune", len(tasks))
-    progress.advance.remote("finetune", len(tasks) - len(todo))
-    log.info("%d fine-tunes for %d protocol runs (%d methods x k in %s) x %d seed(s); %d stored in %s", len(tasks),
-             len(plans[seeds[0]]), len(scores[seeds[0]]), ks, len(seeds), len(tasks) - len(todo), store.root)
+    progress.total.remote(stage, len(tasks))
+    progress.advance.remote(stage, len(tasks) - len(todo))
+    log.info("%d fine-tunes (%s), %d stored in %s", len(tasks), stage, len(tasks) - len(todo), store.root)
     first = todo[0] if todo else None
     if req.train_spec is None:
         opts = {"num_cpus": cfg.ray.cpus_per_worker, "num_gpus": cfg.ray.gpus_per_worker}
@@ -157,28 +157,62 @@ def run_protocol(req: EvaluationRequest, progress: Any, outcome: FinetuneOutcome
             i = task.index
             results[i] = result.to_dict()
             store.put(keys[i], results[i])
-            progress.advance.remote("finetune")
+            progress.advance.remote(stage)
             if results[i]["base_val_loss"] is not None:
                 base = results[i]["base_val_loss"]
                 store.put_base(base)
             log.info("fine-tune %d/%d done: %s (seed %d), validation loss %.4f", done, len(todo), task.label,
                      task.seed, results[i]["val_loss"])
-    finally:  # on a failure (or Ctrl-C) the protocol is incomplete: say what it had
+    finally:  # on a failure (or Ctrl-C) the fine-tunes are incomplete: say what there is
         outcome.finished = [{"label": jobs[j].label, "groups": list(jobs[j].groups), "weights": jobs[j].weight_map(),
                              "rho": effective_rho(jobs[j], cfg), "seed": seed, "val_loss": results[i]["val_loss"],
                              "reused": i not in trained}
                             for i, (j, seed) in enumerate(tasks) if results[i] is not None]
+    return Trained(results=results, trained=trained, base=base)
+
+
+def run_protocol(req: EvaluationRequest, progress: Any, outcome: FinetuneOutcome) -> FinetuneOutcome:
+    """Fine-tune every cell under each of its seeds (req.scores: each method's scores by seed, the random order may
+    differ; req.given: every candidate's weight under `mixture: given`). `outcome` is filled as fine-tunes finish,
+    so a caller that catches a failure still has what was done. progress: the run's progress actor handle."""
+    cfg, names, scores, beta = req.cfg, req.names, req.scores, req.beta
+    ks, seeds = cfg.evaluation_ks(), cfg.finetune.seeds()
+    plans = {s: plan_runs(names, scores[s], beta, ks, "target_only" in cfg.finetune.baselines, cfg.finetune.rho_at)
+             for s in seeds}  # one per seed, alike but for a random order per seed
+    sizes = {n: len(req.usable(n)) for plan in plans.values() for r in plan for n in r.groups}
+    plans = {s: mix_runs(plan, cfg.finetune.mixture, scores[s], names, sizes, cfg.finetune.mixture_temperature,
+                         req.given) for s, plan in plans.items()}
+    cells = [(s, i) for s in seeds for i in range(len(plans[s]))]
+    jobs, served_by = distinct_jobs([plans[s][i] for s, i in cells])
+    job_of = dict(zip(cells, served_by))
+    tasks = list(dict.fromkeys((job_of[c], c[0]) for c in cells))  # seed-major: every cell has a loss early
+    log.info("%d protocol runs (%d methods x k in %s) x %d seed(s)", len(plans[seeds[0]]), len(scores[seeds[0]]),
+             ks, len(seeds))
+    done = train_jobs(req, jobs, tasks, progress, outcome)
     index = {task: i for i, task in enumerate(tasks)}
     rows = []
     for i in range(len(plans[seeds[0]])):  # cell by cell, each with its seeds
         for s in seeds:
             run, t = plans[s][i], index[job_of[s, i], s]
-            rows.append(results[t] | {"label": run.label, "method": run.method, "k": run.k, "seed": s,
-                                      "weights": run.weight_map(), "rho": effective_rho(run, cfg),
-                                      "base_val_loss": base, "reused": t not in trained})
+            rows.append(done.results[t] | {"label": run.label, "method": run.method, "k": run.k, "seed": s,
+                                           "weights": run.weight_map(), "rho": effective_rho(run, cfg),
+                                           "base_val_loss": done.base, "reused": t not in done.trained})
     outcome.rows = rows
-    outcome.evaluation = summarise(rows, ks) | {"fine_tunes": {"trained": len(todo), "reused": len(tasks) - len(todo)}}
+    trained_now = len(done.trained)
+    outcome.evaluation = summarise(rows, ks) | {"fine_tunes": {"trained": trained_now,
+                                                               "reused": len(tasks) - trained_now}}
     return outcome
+
+
+def run_subsets(req: EvaluationRequest, subsets: list[tuple[str, ...]], progress: Any, outcome: FinetuneOutcome,
+                stage: str = "subsets") -> tuple[dict[tuple[str, ...], float], float, float | None]:
+    """The validation loss of target + S for every subset S (once per finetune.seed; the empty subset is the
+    target alone), for fitted baselines and the faithfulness study: ({S: loss}, the target-only loss, base loss)."""
+    seed = req.cfg.finetune.seed
+    jobs = [PlannedRun("subset", None, tuple(sorted(s)), rho=None) for s in dict.fromkeys([(), *subsets])]
+    done = train_jobs(req, jobs, [(j, seed) for j in range(len(jobs))], progress, outcome, stage)
+    losses = {job.groups: r["val_loss"] for job, r in zip(jobs, done.results)}
+    return {tuple(sorted(s)): losses[tuple(sorted(s))] for s in subsets}, losses[()], done.base
 
 
 def _deepspeed_submit(req: EvaluationRequest, jobs: list[PlannedRun], tasks: list[tuple[int, int]],

@@ -10,7 +10,7 @@ import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from convalue.actors.evaluation import EvaluationRequest, FinetuneOutcome, run_protocol
+from convalue.actors.evaluation import EvaluationRequest, FinetuneOutcome, run_protocol, run_subsets
 from convalue.actors.pool import ActorPool
 from convalue.engine.selection.bootstrap import resample_run, split_resamples
 from convalue.engine.selection.solve import KMMProblemData, SolveSpec
@@ -36,6 +36,12 @@ class SolverActor:
         `finished()` when one fails."""
         self.outcome = FinetuneOutcome()
         return run_protocol(request, progress, self.outcome)
+
+    def subsets(self, request: EvaluationRequest, progress: object, subsets: list[tuple[str, ...]],
+                stage: str) -> tuple[dict, float, float | None]:
+        """Fine-tune target + S for every subset S (and the target alone) and return their validation losses."""
+        self.outcome = FinetuneOutcome()
+        return run_subsets(request, subsets, progress, self.outcome, stage)
 
     def finished(self) -> list[dict]:
         """The fine-tunes the last evaluate() had finished (for a failed run's summary)."""
@@ -67,34 +73,47 @@ def solve_blocks_on_actor(spec: SolveSpec, blocks: list, refs: dict, n: int, g_t
         return ray.get(pool.actors[0].solve_vectors.remote(spec, G, g_tar))
 
 
-def evaluate_on_actor(request: EvaluationRequest, progress: Any, outcome: FinetuneOutcome) -> FinetuneOutcome:
-    """The solver actor dispatches the protocol's fine-tunes and reports their results; this driver starts it and
-    awaits. On the driver's node (a local run folder is there), holding no CPU while its jobs hold theirs.
-    `outcome` gets the rows, or on a failure the fine-tunes finished so far."""
+def _dispatch(method: str, request: EvaluationRequest, progress: Any, outcome: FinetuneOutcome, stage: str,
+              *args: Any) -> Any:
+    """Call a SolverActor's fine-tune dispatch `method` and await it, logging how far it got (its own log lines
+    stay on its node): on the driver's node (a local run folder is there), holding no CPU while its jobs hold
+    theirs. On a failure `outcome.finished` gets the fine-tunes done so far."""
     here = ray.get_runtime_context().get_node_id()
     near = NodeAffinitySchedulingStrategy(here, soft=True)
     with ActorPool(SolverActor, 1, options={"num_cpus": 0, "scheduling_strategy": near}) as pool:
         actor = pool.actors[0]
         try:
-            ref, seen = actor.evaluate.remote(request, progress.actor), None
-            while not ray.wait([ref], timeout=2.0)[0]:  # the actor's log lines stay on its node: say how far here
-                now = progress.follow("finetune")
+            ref, seen = getattr(actor, method).remote(request, progress.actor, *args), None
+            while not ray.wait([ref], timeout=2.0)[0]:
+                now = progress.follow(stage)
                 if now != seen and now[1] is not None:
                     if seen is None:
-                        log.info("%d fine-tunes for the evaluation protocol, %d stored; dispatched by the solver "
-                                 "actor", now[1], now[0])
+                        log.info("%d fine-tunes (%s), %d stored; dispatched by the solver actor", now[1], stage, now[0])
                     else:
-                        log.info("fine-tunes: %d of %d done", *now)
+                        log.info("fine-tunes (%s): %d of %d done", stage, *now)
                     seen = now
-            done = ray.get(ref)
+            return ray.get(ref)
         except BaseException:
             try:
                 outcome.finished = ray.get(actor.finished.remote(), timeout=30)
             except Exception:  # the actor is gone too: nothing more to say
                 pass
             raise
+
+
+def evaluate_on_actor(request: EvaluationRequest, progress: Any, outcome: FinetuneOutcome) -> FinetuneOutcome:
+    """The solver actor dispatches the protocol's fine-tunes and reports their results; this driver starts it and
+    awaits. `outcome` gets the rows, or on a failure the fine-tunes finished so far."""
+    done = _dispatch("evaluate", request, progress, outcome, "finetune")
     outcome.rows, outcome.evaluation, outcome.finished = done.rows, done.evaluation, done.finished
     return outcome
+
+
+def subsets_on_actor(request: EvaluationRequest, subsets: list[tuple[str, ...]], progress: Any,
+                     outcome: FinetuneOutcome, stage: str) -> tuple[dict, float, float | None]:
+    """actors.evaluation.run_subsets on a solver actor: ({S: validation loss of target + S}, target-only loss,
+    base loss)."""
+    return _dispatch("subsets", request, progress, outcome, stage, subsets, stage)
 
 
 def bootstrap_on_actors(examples: dict[str, np.ndarray], names: list[str], spec: SolveSpec, k: int, samples: int,

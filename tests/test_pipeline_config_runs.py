@@ -63,6 +63,26 @@ def test_two_representations_meet_in_one_evaluation(pipeline_config):
     assert preview.representations["task_vector"]["solver"]["objective"] != tv_scores["objective"]
 
 
+def test_datamodel_baselines_are_fitted_from_subset_fine_tunes_and_costed(pipeline_config):
+    """DataModel (uniform and compressed-sensing designs): subset fine-tunes, a LASSO fit, then ranked like KMM in
+    the same table; the summary says what each method cost (KMM: no fine-tune)."""
+    tmp, data = pipeline_config
+    cfg = data | {"name": "dm", "finetune": data["finetune"] | {
+        "ks": [1], "steps": 2, "baselines": ["target_only", "datamodel", "datamodel_cs"],
+        "datamodel": {"runs_per_candidate": 1.0}}}
+    summary = run(config_from_dict(cfg))
+    ev = summary.evaluation
+    assert {"kmm", "datamodel", "datamodel_cs"} <= set(ev["methods"]) and "datamodel" in ev["borda"]
+    cost = ev["cost"]
+    assert cost["kmm"]["fine_tunes"] == 0 and cost["kmm"]["tokens"] > 0
+    assert cost["datamodel"]["fine_tunes"] >= 2 and cost["datamodel"]["design_rows"] == 5
+    assert cost["datamodel_cs"]["design_rows"] == 2 and cost["datamodel_cs"]["seconds"] > 0
+    records = list((tmp / "runs" / "dm" / "finetunes").glob("*.json"))
+    assert len(records) >= cost["datamodel"]["fine_tunes"]  # every subset fine-tune is kept for a rerun
+    again = run(config_from_dict(cfg))  # nothing trained twice
+    assert again.evaluation["fine_tunes"]["trained"] == 0
+
+
 def test_grpo_representation_from_config(pipeline_config):
     """GRPO on real prompts: sampled completions, a reward from a user file, group vectors, a certified solve."""
     tmp, data = pipeline_config

@@ -16,6 +16,7 @@ from convalue.engine.config.reference import reference_markdown
 from convalue.engine.config.run import RunConfig
 from convalue.engine.config.settings import (
     BootstrapConfig,
+    DataModelConfig,
     DeepSpeedConfig,
     FinetuneConfig,
     RayConfig,
@@ -27,6 +28,7 @@ __all__ = [
     "BUILTIN_EMBEDDINGS",
     "BUILTIN_MODELS",
     "BootstrapConfig",
+    "DataModelConfig",
     "ConfigError",
     "DataConfig",
     "FeaturesConfig",

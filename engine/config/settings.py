@@ -89,6 +89,27 @@ class SelectConfig:
 
 
 @dataclass(kw_only=True)
+class DataModelConfig:
+    """The fitted DataModel baselines (finetune.baselines `datamodel`, `datamodel_cs`; paper App. baselines)."""
+
+    runs_per_candidate: float = opt(10.0, "Fine-tunes of random subsets per candidate group, per design (the "
+                                          "paper's budget: 10 N); each is a fine-tune of finetune.steps steps.")
+    rho: float = opt(0.5, "`datamodel`: the share of the candidates each random subset holds.")
+    alpha_ratio: float = opt(0.01, "The LASSO's l1 strength as a fraction of the smallest one that zeroes every "
+                                   "score.")
+    seed: int = opt(0, "Seed of the designs.")
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the first field whose value does not hold."""
+        if not self.runs_per_candidate > 0:
+            raise ConfigError("must be > 0", field="runs_per_candidate", value=self.runs_per_candidate)
+        if not 0 < self.rho < 1:
+            raise ConfigError("must be in (0, 1)", field="rho", value=self.rho)
+        if not 0 < self.alpha_ratio < 1:
+            raise ConfigError("must be in (0, 1)", field="alpha_ratio", value=self.alpha_ratio)
+
+
+@dataclass(kw_only=True)
 class DeepSpeedConfig:
     """One fine-tune job as a Ray Train TorchTrainer under DeepSpeed ZeRO (finetune.strategy `deepspeed`)."""
 
@@ -155,11 +176,15 @@ class FinetuneConfig:
               "whose names a run has not shown yet). null: `mixture_weights` must name every candidate.")
     mixture_temperature: float = opt(1.0, "T of `mixture: softmax`: weights exp(s_i / T), normalised; the scores' scale "
                                           "differs by method (KMM's w, beta, the cosine), so a lower T sharpens them.")
-    baselines: list[Literal["target_only", "alignment", "cosine", "random"]] = opt(
+    baselines: list[Literal["target_only", "alignment", "cosine", "random", "datamodel", "datamodel_cs"]] = opt(
         help="Comparison runs with the same step budget: `target_only` (rho = 1, the same at every k); and "
         "methods ranked like KMM at every k in `ks`: `alignment` (top-k by beta), `cosine` (top-k by the "
         "cosine of g_i and g_tar: the paper's one-step baseline, free of gradient norms), `random` (a seeded "
-        "random order, from `seed`; under `repeats`, see `random_orders`).", factory=lambda: ["target_only"])
+        "random order, from `seed`; under `repeats`, see `random_orders`), `datamodel` and `datamodel_cs` (a "
+        "LASSO fitted to the validation losses of fine-tunes of random subsets, uniform or compressed-sensing "
+        "designs: `datamodel.runs_per_candidate` x N extra fine-tunes each; their cost is in the summary).",
+        factory=lambda: ["target_only"])
+    datamodel: DataModelConfig = opt(help="The DataModel baselines' designs and fit.", factory=DataModelConfig)
     ks: list[int] | None = opt(
         None, "The budgets K of the evaluation protocol (paper Alg. 1): KMM and every ranked baseline are "
         "fine-tuned on their top-k positive groups at each k, and the run reports each method's best k and its "

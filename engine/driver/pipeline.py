@@ -3,6 +3,7 @@ fine-tune), each stage a function with a typed result, the run folder's summary.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -22,6 +23,7 @@ from convalue.engine.data.clustering import EmbeddingCache
 from convalue.engine.data.costs import load_costs
 from convalue.engine.data.prepare import TARGET_KEY, prepare
 from convalue.engine.driver import signals
+from convalue.engine.driver.baselines import fitted_baselines
 from convalue.engine.driver.featurize import fingerprint
 from convalue.engine.driver.session import (
     RaySession,
@@ -237,14 +239,17 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession, runners: Runners)
             stage = "finetune"
             if cfg.finetune.enabled:
                 with timer.stage("finetune"):
-                    extra = representation_methods(valued)
-                    methods = ["kmm"] + [b for b in cfg.finetune.baselines if b in BASELINE_METHODS] + list(extra)
+                    request = EvaluationRequest(cfg=cfg, spec=replica, tokenizer=tokenizer, data=data, names=names,
+                                                scores={}, beta=beta, given=given, run_dir=run_dir,
+                                                train_spec=train_spec, runners=runners)
+                    fitted, cost = fitted_baselines(cfg, request, session.progress, outcome)
+                    extra = representation_methods(valued) | fitted
+                    methods = (["kmm"] + [b for b in cfg.finetune.baselines if b in BASELINE_METHODS]
+                               + [m for m in extra if m not in cfg.finetune.baselines] + list(fitted))
                     scores = {s: method_scores(methods, w, beta, cos, cfg.finetune.random_order_seed(s), extra)
                               for s in cfg.finetune.seeds()}
-                    request = EvaluationRequest(cfg=cfg, spec=replica, tokenizer=tokenizer, data=data, names=names,
-                                                scores=scores, beta=beta, given=given, run_dir=run_dir,
-                                                train_spec=train_spec, runners=runners)
-                    evaluate_on_actor(request, session.progress, outcome)
+                    evaluate_on_actor(dataclasses.replace(request, scores=scores), session.progress, outcome)
+                    outcome.evaluation["cost"] = cost_record(summary, timer, valued) | cost
                 plot_evaluation(outcome.rows, outcome.evaluation, run_dir, "evaluation.png")
                 write_parquet(evaluation_table(outcome.rows), run_dir, "evaluation.parquet")
                 summary.evaluation = outcome.evaluation
@@ -270,6 +275,18 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession, runners: Runners)
             except Exception as exc:
                 log.warning("report.html not written: %s", exc)
     return summary
+
+
+def cost_record(summary: RunSummary, timer: Timer, valued: list[Valuation]) -> dict[str, dict]:
+    """What each gradient method cost: tokens featurised and the seconds of its featurise, Gram and solve stages
+    (no fine-tune: the paper's point against DataModel)."""
+    out = {}
+    for v in valued:
+        suffix = "" if v is valued[0] else f":{v.tag}"
+        seconds = sum(timer.seconds.get(f"{s}{suffix}", 0.0) for s in ("featurize", "gram", "solve"))
+        name = "kmm" if v is valued[0] else f"{v.tag}+kmm"
+        out[name] = {"fine_tunes": 0, "tokens": v.features.stats.tokens, "seconds": round(seconds, 3)}
+    return out
 
 
 def representation_methods(valued: list[Valuation]) -> dict[str, np.ndarray]:

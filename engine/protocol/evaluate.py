@@ -40,8 +40,10 @@ class PlannedRun:
     @property
     def label(self) -> str:
         """The name printed beside its validation loss."""
-        if self.method == "target_only":
-            return label_of(self.method)
+        if self.method == "target_only" or (self.method == "subset" and not self.groups):
+            return label_of("target_only")
+        if self.method == "subset":
+            return "target + {" + ", ".join(self.groups) + "}"
         return f"target + {label_of(self.method)} top-{self.k}"
 
 

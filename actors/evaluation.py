@@ -74,6 +74,7 @@ class EvaluationRequest:
     run_dir: RunFolder
     train_spec: Any = None  # engine.protocol.deepspeed.TrainJobSpec with finetune.strategy `deepspeed`
     runners: Runners = Runners()
+    bought: dict[str, dict[int, list[int]]] | None = None  # methods that buy given candidates at each k (a path)
 
     def usable(self, name: str) -> list:
         """A candidate group's tokenised examples with response tokens (tokenised once per request)."""
@@ -177,7 +178,8 @@ def run_protocol(req: EvaluationRequest, progress: Any, outcome: FinetuneOutcome
     so a caller that catches a failure still has what was done. progress: the run's progress actor handle."""
     cfg, names, scores, beta = req.cfg, req.names, req.scores, req.beta
     ks, seeds = cfg.evaluation_ks(), cfg.finetune.seeds()
-    plans = {s: plan_runs(names, scores[s], beta, ks, "target_only" in cfg.finetune.baselines, cfg.finetune.rho_at)
+    plans = {s: plan_runs(names, scores[s], beta, ks, "target_only" in cfg.finetune.baselines, cfg.finetune.rho_at,
+                          req.bought)
              for s in seeds}  # one per seed, alike but for a random order per seed
     sizes = {n: len(req.usable(n)) for plan in plans.values() for r in plan for n in r.groups}
     plans = {s: mix_runs(plan, cfg.finetune.mixture, scores[s], names, sizes, cfg.finetune.mixture_temperature,

@@ -14,7 +14,7 @@ from convalue.actors.evaluation import EvaluationRequest, FinetuneOutcome, run_p
 from convalue.actors.pool import ActorPool
 from convalue.engine.selection.bootstrap import resample_run, split_resamples
 from convalue.engine.selection.solve import KMMProblemData, SolveSpec
-from convalue.solvers import KMMSolution
+from convalue.solvers import KMMPath, KMMSolution, kmm_path
 
 log = logging.getLogger("convalue")
 
@@ -30,6 +30,10 @@ class SolverActor:
     def solve_vectors(self, spec: SolveSpec, G: np.ndarray, g_tar: np.ndarray) -> KMMSolution:
         """Solve from raw group vectors (the run's metric applied here) as spec says."""
         return spec.solve(spec.problem(G, g_tar))
+
+    def path(self, K: np.ndarray, beta: np.ndarray, normalize: str, points: int) -> KMMPath:
+        """The regularisation path on K (formed as G G^T by the run: no spectral check)."""
+        return kmm_path(K, beta, n_gammas=points, normalize=normalize, formed=True)
 
     def evaluate(self, request: EvaluationRequest, progress: object) -> FinetuneOutcome:
         """Dispatch the evaluation protocol's fine-tunes and await them; the outcome so far is kept for
@@ -71,6 +75,12 @@ def solve_blocks_on_actor(spec: SolveSpec, blocks: list, refs: dict, n: int, g_t
     G = gather_rows.remote(n, panels, *[refs[b.file] for p in panels for b in p.blocks])
     with ActorPool(SolverActor, 1) as pool:
         return ray.get(pool.actors[0].solve_vectors.remote(spec, G, g_tar))
+
+
+def path_on_actor(K: np.ndarray, beta: np.ndarray, normalize: str, points: int) -> KMMPath:
+    """kmm_path on a SolverActor of its own."""
+    with ActorPool(SolverActor, 1) as pool:
+        return ray.get(pool.actors[0].path.remote(ray.put(K), beta, normalize, points))
 
 
 def _dispatch(method: str, request: EvaluationRequest, progress: Any, outcome: FinetuneOutcome, stage: str,

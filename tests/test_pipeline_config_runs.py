@@ -83,6 +83,25 @@ def test_datamodel_baselines_are_fitted_from_subset_fine_tunes_and_costed(pipeli
     assert again.evaluation["fine_tunes"]["trained"] == 0
 
 
+def test_the_regularisation_path_buys_every_k_and_is_drawn(pipeline_config):
+    tmp, data = pipeline_config
+    from convalue.solvers import kmm_path
+
+    cfg = data | {"name": "path", "solver": data["solver"] | {"path": True, "path_points": 20},
+                  "finetune": data["finetune"] | {"ks": [1, 2], "baselines": ["target_only"], "steps": 2}}
+    summary = run(config_from_dict(cfg))
+    run_dir = tmp / "runs" / "path"
+    table = pq.read_table(run_dir / "path.parquet")
+    assert table.num_rows == 20 * len(summary.order) and (run_dir / "path.png").is_file()
+    path = kmm_path(np.load(run_dir / "gram.npy"), np.load(run_dir / "beta.npy"), n_gammas=20,
+                    normalize=data["solver"]["normalize"])
+    for k in (1, 2):
+        assert summary.path["bought"][str(k)] == [summary.order[i] for i in path.top_k(k)]
+        row = next(r for r in summary.finetune if r["method"] == "kmm_path" and r["k"] == k)
+        assert row["groups"] == sorted(summary.path["bought"][str(k)])
+    assert "kmm_path" in summary.evaluation["borda"] and summary.path["max_kkt"] < 1e-6
+
+
 def test_grpo_representation_from_config(pipeline_config):
     """GRPO on real prompts: sampled completions, a reward from a user file, group vectors, a certified solve."""
     tmp, data = pipeline_config

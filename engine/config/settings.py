@@ -41,11 +41,20 @@ class SolverConfig:
     tol: float | None = opt(
         None, "With `gamma` or `gamma_ratio`: the KKT violation (relative to max(1, max|beta|)) at which convalue's solver may stop "
         "instead of polishing to round-off, in (0, 0.001]; dense solutions on a well-conditioned K then finish ADMM "
-        "(1.4x faster at 1000 candidates, 779 active); every other answer stays exact. null: exact. Not with "
-        "`budget` or the CVXPY methods.")
+        "early; every other answer stays exact. null: exact. Not with `budget` or the CVXPY methods.")
+    path: bool = opt(False, "Also solve the whole regularisation path (gamma from the largest that zeroes every score "
+                            "down to 1e-3 of it, warm-started; Gram space only) and write path.parquet and path.png "
+                            "(scores against gamma); with fine-tunes, method `kmm_path` buys each k of finetune.ks at "
+                            "the largest gamma where k candidates score above zero (paper Fig. l1_comparison).")
+    path_points: int = opt(50, "Points of the path's gamma grid.")
 
     def validate(self) -> None:
         """Raise ConfigError naming the first field whose value does not hold."""
+        if self.path and self.space == "gradients":
+            raise ConfigError("needs the Gram matrix: use `space: gram` or `auto` with it", field="path",
+                              value=self.path)
+        if self.path_points < 2:
+            raise ConfigError("must be >= 2", field="path_points", value=self.path_points)
         if self.space == "gradients" and self.method.startswith("cvxpy"):
             raise ConfigError("the CVXPY reference needs the Gram matrix: use `space: gram` with it",
                               field="method", value=self.method)

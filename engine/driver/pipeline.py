@@ -11,13 +11,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 from convalue.actors.embedder import embed_on_workers
 from convalue.actors.evaluation import EvaluationRequest, FinetuneOutcome, Runners
-from convalue.actors.solver import (
-    bootstrap_on_actors,
-    evaluate_on_actor,
-)
+from convalue.actors.solver import bootstrap_on_actors, evaluate_on_actor, path_on_actor
 from convalue.engine.config import RunConfig
 from convalue.engine.data.clustering import EmbeddingCache
 from convalue.engine.data.costs import load_costs
@@ -43,7 +41,7 @@ from convalue.engine.model.loading import check_lora_targets_in, load_tokenizer,
 from convalue.engine.model.spec import ReplicaSpec
 from convalue.engine.protocol.evaluate import BASELINE_METHODS, given_weights, method_scores
 from convalue.engine.report.html import write_report
-from convalue.engine.report.plots import plot_evaluation, plot_scores
+from convalue.engine.report.plots import plot_evaluation, plot_path, plot_scores
 from convalue.engine.report.summary import RunSummary, SolverRecord
 from convalue.engine.report.tables import (
     clusters_table,
@@ -55,6 +53,7 @@ from convalue.engine.report.tables import (
     write_npy,
     write_parquet,
 )
+from convalue.engine.selection.blocked import GramResult
 from convalue.engine.selection.bootstrap import outputs as bootstrap_outputs
 from convalue.engine.selection.select import select_top_k
 from convalue.engine.selection.solve import SolveSpec
@@ -63,7 +62,7 @@ from convalue.engine.store.locks import run_folder_lock
 from convalue.engine.store.vectors import VectorStore
 
 log = logging.getLogger("convalue")
-RESULT_FILES = ("scores.parquet", "gram.npy", "beta.npy", "costs.npy", "clusters.parquet", "examples.parquet",
+RESULT_FILES = ("scores.parquet", "path.parquet", "path.png", "gram.npy", "beta.npy", "costs.npy", "clusters.parquet", "examples.parquet",
                 "bootstrap.parquet", "evaluation.parquet", "scores.png", "evaluation.png", "report.html",
                 "summary.json")
 
@@ -216,6 +215,10 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession, runners: Runners)
                 summary.solver.info["gamma_ratio"] = cfg.solver.gamma_ratio
             w, beta = sol.w, gram.beta
             selected = select_top_k(w, beta, cfg.select.k)
+            bought = None
+            if cfg.solver.path and gram.K is not None:
+                with timer.stage("path"):
+                    bought = {"kmm_path": regularisation_path(cfg, gram, spec, names, run_dir, summary)}
             boot = None
             if cfg.bootstrap.samples:
                 stage = "bootstrap"
@@ -241,7 +244,7 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession, runners: Runners)
                 with timer.stage("finetune"):
                     request = EvaluationRequest(cfg=cfg, spec=replica, tokenizer=tokenizer, data=data, names=names,
                                                 scores={}, beta=beta, given=given, run_dir=run_dir,
-                                                train_spec=train_spec, runners=runners)
+                                                train_spec=train_spec, runners=runners, bought=bought)
                     fitted, cost = fitted_baselines(cfg, request, session.progress, outcome)
                     extra = representation_methods(valued) | fitted
                     methods = (["kmm"] + [b for b in cfg.finetune.baselines if b in BASELINE_METHODS]
@@ -275,6 +278,23 @@ def _run(cfg: RunConfig, overwrite: bool, session: RaySession, runners: Runners)
             except Exception as exc:
                 log.warning("report.html not written: %s", exc)
     return summary
+
+
+def regularisation_path(cfg: RunConfig, gram: GramResult, spec: SolveSpec, names: list[str], run_dir: RunFolder,
+                        summary: RunSummary) -> dict[int, list[int]]:
+    """The whole gamma path on a solver actor: path.parquet (gamma, group, w), path.png, summary.json's `path`;
+    returns what it buys at each evaluated k."""
+    path = path_on_actor(gram.K, gram.beta, spec.normalize, cfg.solver.path_points)
+    n = len(names)
+    write_parquet(pa.table({"gamma": np.repeat(path.gammas, n), "group": names * len(path.gammas),
+                            "score": path.W.reshape(-1)}), run_dir, "path.parquet")
+    plot_path(path.gammas, path.W, names, run_dir, "path.png")
+    ks = cfg.evaluation_ks()
+    chosen = path.selections(ks)
+    summary.path = {"points": len(path.gammas), "gamma_max": float(path.gammas[0]),
+                    "gamma_min": float(path.gammas[-1]), "max_kkt": float(np.max(path.kkt)),
+                    "seconds": round(path.time_s, 3), "bought": {str(k): [names[i] for i in chosen[k]] for k in ks}}
+    return chosen
 
 
 def cost_record(summary: RunSummary, timer: Timer, valued: list[Valuation]) -> dict[str, dict]:

@@ -70,14 +70,18 @@ def method_scores(methods: list[str], w: np.ndarray, beta: np.ndarray, cos: np.n
 
 
 def plan_runs(names: list[str], scores: dict[str, np.ndarray], beta: np.ndarray, ks: list[int],
-              target_only: bool, rho_at: Callable[[int | None], float] | None = None) -> list[PlannedRun]:
+              target_only: bool, rho_at: Callable[[int | None], float] | None = None,
+              bought: dict[str, dict[int, list[int]]] | None = None) -> list[PlannedRun]:
     """The protocol's cells: for each method and k, the top-k groups with a strictly positive score (Alg. 1,
-    lines 1-9; ties broken by beta), each with its rho_k where `rho_at` gives one, plus the target-only run; KMM's
+    lines 1-9; ties broken by beta), or for a method of `bought` the candidates it gives for k (a path's
+    selection at each budget), each with its rho_k where `rho_at` gives one, plus the target-only run; KMM's
     cells come first."""
     runs = []
-    for m, s in scores.items():
+    methods = list(scores) + [m for m in (bought or {}) if m not in scores]
+    for m in methods:
         for k in ks:
-            groups = tuple(sorted(names[i] for i in select_top_k(s, beta, k)))
+            chosen = bought[m][k] if bought and m in bought else select_top_k(scores[m], beta, k)
+            groups = tuple(sorted(names[i] for i in chosen))
             # with no group bought every step is a target step, whatever rho: the target-only fine-tune
             runs.append(PlannedRun(m, k, groups, rho=rho_at(k) if rho_at and groups else None))
     if target_only:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
 from convalue.engine.protocol.evaluate import cell_losses, label_of
@@ -84,4 +85,29 @@ def plot_evaluation(rows: list[dict], evaluation: dict, folder: RunFolder | Path
     over = f"; mean ± sd over {len(seeds)} seeds" if len(seeds) > 1 else ""
     ax.set_title(f"Fixed compute: {rows[0]['steps']} steps per run (star: the method's best k{over})", fontsize=10)
     ax.legend(fontsize=8)
+    _save(fig, folder, name)
+
+
+def plot_path(gammas: np.ndarray, W: np.ndarray, names: list[str], folder: RunFolder | Path, name: str = "path.png",
+              shown: int = 12) -> None:
+    """Scores w against gamma along the regularisation path (log scale), the `shown` candidates that turn positive
+    first labelled; every other candidate a thin grey line."""
+    fig = _figure(7.5, 4.5)
+    ax = fig.subplots()
+    first = np.array([np.argmax(W[:, i] > 0) if np.any(W[:, i] > 0) else len(gammas) for i in range(W.shape[1])])
+    order = np.argsort(first, kind="stable")
+    labelled = set(order[:shown].tolist())
+    for i in range(W.shape[1]):
+        if i in labelled:
+            ax.plot(gammas, W[:, i], linewidth=1.6, label=names[i])
+        else:
+            ax.plot(gammas, W[:, i], color="#bbbbbb", linewidth=0.6)
+    ax.set_xscale("log")
+    ax.invert_xaxis()
+    ax.axhline(0, color="black", linewidth=0.6)
+    ax.set_xlabel("gamma (l1 penalty; decreasing to the right)")
+    ax.set_ylabel("KMM score w")
+    ax.set_title("Regularisation path: the order in which candidates are bought")
+    if labelled:
+        ax.legend(fontsize=7, ncol=2, loc="upper left")
     _save(fig, folder, name)

@@ -94,6 +94,7 @@ class RunSummary:
     featurize: dict | None = None
     metric: dict | None = None
     representations: dict | None = None  # the run's other representations: featurisation, Gram, certificate
+    path: dict | None = None  # the regularisation path (solver.path): its grid and what it buys at each k
     gram: dict | None = None  # how the blocked Gram was built: panels, tiles per node, bytes read and moved
     order: list[str] | None = None
     space: str | None = None
@@ -150,7 +151,7 @@ class RunSummary:
         """A summary from its JSON object; a field of the wrong shape is a StoreError naming it."""
         if not isinstance(data.get("status"), str):
             raise StoreError(f"{path}: field `status` is missing (not a convalue summary)")
-        shapes = {"config": dict, "packages": dict, "attempt": str, "model": dict, "data": dict, "featurize": dict, "metric": dict, "gram": dict, "representations": dict, "order": list,
+        shapes = {"config": dict, "packages": dict, "attempt": str, "model": dict, "data": dict, "featurize": dict, "metric": dict, "gram": dict, "representations": dict, "path": dict, "order": list,
                   "space": str, "solver": dict, "bootstrap": dict, "selected": list, "ranking": list,
                   "finetune": list, "evaluation": dict, "timings_s": dict, "progress": dict, "failed_stage": str,
                   "error": str, "signal": str, "recovered": dict, "finetune_finished": list, "resolving": dict, "resolved": bool,

@@ -15,6 +15,7 @@ from convalue.actors.finetune_job import base_eval_task, finetune_task
 from convalue.actors.pool import windowed
 from convalue.engine.config import RunConfig
 from convalue.engine.data.prepare import PreparedData
+from convalue.engine.data.sources import split_target
 from convalue.engine.model.spec import ReplicaSpec
 from convalue.engine.model.tokenize import tokenize_examples
 from convalue.engine.protocol.evaluate import (
@@ -109,6 +110,7 @@ class Trained:
     results: list[dict]
     trained: set[int]
     base: float | None
+    base_accuracy: float | None = None
 
 
 def train_jobs(req: EvaluationRequest, jobs: list[PlannedRun], tasks: list[tuple[int, int]], progress: Any,
@@ -130,9 +132,12 @@ def train_jobs(req: EvaluationRequest, jobs: list[PlannedRun], tasks: list[tuple
     progress.advance.remote(stage, len(tasks) - len(todo))
     log.info("%d fine-tunes (%s), %d stored in %s", len(tasks), stage, len(tasks) - len(todo), store.root)
     first = todo[0] if todo else None
+    base_accuracy = None
     if req.train_spec is None:
         opts = {"num_cpus": cfg.ray.cpus_per_worker, "num_gpus": cfg.ray.gpus_per_worker}
         train, val = ray.put(data.target_train), ray.put(data.target_val)
+        val_raw = ray.put(split_target(data.target, cfg.data.val_fraction, cfg.data.seed)[1]
+                          if "accuracy" in cfg.finetune.metrics else None)
 
         def submit(_: object, task: FinetuneTask):
             if task.index < 0:
@@ -140,7 +145,7 @@ def train_jobs(req: EvaluationRequest, jobs: list[PlannedRun], tasks: list[tuple
             j, seed = tasks[task.index]
             return req.runners.task().options(**opts).remote(
                 spec.for_job(seed, jobs[j].rho), jobs[j].label, train, auxes[j], val,
-                base is None and task.index == first, jobs[j].weight_map(), progress)
+                base is None and task.index == first, jobs[j].weight_map(), progress, val_raw)
         window = max(1, cfg.ray.workers * cfg.ray.max_in_flight)
     else:
         submit = _deepspeed_submit(req, jobs, tasks, base, first, progress)
@@ -162,6 +167,7 @@ def train_jobs(req: EvaluationRequest, jobs: list[PlannedRun], tasks: list[tuple
             if results[i]["base_val_loss"] is not None:
                 base = results[i]["base_val_loss"]
                 store.put_base(base)
+                base_accuracy = results[i].get("base_val_accuracy")
             log.info("fine-tune %d/%d done: %s (seed %d), validation loss %.4f", done, len(todo), task.label,
                      task.seed, results[i]["val_loss"])
     finally:  # on a failure (or Ctrl-C) the fine-tunes are incomplete: say what there is
@@ -169,7 +175,10 @@ def train_jobs(req: EvaluationRequest, jobs: list[PlannedRun], tasks: list[tuple
                              "rho": effective_rho(jobs[j], cfg), "seed": seed, "val_loss": results[i]["val_loss"],
                              "reused": i not in trained}
                             for i, (j, seed) in enumerate(tasks) if results[i] is not None]
-    return Trained(results=results, trained=trained, base=base)
+    if base_accuracy is None:  # read back from a stored record that measured it
+        base_accuracy = next((r.get("base_val_accuracy") for r in results if r and r.get("base_val_accuracy")
+                              is not None), None)
+    return Trained(results=results, trained=trained, base=base, base_accuracy=base_accuracy)
 
 
 def run_protocol(req: EvaluationRequest, progress: Any, outcome: FinetuneOutcome) -> FinetuneOutcome:
@@ -198,11 +207,17 @@ def run_protocol(req: EvaluationRequest, progress: Any, outcome: FinetuneOutcome
             run, t = plans[s][i], index[job_of[s, i], s]
             rows.append(done.results[t] | {"label": run.label, "method": run.method, "k": run.k, "seed": s,
                                            "weights": run.weight_map(), "rho": effective_rho(run, cfg),
-                                           "base_val_loss": done.base, "reused": t not in done.trained})
+                                           "base_val_loss": done.base, "base_val_accuracy": done.base_accuracy,
+                                           "reused": t not in done.trained})
     outcome.rows = rows
     trained_now = len(done.trained)
-    outcome.evaluation = summarise(rows, ks) | {"fine_tunes": {"trained": trained_now,
-                                                               "reused": len(tasks) - trained_now}}
+    outcome.evaluation = summarise(rows, ks, cfg.finetune.select_by) | {
+        "fine_tunes": {"trained": trained_now, "reused": len(tasks) - trained_now}}
+    if "accuracy" in cfg.finetune.metrics:  # best k and Borda on the other metric too
+        other = "loss" if cfg.finetune.select_by == "accuracy" else "accuracy"
+        outcome.evaluation[f"by_{other}"] = {k: v for k, v in summarise([dict(r) for r in rows], ks, other).items()
+                                             if k in ("best_k", "borda", "kmm_minus", "target_only_val_accuracy",
+                                                      "base_val_accuracy")}
     return outcome
 
 
@@ -222,7 +237,6 @@ def _deepspeed_submit(req: EvaluationRequest, jobs: list[PlannedRun], tasks: lis
     """submit() for finetune.strategy `deepspeed`: each job a Ray Train run of raw examples (the fine-tune model
     tokenises them itself)."""
     from convalue.actors.train_job import base_eval_job_task, train_job_task
-    from convalue.engine.data.sources import split_target
     from convalue.engine.protocol.deepspeed import TrainJob
 
     cfg, data = req.cfg, req.data

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ray
 
 from convalue.actors.progress import report_attempt
+from convalue.engine.data.examples import Example
 from convalue.engine.model.spec import ReplicaSpec
 from convalue.engine.model.tokenize import TokenizedExample
 from convalue.engine.protocol.finetune import FinetuneResult, evaluate_loss, finetune
@@ -22,18 +23,39 @@ def _replica(spec: ReplicaSpec):
             autocast_dtype(spec.device, spec.model.dtype))
 
 
+def _accuracy(spec: ReplicaSpec, val_raw: list[Example] | None, device: str, amp_dtype):
+    """finetune.metrics `accuracy`: a function of a model giving its exact-match accuracy on the raw validation
+    examples (None when accuracy is not measured)."""
+    if "accuracy" not in spec.finetune.metrics or not val_raw:
+        return None
+    from convalue.engine.features.rewards import load_reward
+    from convalue.engine.model.loading import load_tokenizer
+    from convalue.engine.protocol.accuracy import exact_match_accuracy
+
+    tokenizer, reward = load_tokenizer(spec.model_dir), load_reward(spec.finetune.accuracy_reward)
+    return lambda model: exact_match_accuracy(
+        model, tokenizer, val_raw, match=reward, max_new_tokens=spec.finetune.accuracy_max_new_tokens,
+        batch_size=spec.finetune.eval_batch_size, device=device, autocast_dtype=amp_dtype).mean
+
+
 def run_finetune_job(spec: ReplicaSpec, label: str, target: list[TokenizedExample],
                      aux: dict[str, list[TokenizedExample]], val: list[TokenizedExample],
                      with_base: bool, weights: dict[str, float] | None = None,
-                     progress: object | None = None) -> FinetuneResult:
+                     progress: object | None = None, val_raw: list[Example] | None = None) -> FinetuneResult:
     """Load theta_0, optionally evaluate it, then fine-tune (aux groups drawn by `weights`, else uniformly) and
-    evaluate (one job); progress: the run's progress actor, told where the job runs (retries are counted there)."""
+    evaluate (one job); progress: the run's progress actor, told where the job runs (retries are counted there);
+    val_raw: the validation examples as text, for finetune.metrics `accuracy`."""
     report_attempt(progress, "finetune", f"{label} (seed {spec.finetune.seed})")
     model, device, amp_dtype = _replica(spec)
     cfg = spec.finetune
+    accuracy = _accuracy(spec, val_raw, device, amp_dtype)
     base = evaluate_loss(model, val, cfg.eval_batch_size, spec.pad_id, device, amp_dtype) if with_base else None
-    return finetune(model, spec.pad_id, cfg, spec.lora, label=label, target=target, aux=aux, val=val,
-                    base_val_loss=base, device=device, autocast_dtype=amp_dtype, weights=weights)
+    base_accuracy = accuracy(model) if with_base and accuracy is not None else None
+    result = finetune(model, spec.pad_id, cfg, spec.lora, label=label, target=target, aux=aux, val=val,
+                      base_val_loss=base, device=device, autocast_dtype=amp_dtype, weights=weights,
+                      accuracy=accuracy)
+    result.base_val_accuracy = base_accuracy
+    return result
 
 
 def run_base_eval(spec: ReplicaSpec, val: list[TokenizedExample]) -> float:

@@ -102,6 +102,27 @@ def test_the_regularisation_path_buys_every_k_and_is_drawn(pipeline_config):
     assert "kmm_path" in summary.evaluation["borda"] and summary.path["max_kkt"] < 1e-6
 
 
+def test_accuracy_on_a_mathematics_task_ranks_the_methods(pipeline_config):
+    """finetune.metrics accuracy: every fine-tune (and the base model) measured by exact match of greedy
+    completions on a mathematics task's validation split; best k and Borda on accuracy, the loss's beside."""
+    tmp, data = pipeline_config
+    maths = {"kind": "mathematics", "examples_per_group": 10}
+    cfg = data | {"name": "acc",
+                  "data": data["data"] | {"target": maths | {"include": ["arithmetic__add_or_sub"]},
+                                          "candidates": [maths | {"include": ["arithmetic__mul", "numbers__gcd",
+                                                                              "comparison__pair"]}]},
+                  "finetune": data["finetune"] | {"ks": [1], "steps": 2, "baselines": ["target_only", "alignment"],
+                                                  "metrics": ["loss", "accuracy"], "select_by": "accuracy",
+                                                  "accuracy_max_new_tokens": 8}}
+    summary = run(config_from_dict(cfg))
+    ev = summary.evaluation
+    assert ev["metric"] == "accuracy" and set(ev["by_loss"]) >= {"best_k", "borda"}
+    assert all(0.0 <= r["val_accuracy"] <= 1.0 for r in summary.finetune)
+    assert summary.finetune[0]["base_val_accuracy"] is not None
+    assert ev["best_k"]["kmm"]["val_accuracy"] == next(r["val_accuracy"] for r in summary.finetune
+                                                       if r["method"] == "kmm")
+
+
 def test_grpo_representation_from_config(pipeline_config):
     """GRPO on real prompts: sampled completions, a reward from a user file, group vectors, a certified solve."""
     tmp, data = pipeline_config

@@ -194,6 +194,16 @@ class FinetuneConfig:
         "designs: `datamodel.runs_per_candidate` x N extra fine-tunes each; their cost is in the summary).",
         factory=lambda: ["target_only"])
     datamodel: DataModelConfig = opt(help="The DataModel baselines' designs and fit.", factory=DataModelConfig)
+    metrics: list[Literal["loss", "accuracy"]] = opt(
+        help="What each fine-tune is measured on, on the target's validation split: `loss` (response-token "
+        "cross-entropy, always) and `accuracy` (the mean of `accuracy_reward` over greedy completions: exact-match "
+        "accuracy for tasks with checkable answers, such as the mathematics modules).", factory=lambda: ["loss"])
+    select_by: Literal["loss", "accuracy"] = opt("loss", "The metric best k and the Borda count are computed on "
+                                                         "(`accuracy` needs it in `metrics`).")
+    accuracy_reward: str = opt("numeric_exact_match", "accuracy: r(completion, reference) -> float, as "
+                               "features.grpo_reward names one (a built-in, `module:function` or "
+                               "`file.py:function`).")
+    accuracy_max_new_tokens: int = opt(32, "accuracy: the longest greedy completion in tokens.")
     ks: list[int] | None = opt(
         None, "The budgets K of the evaluation protocol (paper Alg. 1): KMM and every ranked baseline are "
         "fine-tuned on their top-k positive groups at each k, and the run reports each method's best k and its "
@@ -247,6 +257,21 @@ class FinetuneConfig:
             if not self.ks or any(k <= 0 for k in self.ks) or len(set(self.ks)) != len(self.ks):
                 raise ConfigError("must list distinct budgets k > 0 (or be null: select.k alone)", field="ks",
                                   value=self.ks)
+        if self.select_by not in self.metrics or "loss" not in self.metrics:
+            raise ConfigError(f"must list `loss` and select_by's `{self.select_by}`", field="metrics",
+                              value=self.metrics)
+        if "accuracy" in self.metrics:
+            from convalue.engine.features.rewards import RewardError, load_reward
+
+            if self.accuracy_max_new_tokens <= 0:
+                raise ConfigError("must be > 0", field="accuracy_max_new_tokens", value=self.accuracy_max_new_tokens)
+            try:
+                load_reward(self.accuracy_reward)
+            except RewardError as exc:
+                raise ConfigError(str(exc), field="accuracy_reward", value=self.accuracy_reward) from None
+            if self.strategy == "deepspeed":
+                raise ConfigError("accuracy is measured by the `task` strategy's jobs only", field="metrics",
+                                  value=self.metrics)
         for name in ("model", "dtype"):
             if getattr(self, name) is not None and self.strategy != "deepspeed":
                 raise ConfigError("is used by strategy `deepspeed` only", field=name, value=getattr(self, name))

@@ -170,21 +170,26 @@ def mean_sd(values: list[float]) -> tuple[float, float | None]:
     return sum(values) / len(values), statistics.stdev(values) if len(values) > 1 else None
 
 
-def cell_losses(rows: list[dict]) -> dict[tuple[str, int | None], CellLoss]:
-    """Each (method, k) cell's loss over the rows of its seeds (one row per fine-tune)."""
+#: what a protocol can be judged on: the row field, and whether lower is better
+METRICS = {"loss": ("val_loss", True), "accuracy": ("val_accuracy", False)}
+
+
+def cell_losses(rows: list[dict], field: str = "val_loss") -> dict[tuple[str, int | None], CellLoss]:
+    """Each (method, k) cell's value of `field` (validation loss, or accuracy) over the rows of its seeds."""
     losses: dict[tuple[str, int | None], list[float]] = {}
     for r in rows:
-        losses.setdefault((r["method"], r["k"]), []).append(r["val_loss"])
+        losses.setdefault((r["method"], r["k"]), []).append(r[field])
     return {c: CellLoss(*mean_sd(v)) for c, v in losses.items()}
 
 
-def paired_differences(rows: list[dict], ks: list[int], reference: str = "kmm") -> list[dict]:
+def paired_differences(rows: list[dict], ks: list[int], reference: str = "kmm",
+                       field: str = "val_loss") -> list[dict]:
     """For every other method (and target only) at every k: the reference's loss minus the method's, seed by seed
     (each seed's draws are shared by all methods, so the pairs cancel their noise); the mean, the sample sd and
     its 95 % t-interval (None for one seed) and in how many seeds the reference is lower."""
     by_cell: dict[tuple[str, int | None], dict] = {}
     for r in rows:
-        by_cell.setdefault((r["method"], r["k"]), {})[r.get("seed")] = r["val_loss"]
+        by_cell.setdefault((r["method"], r["k"]), {})[r.get("seed")] = r[field]
     others = [m for m in dict.fromkeys(m for m, _ in by_cell) if m != reference]
     out = []
     for m in others:
@@ -208,29 +213,41 @@ def paired_interval(mean: float, sd: float | None, n: int) -> list[float] | None
     return [mean - half, mean + half]
 
 
-def summarise(rows: list[dict], ks: list[int]) -> dict:
-    """Best-k and Borda count per method from the fine-tune rows (validation loss: lower is better), on each
-    cell's mean over its seeds; every row gains its cell's `points` and `best` (the method's best-k cell)."""
+def summarise(rows: list[dict], ks: list[int], metric: str = "loss") -> dict:
+    """Best-k and Borda count per method from the fine-tune rows on `metric` (validation loss: lower is better;
+    accuracy: higher is better), on each cell's mean over its seeds; every row gains its cell's `points` and
+    `best` (the method's best-k cell). The loss's own fields (val_loss, target_only_val_loss) are always there."""
+    field, lower = METRICS[metric]
+    sign = 1.0 if lower else -1.0
     methods = list(dict.fromkeys(r["method"] for r in rows if r["k"] is not None))
-    cell = cell_losses(rows)
+    cell = cell_losses(rows, field)
+    loss = cell_losses(rows) if field != "val_loss" else cell
     borda = dict.fromkeys(methods, 0.0)
     points = {}
     for k in ks:
-        for m, p in borda_points({m: cell[m, k].mean for m in methods}).items():
+        for m, p in borda_points({m: sign * cell[m, k].mean for m in methods}).items():
             borda[m] += p
             points[m, k] = p
     best_k = {}
     for m in methods:
-        k = min(ks, key=lambda k: (cell[m, k].mean, k))  # the smallest k reaching the lowest loss
+        k = min(ks, key=lambda k: (sign * cell[m, k].mean, k))  # the smallest k reaching the best value
         groups = next(r["groups"] for r in rows if (r["method"], r["k"]) == (m, k))  # the first seed's (random: per seed)
-        best_k[m] = {"k": k, "val_loss": cell[m, k].mean, "val_loss_sd": cell[m, k].sd, "groups": groups}
+        best_k[m] = {"k": k, "val_loss": loss[m, k].mean, "val_loss_sd": loss[m, k].sd, "groups": groups}
+        if field != "val_loss":
+            best_k[m] |= {field: cell[m, k].mean, f"{field}_sd": cell[m, k].sd}
     for r in rows:
         r["points"] = points.get((r["method"], r["k"]))
         r["best"] = r["k"] is not None and best_k[r["method"]]["k"] == r["k"]
     base = next((r["base_val_loss"] for r in rows if r.get("base_val_loss") is not None), None)
-    target = cell.get(("target_only", None))
-    paired = paired_differences(rows, ks) if "kmm" in methods else []
-    return {"ks": list(ks), "methods": methods, "seeds": sorted({r.get("seed") for r in rows} - {None}),
-            "kmm_minus": paired, "best_k": best_k, "borda": borda,
-            "target_only_val_loss": None if target is None else target.mean,
-            "target_only_val_loss_sd": None if target is None else target.sd, "base_val_loss": base}
+    target = loss.get(("target_only", None))
+    paired = paired_differences(rows, ks, field=field) if "kmm" in methods else []
+    out = {"ks": list(ks), "methods": methods, "seeds": sorted({r.get("seed") for r in rows} - {None}),
+           "metric": metric, "kmm_minus": paired, "best_k": best_k, "borda": borda,
+           "target_only_val_loss": None if target is None else target.mean,
+           "target_only_val_loss_sd": None if target is None else target.sd, "base_val_loss": base}
+    if field != "val_loss":
+        mine = cell.get(("target_only", None))
+        out |= {f"target_only_{field}": None if mine is None else mine.mean,
+                f"base_{field}": next((r.get(f"base_{field}") for r in rows if r.get(f"base_{field}") is not None),
+                                      None)}
+    return out

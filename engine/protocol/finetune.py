@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -29,6 +31,8 @@ class FinetuneResult:
     first_train_loss: float
     last_train_loss: float
     seconds: float
+    val_accuracy: float | None = None  # finetune.metrics `accuracy`
+    base_val_accuracy: float | None = None
 
     def to_dict(self) -> dict:
         """JSON-ready fields."""
@@ -72,9 +76,10 @@ def mixing_schedule(steps: int, rho: float, n_aux_groups: int, seed: int,
 def finetune(model, pad_id: int, cfg: FinetuneConfig, lora: LoraConfig, *, label: str,
              target: list[TokenizedExample], aux: dict[str, list[TokenizedExample]],
              val: list[TokenizedExample], base_val_loss: float | None = None, device: str = "cpu",
-             autocast_dtype=None, weights: dict[str, float] | None = None) -> FinetuneResult:
+             autocast_dtype=None, weights: dict[str, float] | None = None,
+             accuracy: Callable[[Any], float] | None = None) -> FinetuneResult:
     """Train a fresh LoRA adapter on `model` (theta_0) for cfg.steps steps mixing target and aux (its groups drawn
-    by `weights`, else uniformly); evaluate on val.
+    by `weights`, else uniformly); evaluate on val (and, given `accuracy`, measure it on the trained model).
 
     autocast_dtype: bf16 autocast for the forward passes (CUDA replicas with model.dtype bfloat16), as in featurisation.
     """
@@ -109,8 +114,10 @@ def finetune(model, pad_id: int, cfg: FinetuneConfig, lora: LoraConfig, *, label
         sched.step()
         losses.append(loss.item())
     val_loss = evaluate_loss(peft_model, val, cfg.eval_batch_size, pad_id, device, autocast_dtype)
+    peft_model.eval()
     return FinetuneResult(
         label=label, groups=names, steps=cfg.steps, target_steps=sum(1 for s in plan if s < 0),
         aux_steps=sum(1 for s in plan if s >= 0), val_loss=val_loss, base_val_loss=base_val_loss,
         first_train_loss=losses[0], last_train_loss=losses[-1], seconds=time.perf_counter() - t0,
+        val_accuracy=None if accuracy is None else accuracy(peft_model),
     )

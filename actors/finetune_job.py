@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import ray
 
 from convalue.actors.progress import report_attempt
@@ -64,5 +65,32 @@ def run_base_eval(spec: ReplicaSpec, val: list[TokenizedExample]) -> float:
     return evaluate_loss(model, val, spec.finetune.eval_batch_size, spec.pad_id, device, amp_dtype)
 
 
+def run_theta_star_job(spec: ReplicaSpec, target: list[TokenizedExample], aux: dict[str, list[TokenizedExample]],
+                       val: list[TokenizedExample]) -> dict[str, np.ndarray]:
+    """GradEx's theta*: the multitask fine-tune on target + every candidate (the evaluation's budget and mixing);
+    its LoRA adapter."""
+    from convalue.engine.features.gradex_features import lora_state
+
+    model, device, amp_dtype = _replica(spec)
+    state: dict[str, np.ndarray] = {}
+    finetune(model, spec.pad_id, spec.finetune, spec.lora, label="theta* (target + every candidate)", target=target,
+             aux=aux, val=val, device=device, autocast_dtype=amp_dtype, keep=lambda m: state.update(lora_state(m)))
+    return state
+
+
+def run_log_odds_job(spec: ReplicaSpec, state: dict[str, np.ndarray], sets: dict[str, list[TokenizedExample]],
+                     dim: int, seed: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """GradEx's per-example features at theta* (engine.features.gradex_features.log_odds_features)."""
+    import torch
+
+    from convalue.engine.features.gradex_features import log_odds_features
+
+    torch.set_num_threads(spec.threads)
+    return log_odds_features(spec.model_dir, spec.model.dtype, spec.lora, state, sets, spec.pad_id, dim, seed,
+                             spec.device)
+
+
 finetune_task = ray.remote(max_retries=1)(run_finetune_job)
+theta_star_task = ray.remote(max_retries=1)(run_theta_star_job)
+log_odds_task = ray.remote(max_retries=1)(run_log_odds_job)
 base_eval_task = ray.remote(max_retries=1)(run_base_eval)

@@ -123,6 +123,22 @@ def test_accuracy_on_a_mathematics_task_ranks_the_methods(pipeline_config):
                                                        if r["method"] == "kmm")
 
 
+def test_gradex_baselines_rank_from_the_log_odds_at_theta_star(pipeline_config):
+    """GradEx-FS and -RE: one multitask fine-tune theta*, per-example log-odds gradients there (projected), the
+    logistic surrogate; both rank in the same table, and their cost says one fine-tune and how many gradients."""
+    tmp, data = pipeline_config
+    cfg = data | {"name": "gx", "finetune": data["finetune"] | {
+        "ks": [1, 2], "steps": 2, "baselines": ["target_only", "gradex_fs", "gradex_re"],
+        "gradex": {"projection_dim": 8, "draws_per_candidate": 2}}}
+    summary = run(config_from_dict(cfg))
+    ev = summary.evaluation
+    assert {"gradex_fs", "gradex_re"} <= set(ev["methods"])
+    examples = summary.data["target_train"] + summary.data["target_val"] + 5 * data["data"]["preview_size"]
+    for kind in ("gradex_fs", "gradex_re"):
+        assert ev["cost"][kind]["fine_tunes"] == 1 and ev["cost"][kind]["gradient_examples"] == examples
+    assert ev["cost"]["gradex_re"]["draws"] == 10
+
+
 def test_grpo_representation_from_config(pipeline_config):
     """GRPO on real prompts: sampled completions, a reward from a user file, group vectors, a certified solve."""
     tmp, data = pipeline_config

@@ -1,5 +1,6 @@
 """The run configuration: typed sections, validated from YAML with errors that name the file, field and value."""
 
+from convalue.engine.config.baselines import DataModelConfig, DeepSpeedConfig, GradExConfig
 from convalue.engine.config.fields import ConfigError
 from convalue.engine.config.inputs import (
     BUILTIN_EMBEDDINGS,
@@ -16,8 +17,6 @@ from convalue.engine.config.reference import reference_markdown
 from convalue.engine.config.run import RunConfig
 from convalue.engine.config.settings import (
     BootstrapConfig,
-    DataModelConfig,
-    DeepSpeedConfig,
     FinetuneConfig,
     RayConfig,
     SelectConfig,
@@ -34,6 +33,7 @@ __all__ = [
     "FeaturesConfig",
     "DeepSpeedConfig",
     "FinetuneConfig",
+    "GradExConfig",
     "LoraConfig",
     "ModelConfig",
     "ProjectionConfig",

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from convalue.engine.config.baselines import DataModelConfig, DeepSpeedConfig, GradExConfig
 from convalue.engine.config.fields import ConfigError, check_readable, opt
 from convalue.engine.config.paths import BUILTIN_MODELS
 
@@ -98,52 +99,6 @@ class SelectConfig:
 
 
 @dataclass(kw_only=True)
-class DataModelConfig:
-    """The fitted DataModel baselines (finetune.baselines `datamodel`, `datamodel_cs`; paper App. baselines)."""
-
-    runs_per_candidate: float = opt(10.0, "Fine-tunes of random subsets per candidate group, per design (the "
-                                          "paper's budget: 10 N); each is a fine-tune of finetune.steps steps.")
-    rho: float = opt(0.5, "`datamodel`: the share of the candidates each random subset holds.")
-    alpha_ratio: float = opt(0.01, "The LASSO's l1 strength as a fraction of the smallest one that zeroes every "
-                                   "score.")
-    seed: int = opt(0, "Seed of the designs.")
-
-    def validate(self) -> None:
-        """Raise ConfigError naming the first field whose value does not hold."""
-        if not self.runs_per_candidate > 0:
-            raise ConfigError("must be > 0", field="runs_per_candidate", value=self.runs_per_candidate)
-        if not 0 < self.rho < 1:
-            raise ConfigError("must be in (0, 1)", field="rho", value=self.rho)
-        if not 0 < self.alpha_ratio < 1:
-            raise ConfigError("must be in (0, 1)", field="alpha_ratio", value=self.alpha_ratio)
-
-
-@dataclass(kw_only=True)
-class DeepSpeedConfig:
-    """One fine-tune job as a Ray Train TorchTrainer under DeepSpeed ZeRO (finetune.strategy `deepspeed`)."""
-
-    workers: int = opt(2, "Training workers (processes; with `use_gpu`, one GPU each) of one fine-tune job.")
-    use_gpu: bool = opt(True, "One GPU per worker (NCCL); false: CPU workers (gloo).")
-    cpus_per_worker: int = opt(1, "CPUs (and torch threads) per training worker.")
-    stage: int = opt(2, "ZeRO stage: 0 (plain data parallel), 1 (optimizer states), 2 (+ gradients), 3 (+ "
-                        "parameters, built partitioned: no worker holds the whole model).")
-    offload_optimizer: Literal["none", "cpu"] = opt("none", "`cpu`: optimizer states in host memory (stage >= 1).")
-    offload_param: Literal["none", "cpu"] = opt("none", "`cpu`: parameters in host memory (stage 3).")
-
-    def validate(self) -> None:
-        """Raise ConfigError naming the first field whose value does not hold."""
-        for name in ("workers", "cpus_per_worker"):
-            if getattr(self, name) <= 0:
-                raise ConfigError("must be > 0", field=name, value=getattr(self, name))
-        if self.stage not in (0, 1, 2, 3):
-            raise ConfigError("must be 0, 1, 2 or 3", field="stage", value=self.stage)
-        if self.offload_optimizer == "cpu" and self.stage < 1:
-            raise ConfigError("needs ZeRO stage 1 or more", field="offload_optimizer", value=self.offload_optimizer)
-        if self.offload_param == "cpu" and self.stage != 3:
-            raise ConfigError("needs ZeRO stage 3", field="offload_param", value=self.offload_param)
-
-
-@dataclass(kw_only=True)
 class FinetuneConfig:
     """The fixed-compute fine-tune that shows what a selection is worth (paper Alg. 1)."""
 
@@ -185,15 +140,19 @@ class FinetuneConfig:
               "whose names a run has not shown yet). null: `mixture_weights` must name every candidate.")
     mixture_temperature: float = opt(1.0, "T of `mixture: softmax`: weights exp(s_i / T), normalised; the scores' scale "
                                           "differs by method (KMM's w, beta, the cosine), so a lower T sharpens them.")
-    baselines: list[Literal["target_only", "alignment", "cosine", "random", "datamodel", "datamodel_cs"]] = opt(
+    baselines: list[Literal["target_only", "alignment", "cosine", "random", "datamodel", "datamodel_cs",
+                            "gradex_fs", "gradex_re"]] = opt(
         help="Comparison runs with the same step budget: `target_only` (rho = 1, the same at every k); and "
         "methods ranked like KMM at every k in `ks`: `alignment` (top-k by beta), `cosine` (top-k by the "
         "cosine of g_i and g_tar: the paper's one-step baseline, free of gradient norms), `random` (a seeded "
         "random order, from `seed`; under `repeats`, see `random_orders`), `datamodel` and `datamodel_cs` (a "
         "LASSO fitted to the validation losses of fine-tunes of random subsets, uniform or compressed-sensing "
-        "designs: `datamodel.runs_per_candidate` x N extra fine-tunes each; their cost is in the summary).",
+        "designs: `datamodel.runs_per_candidate` x N extra fine-tunes each), `gradex_fs` and `gradex_re` (GradEx: "
+        "one multitask fine-tune on target + every candidate, per-example log-odds gradients there, a logistic "
+        "surrogate; forward selection or a random ensemble). Their cost is in the summary.",
         factory=lambda: ["target_only"])
     datamodel: DataModelConfig = opt(help="The DataModel baselines' designs and fit.", factory=DataModelConfig)
+    gradex: GradExConfig = opt(help="The GradEx baselines' projection, surrogate and ensemble.", factory=GradExConfig)
     metrics: list[Literal["loss", "accuracy"]] = opt(
         help="What each fine-tune is measured on, on the target's validation split: `loss` (response-token "
         "cross-entropy, always) and `accuracy` (the mean of `accuracy_reward` over greedy completions: exact-match "

@@ -77,9 +77,11 @@ def finetune(model, pad_id: int, cfg: FinetuneConfig, lora: LoraConfig, *, label
              target: list[TokenizedExample], aux: dict[str, list[TokenizedExample]],
              val: list[TokenizedExample], base_val_loss: float | None = None, device: str = "cpu",
              autocast_dtype=None, weights: dict[str, float] | None = None,
-             accuracy: Callable[[Any], float] | None = None) -> FinetuneResult:
+             accuracy: Callable[[Any], float] | None = None,
+             keep: Callable[[Any], None] | None = None) -> FinetuneResult:
     """Train a fresh LoRA adapter on `model` (theta_0) for cfg.steps steps mixing target and aux (its groups drawn
-    by `weights`, else uniformly); evaluate on val (and, given `accuracy`, measure it on the trained model).
+    by `weights`, else uniformly); evaluate on val (and, given `accuracy`, measure it on the trained model; given
+    `keep`, hand it the trained model, e.g. to keep its adapter).
 
     autocast_dtype: bf16 autocast for the forward passes (CUDA replicas with model.dtype bfloat16), as in featurisation.
     """
@@ -115,6 +117,8 @@ def finetune(model, pad_id: int, cfg: FinetuneConfig, lora: LoraConfig, *, label
         losses.append(loss.item())
     val_loss = evaluate_loss(peft_model, val, cfg.eval_batch_size, pad_id, device, autocast_dtype)
     peft_model.eval()
+    if keep is not None:
+        keep(peft_model)
     return FinetuneResult(
         label=label, groups=names, steps=cfg.steps, target_steps=sum(1 for s in plan if s < 0),
         aux_steps=sum(1 for s in plan if s >= 0), val_loss=val_loss, base_val_loss=base_val_loss,

@@ -13,6 +13,8 @@ from pathlib import Path
 from convalue.engine.config import RunConfig
 from convalue.engine.data.prepare import prepare
 from convalue.engine.data.sources import load_source
+from convalue.engine.driver.baselines import FITTED
+from convalue.engine.driver.stages import TAGS
 from convalue.engine.model.loading import check_lora_targets_in, load_tokenizer, resolve_model
 from convalue.engine.protocol.evaluate import BASELINE_METHODS
 
@@ -72,11 +74,21 @@ def make_plan(cfg: RunConfig, measure: bool = True) -> RunPlan:
     n = (len(data.items) if not pools else
          sum(len(load_source(s)) for s in cfg.data.candidates if s.clusters is None) + sum(s.clusters for s in pools))
     preview = int(sum(lengths) if not pools else mean_len * (n + 1) * cfg.data.preview_size)
-    methods = ["kmm"] + [b for b in cfg.finetune.baselines if b in BASELINE_METHODS]
+    reps = cfg.features.representations or [cfg.features.representation]
+    rep_methods = [] if len(reps) < 2 else [TAGS[reps[0]]] + [m for r in reps[1:] for m in (TAGS[r], f"{TAGS[r]}+kmm")]
+    fitted = [b for b in cfg.finetune.baselines if b in FITTED]
+    methods = (["kmm"] + [b for b in cfg.finetune.baselines if b in BASELINE_METHODS] + rep_methods + fitted
+               + (["kmm_path"] if cfg.solver.path else []))
     ks, seeds = cfg.evaluation_ks(), cfg.finetune.seeds()
     cells = (len(methods) * len(ks) + ("target_only" in cfg.finetune.baselines)) * len(seeds)
-    fine_tunes = cells if cfg.finetune.enabled else 0
+    dm = cfg.finetune.datamodel
+    extra = sum(round(dm.runs_per_candidate * n) + 1 for b in fitted if b.startswith("datamodel"))
+    extra += 1 if any(b.startswith("gradex") for b in fitted) else 0  # theta*
+    fine_tunes = cells + extra if cfg.finetune.enabled else 0
     ft_tokens = int(fine_tunes * cfg.finetune.steps * cfg.finetune.batch_size * mean_len)
+    if "task_vector" in reps:  # a short fine-tune per group
+        tv = cfg.features.tv_steps or max(1, round(cfg.features.tv_fraction * cfg.finetune.steps))
+        preview += int((n + 1) * tv * cfg.features.tv_batch_size * mean_len)
     tps = _measure_tokens_per_second(model_dir, cfg, max(8, round(mean_len))) if measure else None
     workers = max(1, min(cfg.ray.workers, math.ceil(n / cfg.ray.groups_per_call)))
     feat_s = preview / (tps * workers) if tps else None
@@ -108,9 +120,10 @@ def format_plan(plan: RunPlan, cfg: RunConfig) -> str:
              f"p = {cfg.projection.dim}) on {plan.workers} worker(s) x {cfg.ray.cpus_per_worker} CPU, "
              f"{plan.blocks} blocks of {cfg.ray.groups_per_call}: {est(plan.featurize_seconds)}",
              f"solve: {cfg.solver.method} on a {plan.candidates} x {plan.candidates} Gram",
-             f"fine-tunes: {plan.fine_tunes} ({len(plan.methods)} method(s) {plan.methods} x k in {plan.ks}"
-             f"{' + target only' if 'target_only' in cfg.finetune.baselines else ''} x {len(plan.seeds)} seed(s); "
-             f"fewer where selections coincide), {cfg.finetune.steps} steps each: {est(plan.finetune_seconds)}"]
+             f"fine-tunes: at most {plan.fine_tunes} ({len(plan.methods)} method(s) {plan.methods} x k in {plan.ks}"
+             f"{' + target only' if 'target_only' in cfg.finetune.baselines else ''} x {len(plan.seeds)} seed(s), "
+             "plus the fitted baselines' own; fewer where selections coincide), "
+             f"{cfg.finetune.steps} steps each: {est(plan.finetune_seconds)}"]
     if plan.tokens_per_second is not None:
         lines.append(f"measured here: {plan.tokens_per_second:,.0f} tokens/s per worker (one LoRA forward and "
                      "backward); estimates leave out model loading, Ray start-up and packing gains")

@@ -88,3 +88,27 @@ def test_byo_data_files_are_what_make_data_builds(tmp_path):
     pool = pq.read_table(BYO / "pool.parquet").to_pylist()
     assert pool == [{"group": t, **row} for t in make_data.POOL_TOPICS for row in make_data.pairs(t, make_data.PER_GROUP)]
     assert sum(p.stat().st_size for p in BYO.iterdir()) < 200_000
+
+
+def test_target_train_size_keeps_a_seeded_subset_of_the_train_split(at_root, smollm2_dir):
+    """data.target_train_size shrinks the target's train split (what its fine-tunes and g_tar see) to a seeded
+    subset, leaves the validation split alone, and refuses a size the split does not have, naming both."""
+    from convalue.engine.data.examples import DataError
+    from convalue.engine.data.prepare import prepare
+    from convalue.engine.model.loading import load_tokenizer
+
+    tok = load_tokenizer(smollm2_dir)
+    cfg = convalue.load_config("examples/byo/run.yaml")
+    full = prepare(cfg.data, tok, cfg.model.max_length)
+    small_cfg = convalue.load_config("examples/byo/run.yaml", overrides=["data.target_train_size=6"])
+    small = prepare(small_cfg.data, tok, cfg.model.max_length)
+    assert len(small.target_train) == 6 and len(full.target_train) == 25
+    assert {e.input_ids for e in small.target_train} <= {e.input_ids for e in full.target_train}
+    assert [e.input_ids for e in small.target_val] == [e.input_ids for e in full.target_val]
+    assert {e.input_ids for e in small.target_item.examples} <= {e.input_ids for e in small.target_train}
+    assert [e.input_ids for e in prepare(small_cfg.data, tok, cfg.model.max_length).target_train] == [e.input_ids for e in small.target_train]
+    with pytest.raises(DataError, match=r"target_train_size=40.*only 25 train examples"):
+        prepare(convalue.load_config("examples/byo/run.yaml", overrides=["data.target_train_size=40"]).data,
+                tok, cfg.model.max_length)
+    with pytest.raises(convalue.ConfigError, match="target_train_size"):
+        convalue.load_config("examples/byo/run.yaml", overrides=["data.target_train_size=0"])

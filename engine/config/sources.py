@@ -157,6 +157,10 @@ class DataConfig:
     preview_size: int = opt(8, "m: examples per candidate group used for its gradient (the preview).")
     target_preview_size: int | None = opt(None, "Examples of the target's train split used for g_tar (default: preview_size).")
     val_fraction: float = opt(0.3, "Share of the target held out for validation (never used for scoring).")
+    target_train_size: int | None = opt(
+        None, "Keep only this many examples of the target's train split (a seeded sample; the validation split is "
+              "unchanged): the small, precious target of the paper's premise, e.g. to measure when selection pays. "
+              "null: the whole split.")
     small_groups: Literal["error", "skip", "keep"] = opt(
         "error", "A candidate with fewer than m usable examples: `error`, `skip` it (with a warning), or `keep` it with all it has.")
     seed: int = opt(0, "Seed of the target split and the preview sampling.")
@@ -174,3 +178,5 @@ class DataConfig:
             raise ConfigError("must be > 0", field="target_preview_size", value=self.target_preview_size)
         if not 0 < self.val_fraction < 1:
             raise ConfigError("must be in (0, 1)", field="val_fraction", value=self.val_fraction)
+        if self.target_train_size is not None and self.target_train_size <= 0:
+            raise ConfigError("must be > 0", field="target_train_size", value=self.target_train_size)

@@ -81,6 +81,12 @@ def prepare(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, max_length: int
         raise DataError(f"group name {TARGET_KEY!r} is reserved")
     warnings: list[str] = []
     train, val = split_target(target, cfg.val_fraction, cfg.seed)
+    if cfg.target_train_size is not None:
+        if cfg.target_train_size > len(train):
+            raise DataError(f"data.target_train_size={cfg.target_train_size}: target group {target.name!r} "
+                            f"({target.origin}) has only {len(train)} train examples after holding out "
+                            f"val_fraction={cfg.val_fraction}")
+        train = [train[i] for i in preview_indices(len(train), cfg.target_train_size, cfg.seed, f"{TARGET_KEY}/train")]
     train_tok = _usable(tokenize_examples(tokenizer, train, max_length))
     val_tok = _usable(tokenize_examples(tokenizer, val, max_length))
     if not train_tok or not val_tok:

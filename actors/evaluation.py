@@ -14,8 +14,7 @@ import ray
 from convalue.actors.finetune_job import base_eval_task, finetune_task
 from convalue.actors.pool import windowed
 from convalue.engine.config import RunConfig
-from convalue.engine.data.prepare import PreparedData
-from convalue.engine.data.sources import split_target
+from convalue.engine.data.prepare import PreparedData, target_splits
 from convalue.engine.model.spec import ReplicaSpec
 from convalue.engine.model.tokenize import tokenize_examples
 from convalue.engine.protocol.evaluate import (
@@ -136,7 +135,7 @@ def train_jobs(req: EvaluationRequest, jobs: list[PlannedRun], tasks: list[tuple
     if req.train_spec is None:
         opts = {"num_cpus": cfg.ray.cpus_per_worker, "num_gpus": cfg.ray.gpus_per_worker}
         train, val = ray.put(data.target_train), ray.put(data.target_val)
-        val_raw = ray.put(split_target(data.target, cfg.data.val_fraction, cfg.data.seed)[1]
+        val_raw = ray.put(target_splits(data.target, cfg.data)[1]
                           if "accuracy" in cfg.finetune.metrics else None)
 
         def submit(_: object, task: FinetuneTask):
@@ -240,7 +239,7 @@ def _deepspeed_submit(req: EvaluationRequest, jobs: list[PlannedRun], tasks: lis
     from convalue.engine.protocol.deepspeed import TrainJob
 
     cfg, data = req.cfg, req.data
-    raw_train, raw_val = split_target(data.target, cfg.data.val_fraction, cfg.data.seed)
+    raw_train, raw_val = target_splits(data.target, cfg.data)
     raw = {g.name: list(g.examples) for g in data.candidates}
 
     def submit(_: object, task: FinetuneTask):

@@ -1,5 +1,6 @@
 """The run configuration: typed sections, validated from YAML with errors that name the file, field and value."""
 
+from convalue.engine.config.analysis import FaithfulnessConfig, TransferConfig
 from convalue.engine.config.baselines import DataModelConfig, DeepSpeedConfig, GradExConfig
 from convalue.engine.config.fields import ConfigError
 from convalue.engine.config.inputs import (
@@ -32,6 +33,7 @@ __all__ = [
     "DataConfig",
     "FeaturesConfig",
     "DeepSpeedConfig",
+    "FaithfulnessConfig",
     "FinetuneConfig",
     "GradExConfig",
     "LoraConfig",
@@ -42,6 +44,7 @@ __all__ = [
     "SelectConfig",
     "SolverConfig",
     "SourceConfig",
+    "TransferConfig",
     "config_from_dict",
     "load_config",
     "reference_markdown",

@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from convalue.engine.config.analysis import FaithfulnessConfig, TransferConfig
 from convalue.engine.config.fields import ConfigError, check_writable, opt
 from convalue.engine.config.inputs import (
     DataConfig,
@@ -42,6 +43,9 @@ class RunConfig:
     bootstrap: BootstrapConfig = opt(help="Score uncertainty by bootstrap over the previews.",
                                      factory=BootstrapConfig)
     ray: RayConfig = opt(help="Ray cluster and workers.", factory=RayConfig)
+    faithfulness: FaithfulnessConfig = opt(help="`convalue faithfulness`: subset faithfulness.",
+                                           factory=FaithfulnessConfig)
+    transfer: TransferConfig = opt(help="`convalue transfer`: pairwise transfer.", factory=TransferConfig)
 
     def validate(self) -> None:
         """Raise ConfigError naming the first field, or combination of sections, that does not hold."""

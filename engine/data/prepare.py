@@ -69,6 +69,18 @@ def _preview_units(tokenizer, examples: list[Example], max_length: int, grpo: bo
     return good, too_long
 
 
+def target_splits(target: Group, cfg: DataConfig) -> tuple[list[Example], list[Example]]:
+    """The target's seeded (train, validation) split, the train split cut to data.target_train_size if set."""
+    train, val = split_target(target, cfg.val_fraction, cfg.seed)
+    if cfg.target_train_size is not None:
+        if cfg.target_train_size > len(train):
+            raise DataError(f"data.target_train_size={cfg.target_train_size}: target group {target.name!r} "
+                            f"({target.origin}) has only {len(train)} train examples after holding out "
+                            f"val_fraction={cfg.val_fraction}")
+        train = [train[i] for i in preview_indices(len(train), cfg.target_train_size, cfg.seed, f"{TARGET_KEY}/train")]
+    return train, val
+
+
 def prepare(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, max_length: int, *, grpo: bool = False,
             embed: Embed | None = None) -> PreparedData:
     """Resolve groups, split the target, sample seeded previews of m usable examples, tokenise, validate.
@@ -80,13 +92,7 @@ def prepare(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, max_length: int
     if any(g.name == TARGET_KEY for g in candidates):
         raise DataError(f"group name {TARGET_KEY!r} is reserved")
     warnings: list[str] = []
-    train, val = split_target(target, cfg.val_fraction, cfg.seed)
-    if cfg.target_train_size is not None:
-        if cfg.target_train_size > len(train):
-            raise DataError(f"data.target_train_size={cfg.target_train_size}: target group {target.name!r} "
-                            f"({target.origin}) has only {len(train)} train examples after holding out "
-                            f"val_fraction={cfg.val_fraction}")
-        train = [train[i] for i in preview_indices(len(train), cfg.target_train_size, cfg.seed, f"{TARGET_KEY}/train")]
+    train, val = target_splits(target, cfg)
     train_tok = _usable(tokenize_examples(tokenizer, train, max_length))
     val_tok = _usable(tokenize_examples(tokenizer, val, max_length))
     if not train_tok or not val_tok:

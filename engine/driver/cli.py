@@ -1,5 +1,5 @@
-"""Command line: `convalue run CONFIG`, `convalue solve RUN_DIR`, `convalue status RUN_DIR`,
-`convalue config-reference`."""
+"""Command line: `convalue run CONFIG`, `convalue solve RUN_DIR`, `convalue status RUN_DIR`, the analyses
+`convalue faithfulness CONFIG` and `convalue transfer CONFIG`, `convalue config-reference`."""
 
 from __future__ import annotations
 
@@ -24,6 +24,18 @@ def _parser() -> argparse.ArgumentParser:
                    help="override a config field, e.g. --set solver.gamma=0.1 (repeatable; the value is read as YAML)")
     r.add_argument("--dry-run", action="store_true", help="print the plan (groups, tokens, fine-tunes, estimated "
                    "time measured on this machine) and exit, without starting Ray")
+    for cmd, what in (("faithfulness", "subset faithfulness: fine-tune every k-subset of the candidates and compare "
+                                        "u_FT with the additive and KMM surrogates of each representation "
+                                        "(section `faithfulness`)"),
+                      ("transfer", "pairwise transfer: every group as the target against the others from one "
+                                   "featurisation, then the positive/negative-set fine-tunes (section `transfer`)")):
+        a = sub.add_parser(cmd, help=what)
+        a.add_argument("config", help="run config (YAML); the run folder's vectors and fine-tunes are reused")
+        a.add_argument("--address", help="join this Ray cluster (else RAY_ADDRESS, else ray.address, else embedded)")
+        a.add_argument("--overwrite", action="store_true", help="replace stored vectors made with other settings")
+        a.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
+                       help="override a config field, e.g. --set faithfulness.k=2 (repeatable; the value is read as "
+                            "YAML)")
     s = sub.add_parser("solve", help="re-solve a finished run from its gram.npy/beta.npy and rewrite its scores")
     s.add_argument("run_dir")
     g = s.add_mutually_exclusive_group()
@@ -164,6 +176,21 @@ def _command(args: argparse.Namespace) -> int:
             print(f"\nsolver: {summary.solver.describe()}")
             print("timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in summary.timings_s.items()))
             print(f"outputs: {run_dir}/")
+            return 0
+        if args.command in ("faithfulness", "transfer"):
+            from convalue.engine.store.folder import RunFolder
+
+            cfg = load_config(args.config, args.set)
+            if args.command == "faithfulness":
+                from convalue.engine.driver.faithfulness import format_faithfulness as show
+                from convalue.engine.driver.faithfulness import run_faithfulness as analysis
+            else:
+                from convalue.engine.driver.transfer import format_transfer as show
+                from convalue.engine.driver.transfer import run_transfer as analysis
+            summary = analysis(cfg, address=args.address, overwrite=args.overwrite)
+            print(show(summary))
+            print("timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in summary.timings_s.items()))
+            print(f"outputs: {RunFolder.at(cfg.out, cfg.name)}/")
             return 0
         if args.command == "score":
             from convalue.engine.driver.score import ScoreRequest, score

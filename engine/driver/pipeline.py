@@ -30,6 +30,7 @@ from convalue.engine.driver.session import (
     cluster_address,
 )
 from convalue.engine.driver.stages import (
+    TAGS,
     Valuation,
     check_budgets,
     representation_config,
@@ -64,7 +65,10 @@ from convalue.engine.store.vectors import VectorStore
 log = logging.getLogger("convalue")
 RESULT_FILES = ("scores.parquet", "path.parquet", "path.png", "gram.npy", "beta.npy", "costs.npy", "clusters.parquet", "examples.parquet",
                 "bootstrap.parquet", "evaluation.parquet", "scores.png", "evaluation.png", "report.html",
-                "summary.json")
+                "summary.json",
+                # the analysis commands' results and the K and beta of a run's other representations
+                "faithfulness.parquet", "faithfulness.png", "transfer.parquet", "transfer.png",
+                *(f"{kind}-{tag}.npy" for tag in TAGS.values() for kind in ("gram", "beta")))
 
 
 

@@ -276,6 +276,10 @@ def _cells(rows: list[dict]) -> dict[tuple[Any, Any], tuple[float, float | None]
 
 
 def _why_no_evaluation(run: RunFiles) -> str:
+    command = (run.field("data") or {}).get("command")
+    if command in ("faithfulness", "transfer"):
+        return (f"this folder is a `convalue {command}` analysis: its results are {command}.parquet and "
+                f"{command}.png, and what `convalue {command}` printed is in summary.json under evaluation.{command}")
     if run.config("finetune").get("enabled") is False:
         return "fine-tunes were off (finetune.enabled: false), so no selection was trained and compared"
     status, stage = run.field("status"), run.field("failed_stage")

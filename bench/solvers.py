@@ -3,8 +3,8 @@
 Clustered synthetic unit-norm gradients (many near-duplicate groups), p = 4096, both of the paper's
 gammas. Prints per-case times, ratios, KKT violations, objectives and top-20 agreement, and ends
 with one JSON line of the figures. convalue's ratio times its solve of a validated problem; the end-to-end
-ratio adds its validation (make_problem: symmetry, finiteness, PSD-ness and rank), as CVXPY's time includes
-its own checks. A second convalue row solves with tol (default 1e-6, the issue's accuracy: KKT <= 1e-6), where
+ratio adds its validation (make_problem of a K the bench formed as G G^T, formed=True: finiteness, symmetry, norms,
+Cauchy-Schwarz and duplicates in O(N^2), no spectral check), as CVXPY's time includes its own checks. A second convalue row solves with tol (default 1e-6, the issue's accuracy: KKT <= 1e-6), where
 dense solutions may stop ADMM early instead of polishing to round-off; the exact default is the first row.
 
     .venv/bin/python bench/solvers.py                      # N in 100, 1000, 5000, 20000
@@ -67,7 +67,7 @@ def main() -> None:
         for gamma in args.gammas:
             # validation (make_problem) is timed apart, as the best of as many runs as the solve; CVXPY's time
             # includes its own checks, so the end-to-end ratio below adds it to convalue's
-            validate_s, prob = timed(make_problem, K, beta, gamma=gamma, check_psd=n <= 8000,
+            validate_s, prob = timed(make_problem, K, beta, gamma=gamma, rank_bound=args.p, formed=True,
                                      repeat=5 if n <= 1000 else 1)
             rec = {"N": n, "gamma": gamma, "gram_s": round(gram_s, 3), "validate_s": round(validate_s, 6)}
             # convalue

@@ -36,7 +36,7 @@ def support_dear(nonzeros: int, n: int, policy: EarlyStopPolicy) -> bool:
 
 def admm_polish(op, gamma: float, w0: np.ndarray, scale: float, *, policy: SolverPolicy, rho: float = 0.3,
                 alpha: float = 1.6, max_iter: int = 2000, deadline: float | None = None,
-                stop_at: float | None = None) -> tuple[np.ndarray, int, bool, bool]:
+                stop_at: float | None = None, u0: np.ndarray | None = None) -> tuple[np.ndarray, int, bool, bool]:
     """ADMM on w = z (K + rho I factored once), polished every few iterations by an exact support solve; (w,
     iterations, converged, whether ADMM's own iterate met stop_at).
 
@@ -48,6 +48,8 @@ def admm_polish(op, gamma: float, w0: np.ndarray, scale: float, *, policy: Solve
     factorisation would cost more than going on (the policy's early_stop.cube_ratio), ADMM goes on with Anderson
     acceleration once the signs hold, checking the KKT conditions in float64 when its fixed-point residual says they
     can hold, and polishes only if it stalls (float32's floor) first.
+    u0: a warm start of the scaled dual variable (zero when None), to go with w0: -r / rho' at ADMM's fixed point
+    (r = K w0 - beta), clipped to +-gamma / rho', for the absolute rho' = rho mean K_ii.
     """
     n, es, settle = op.n, policy.early_stop, policy.admm.settle
     mean_diag = float(np.mean(op.diag))
@@ -58,7 +60,7 @@ def admm_polish(op, gamma: float, w0: np.ndarray, scale: float, *, policy: Solve
     early = early and early_stop_allowed(n, True, solve.lambda_min_bound, mean_diag, es)
     stopper = _EarlyStop(op, gamma, stop_at, mean_diag, es) if early else None
     z = np.asarray(w0, dtype=np.float64).copy()
-    u = np.zeros(n)  # scaled dual variable
+    u = np.zeros(n) if u0 is None else np.array(u0, dtype=np.float64)  # scaled dual variable
     feed = z  # the z the next step reads: z itself, or Anderson's extrapolation
     it, next_polish, stable, pattern, polish_now = 0, 25, 0, b"", False
     while it < max_iter and not past_deadline(deadline):

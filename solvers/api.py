@@ -153,12 +153,15 @@ def solve_kmm(
     rank_bound: int | None = None,
     psd_tol: float = 1e-6,
     tol: float | None = None,
+    formed: bool = False,
     policy: SolverPolicy = DEFAULT_POLICY,
 ) -> KMMSolution:
     """Solve KMM (paper eq. kmm_l1_penalized with gamma, eq. kmm_qp with budget; costs weight the l1 term).
 
     rank_bound: an upper bound on rank(K) when the caller knows one (p for K = G G^T with G of N x p); see
     make_problem. psd_tol: the most negative eigenvalue accepted, as a fraction of max |K_ij|.
+    formed: True where the caller formed K as G G^T itself (PSD by construction): validation then checks only what
+    can go wrong with such a K, in O(N^2), and skips the spectral check (see make_problem); pass rank_bound=p too.
     tol: None (default) solves exactly (KKT at round-off). A number in (0, 1e-3] lets the penalised form's ADMM stop
     at that KKT violation, relative to max(1, max|beta|), instead of polishing exact, where the polish costs more than
     finishing ADMM and K is well-conditioned enough for the tolerance to pin down the scores (the policy's
@@ -167,7 +170,7 @@ def solve_kmm(
     policy: the thresholds that steer validation and the solver (convalue.solvers.policy; the default is measured).
     """
     problem = make_problem(K, beta, gamma=gamma, budget=budget, costs=costs, normalize=normalize,
-                           rank_bound=rank_bound, psd_tol=psd_tol, policy=policy)
+                           rank_bound=rank_bound, psd_tol=psd_tol, formed=formed, policy=policy)
     return solve_problem(problem, method=method, tol=tol, policy=policy)
 
 

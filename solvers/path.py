@@ -53,14 +53,14 @@ class KMMPath:
 
 
 def kmm_path(K: np.ndarray, beta: np.ndarray, *, gammas: np.ndarray | None = None, n_gammas: int = 50,
-             gamma_min_ratio: float = 1e-3, normalize: str = "none",
+             gamma_min_ratio: float = 1e-3, normalize: str = "none", formed: bool = False,
              policy: SolverPolicy = DEFAULT_POLICY) -> KMMPath:
     """Solve the penalised KMM problem on a decreasing gamma grid, each solve warm-started by the previous.
 
     A rank-deficient K the homotopy can afford (convalue.solvers.homotopy) is read off one homotopy path instead; a
-    point of it that does not certify is solved on its own. policy: as in solve_kmm.
+    point of it that does not certify is solved on its own. formed, policy: as in solve_kmm.
     """
-    base = make_problem(K, beta, gamma=0.0, normalize=normalize, policy=policy)
+    base = make_problem(K, beta, gamma=0.0, normalize=normalize, formed=formed, policy=policy)
     gmax = float(np.abs(base.beta).max())
     if gammas is None:
         ratio = check_number("gamma_min_ratio", gamma_min_ratio, positive=True)

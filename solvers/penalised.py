@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from convalue.solvers import active_set, admm, plan, working_set
+from convalue.solvers import active_set, admm, plan, reduced, working_set
 from convalue.solvers.active_set import kkt_from, past_deadline, residual
 from convalue.solvers.homotopy import distinct, expand, lars
 from convalue.solvers.plan import PenalisedFacts, forms_gram, plan_penalised, seed_fills_wide
@@ -24,8 +24,8 @@ REPORTED = {plan.HOMOTOPY: "homotopy", plan.WORKING_SET: "working_set_homotopy",
             plan.ADMM_FIRST: "admm_polish", plan.SEEDED_WIDE: "working_set_homotopy",
             plan.WIDE: "working_set_homotopy", plan.FALLBACK_HOMOTOPY_IF_SEED_FULL: "homotopy",
             plan.FALLBACK_HOMOTOPY_UNLESS_SEED_FULL: "homotopy", plan.FALLBACK_HOMOTOPY: "homotopy",
-            plan.ADMM: "admm_polish", plan.NNLS_POLISH: "nnls_polish", plan.CVXPY_REFERENCE: "cvxpy_reference",
-            plan.COORDINATE_DESCENT: "coordinate_descent+nnls_polish"}
+            plan.ADMM: "admm_polish", plan.REDUCED: "reduced_working_set", plan.NNLS_POLISH: "nnls_polish",
+            plan.CVXPY_REFERENCE: "cvxpy_reference", plan.COORDINATE_DESCENT: "coordinate_descent+nnls_polish"}
 
 
 def facts_of(op, gamma: float, warm_start: bool = False) -> PenalisedFacts:
@@ -88,6 +88,8 @@ class _Steps:
             return active_set.pdas_plain(op, gamma, np.zeros(op.n), 15, scale, deadline)
         if step == plan.PDAS_CONTINUATION:
             return active_set.continuation(op, gamma, self.factor, self.max_iter, deadline)
+        if step == plan.REDUCED:
+            return reduced.reduced_working_set(op.G, op.beta, op.diag, gamma, scale, deadline, policy=self.policy)
         if step in (plan.ADMM_FIRST, plan.ADMM):
             return self._admm(p.admm_first_steps if step == plan.ADMM_FIRST else 0)
         if step in (plan.SEEDED_WIDE, plan.WIDE):

@@ -18,6 +18,9 @@ PROBE = "probe"  # the working-set homotopy from a few candidates up to a small 
 WARM_PDAS = "warm_pdas"  # PDAS from the warm start, then orthant-projected Newton
 PDAS_DIRECT = "pdas_direct"  # plain PDAS from zero straight at gamma
 PDAS_CONTINUATION = "pdas_continuation"  # PDAS down a gamma grid from max|beta|
+#: a working set grown by KKT violators, solved on its reduced Gram K_WW (float32, appended) by warm-started ADMM
+#: steps, then ADMM + polish: the gradient form's dense solutions of many candidates (convalue.solvers.reduced)
+REDUCED = "reduced_working_set"
 ADMM_FIRST = "admm_first"  # ADMM's first rho for the policy's first steps only
 SEEDED_WIDE = "seeded_wide_working_set"  # the working set up to the wide cap, seeded by ADMM's first iterate
 WIDE = "wide_working_set"  # the same, unseeded (the gradient form, or seeding off)
@@ -73,6 +76,14 @@ def forms_gram(facts: PenalisedFacts, policy: SolverPolicy) -> bool:
             and facts.gamma < policy.plan.dense_ratio * facts.beta_max)
 
 
+def reduces(facts: PenalisedFacts, policy: SolverPolicy) -> bool:
+    """True where the dense head tries the reduced-Gram working set: the gradient form with N > p (K would be larger
+    than G, and ADMM's p x p factor and its products over all of G are the cost) of at least reduced.min_n
+    candidates."""
+    r = policy.reduced
+    return not facts.gram and facts.rank < facts.n and r.min_n > 0 and facts.n >= r.min_n
+
+
 def seed_fills_wide(nonzeros: int, policy: SolverPolicy) -> bool:
     """The run-time test of the two conditional homotopy steps: ADMM's first iterate has as many nonzeros as the
     wide working set's cap, so that a working set seeded by it would start full."""
@@ -108,7 +119,8 @@ def plan_penalised(facts: PenalisedFacts, policy: SolverPolicy) -> tuple[str, ..
     grown_first = deficient or not facts.gram
     # a cold dense start: a gamma dense by its ratio can have a sparse solution, which the capped probe finds cheaply
     probing = p.probe_max > 0 and (deficient or facts.n >= p.probe_min_n)
-    dense_head = ([PROBE] if probing else []) + (_admm_steps(facts, policy, deficient, easy) if can_admm else [])
+    dense_head = (([PROBE] if probing else []) + ([REDUCED] if reduces(facts, policy) else [])
+                  + (_admm_steps(facts, policy, deficient, easy) if can_admm else []))
     if easy:
         # PDAS would jump to singular supports and ADMM crawls; the working set first for sparse solutions of many
         # candidates (LARS would copy all of K for a short path)

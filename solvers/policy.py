@@ -76,6 +76,31 @@ class PlanPolicy:
 
 
 @dataclass(frozen=True)
+class ReducedPolicy:
+    """The reduced-Gram working set (convalue.solvers.reduced): dense solutions of many candidates, gradient form."""
+
+    #: the gradient form at a dense gamma with N > p tries it from this many candidates (0: never)
+    min_n: int = 5000
+    #: its first working set: the candidates of largest |beta| ...
+    start: int = 1024
+    #: ... each round adds the worst violators: this share of |W| ...
+    growth: float = 0.25
+    #: ... or at least this many (where there are) ...
+    min_growth: int = 256
+    #: ... up to this many candidates (K_WW and its factor share 4 |W|^2 bytes: 0.77 GiB at 14336) ...
+    max_size: int = 14336
+    #: ... where W's zeros with |r_i| below this fraction of gamma leave it to make room (the factor is then redone)
+    prune_below: float = 0.75
+    #: a round's ADMM steps (without a polish) stop once the signs hold for admm.settle steps, or after this many
+    round_steps: int = 50
+    #: ADMM + polish solves W exactly once the last round left at most this many violators outside W
+    polish_violators: int = 256
+    #: a support's float64 rows of G (|A| p 8 bytes) are copied once for its refinement up to this size, else read a
+    #: block at a time
+    gather_max_bytes: int = 1 << 28
+
+
+@dataclass(frozen=True)
 class HomotopyPolicy:
     """The LARS homotopy (convalue.solvers.homotopy): where it is affordable, and its duplicate search."""
 
@@ -154,6 +179,7 @@ class SolverPolicy:
     validation: ValidationPolicy = field(default_factory=ValidationPolicy)
     linalg: LinalgPolicy = field(default_factory=LinalgPolicy)
     plan: PlanPolicy = field(default_factory=PlanPolicy)
+    reduced: ReducedPolicy = field(default_factory=ReducedPolicy)
     homotopy: HomotopyPolicy = field(default_factory=HomotopyPolicy)
     working_set: WorkingSetPolicy = field(default_factory=WorkingSetPolicy)
     admm: AdmmPolicy = field(default_factory=AdmmPolicy)

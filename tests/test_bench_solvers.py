@@ -61,3 +61,21 @@ def test_synthetic_gradients_have_the_same_dtypes_under_any_numpy_promotion_rule
     np.testing.assert_allclose(np.linalg.norm(g_tar.astype(np.float64)), 1.0, rtol=1e-6)
     again, _ = synthetic.clustered_gradients(60, 32, seed=3)  # one seed, one problem: benches time methods on it
     assert np.array_equal(G, again)
+
+
+def test_lasso_scale_bench_checks_every_answer_by_convalues_kkt_and_ends_with_json():
+    """Tiny sizes: each library in a child process, checked by convalue's KKT function; the validation timing's facts
+    (skglm and celer are bench-only: not asked for here, so the test runs without them)."""
+    figures = bench_json("lasso_scale.py", "--sizes", "400", "--p", "48", "--ratios", "0.05", "0.005",
+                         "--libraries", "convalue", "sklearn", "--max-seconds", "120", "--validation")
+    assert figures["bench"] == "lasso_scale" and figures["p"] == 48 and len(figures["results"]) == 4
+    for r in figures["results"]:
+        assert "error" not in r and r["peak_rss_gib"] >= r["data_rss_gib"] > 0 and r["seconds"] >= 0
+        assert r["kkt"] <= (1e-10 if r["library"] == "convalue" else figures["kkt_target"]) and r["reached"]
+    for ratio in (0.05, 0.005):
+        cv, sk = (next(r for r in figures["results"] if r["ratio"] == ratio and r["library"] == lib)
+                  for lib in ("convalue", "sklearn"))
+        assert cv["objective"] <= sk["objective"] + 1e-9 and f"400@{ratio:g}:sklearn" in figures["ratios"]
+    (v,) = figures["validation"]
+    assert v["formed"]["checks"]["spectral"] is False and v["spectral"]["checks"]["spectral"] is True
+    assert v["formed"]["rank"] == v["spectral"]["rank"] == 48

@@ -41,7 +41,7 @@ def _config_file(tmp_path: Path, model_dir: Path, **over) -> Path:
 
 
 @pytest.mark.parametrize("sig, when, code", [(signal.SIGTERM, "stage featurize", 143),
-                                             (signal.SIGINT, "fine-tunes for", 130)])
+                                             (signal.SIGINT, "dispatched by the solver actor", 130)])
 def test_a_signal_ends_the_run_with_its_exit_code_and_is_recorded(tiny_model_dir, tmp_path, sig, when, code):
     """SIGTERM and SIGINT (twice, as an impatient operator sends them) end `convalue run` with 128 + the signal's
     number, no traceback, and summary.json failed in the stage it stopped, naming the signal."""

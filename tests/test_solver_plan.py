@@ -14,7 +14,7 @@ from convalue.solvers import (
     plan_budget,
     plan_penalised,
 )
-from convalue.solvers.plan import forms_gram, seed_fills_wide
+from convalue.solvers.plan import forms_gram, reduces, seed_fills_wide
 
 # the fallbacks, from the closest iterate: the CVXPY reference only up to plan.reference_max_n (3000) candidates
 FALLBACKS = ("nnls_polish", "cvxpy_reference", "coordinate_descent")
@@ -76,9 +76,28 @@ PENALISED = [
     ("gradient form, N <= p, sparse: the working set first (a support of s costs s^2 p to form)",
      facts(1000, ratio=SPARSE, gram=False), {},
      ("working_set", "pdas_direct", "pdas_continuation", "admm", *FALLBACKS)),
-    ("gradient form, dense, N past admm_max_n: ADMM all the same (it factors p x p)",
+    ("gradient form, dense, N > p from reduced.min_n: the reduced-Gram working set after the probe, then ADMM "
+     "all the same (it factors p x p)",
      facts(25000, 4096, ratio=DENSE, gram=False), {},
+     ("probe", "reduced_working_set", "admm_first", "wide_working_set", "admm", "pdas_continuation",
+      *LARGE_FALLBACKS)),
+    ("the same with the reduced-Gram working set off", facts(25000, 4096, ratio=DENSE, gram=False),
+     {"reduced": {"min_n": 0}},
      ("probe", "admm_first", "wide_working_set", "admm", "pdas_continuation", *LARGE_FALLBACKS)),
+    ("gradient form, dense, N > p below reduced.min_n: no reduced-Gram working set",
+     facts(4000, 2048, ratio=DENSE, gram=False), {},
+     ("probe", "admm_first", "wide_working_set", "admm", "pdas_continuation", *LARGE_FALLBACKS)),
+    ("gradient form, dense, N > p at reduced.min_n lowered by the policy",
+     facts(4000, 2048, ratio=DENSE, gram=False), {"reduced": {"min_n": 4000}},
+     ("probe", "reduced_working_set", "admm_first", "wide_working_set", "admm", "pdas_continuation",
+      *LARGE_FALLBACKS)),
+    ("gradient form, sparse, N > p: the working set (LARS) first, no reduced-Gram working set",
+     facts(25000, 4096, ratio=SPARSE, gram=False), {},
+     ("working_set", "pdas_direct", "pdas_continuation", "admm", *LARGE_FALLBACKS)),
+    ("warm start, gradient form, dense, N > p: the dense head with the reduced-Gram working set before warm PDAS",
+     facts(25000, 4096, ratio=DENSE, gram=False, warm=True), {},
+     ("probe", "reduced_working_set", "admm_first", "wide_working_set", "admm", "warm_pdas", "pdas_continuation",
+      *LARGE_FALLBACKS)),
     ("warm start, full rank: warm PDAS",
      facts(1000, ratio=DENSE, warm=True), {}, ("warm_pdas", "pdas_continuation", "admm", *FALLBACKS)),
     ("warm start, rank-deficient past max_work, sparse: the working set before warm PDAS",
@@ -127,6 +146,19 @@ def test_the_gradient_form_forms_k_at_dense_gammas_where_n_is_at_most_p(n, p, ra
     gradient = facts(n, min(n, p), ratio=ratio, gram=False)
     assert forms_gram(gradient, DEFAULT_POLICY) is formed
     assert not forms_gram(dataclasses.replace(gradient, gram=True), DEFAULT_POLICY)  # K is formed already
+
+
+@pytest.mark.parametrize(("n", "rank", "gram", "changes", "reduced"), [
+    (30000, 8192, False, {}, True),  # the gradient form, N > p, from reduced.min_n
+    (5000, 4096, False, {}, True),
+    (4999, 4096, False, {}, False),  # below reduced.min_n
+    (6000, 6000, False, {}, False),  # N <= p: the gradient form forms K at a dense gamma instead
+    (30000, 8192, True, {}, False),  # K formed: its rows are there already
+    (30000, 8192, False, {"reduced": {"min_n": 0}}, False),  # off
+])
+def test_the_reduced_gram_working_set_is_for_the_gradient_form_with_n_above_p(n, rank, gram, changes, reduced):
+    given = PenalisedFacts(n=n, rank=rank, gram=gram, gamma=1e-3, beta_max=1.0)
+    assert reduces(given, DEFAULT_POLICY.but(**changes)) is reduced
 
 
 def test_the_conditional_homotopy_steps_test_the_seed_against_the_wide_cap():

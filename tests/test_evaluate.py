@@ -339,3 +339,29 @@ def test_figures_are_written_as_pngs(tmp_path):
     nothing = scores_table(["a", "b"], [8, 8], [4, 4], np.zeros(2), np.ones(2), np.ones(2), [])
     plot_scores(nothing, tmp_path, "zero.png")  # gamma above max|beta|: every score 0, an empty chart
     assert matplotlib.image.imread(tmp_path / "zero.png").shape[0] > 50
+
+
+def _verdict_rows(kmm: list[float], target: list[float]) -> list[dict]:
+    """kmm at k = 1 and target only, one row per seed, with the given validation losses."""
+    base = {"steps": 24, "groups": [], "label": "", "target_steps": 12, "aux_steps": 12}
+    return ([base | {"method": "kmm", "k": 1, "seed": s, "val_loss": v, "groups": ["a"]} for s, v in enumerate(kmm)]
+            + [base | {"method": "target_only", "k": None, "seed": s, "val_loss": v} for s, v in enumerate(target)])
+
+
+@pytest.mark.parametrize("kmm, target, word", [
+    ([2.80, 2.81, 2.79], [2.90, 2.92, 2.91], "KMM's selection beats the target alone"),
+    ([2.95, 2.96, 2.94], [2.90, 2.92, 2.91], "the target alone beats KMM's selection"),
+    ([2.90, 2.93, 2.90], [2.91, 2.91, 2.92], "no difference the seeds can resolve"),
+    ([2.80], [2.90], "one seed gives no interval"),
+])
+def test_the_verdict_states_the_regime_and_reads_the_paired_interval(kmm, target, word):
+    from convalue.engine.report.tables import format_verdict
+
+    rows = _verdict_rows(kmm, target)
+    ev = summarise(rows, [1])
+    text = format_verdict(rows, ev, 35)
+    assert text.startswith(f"regime: a target of 35 train examples, 24 steps, {len(kmm)} seed(s)")
+    mean = np.mean(np.subtract(kmm, target))
+    assert f"k=1 {mean:+.4f}" in text and word in text
+    assert ("95% CI" in text) == (len(kmm) > 1)
+    assert format_verdict([], None, 35) == ""

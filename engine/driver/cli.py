@@ -150,6 +150,7 @@ def _command(args: argparse.Namespace) -> int:
                 format_bootstrap,
                 format_cluster_samples,
                 format_evaluation,
+                format_verdict,
             )
             from convalue.engine.store.folder import RunFolder
 
@@ -173,6 +174,8 @@ def _command(args: argparse.Namespace) -> int:
                                          columns=["group", "prompt"])
                 print(format_cluster_samples(clusters, summary.selected))
             print(format_evaluation(summary.finetune, summary.evaluation))
+            if verdict := format_verdict(summary.finetune, summary.evaluation, (summary.data or {}).get("target_train")):
+                print(verdict)
             print(f"\nsolver: {summary.solver.describe()}")
             print("timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in summary.timings_s.items()))
             print(f"outputs: {run_dir}/")

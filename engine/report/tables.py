@@ -152,8 +152,9 @@ def format_cluster_samples(table: pa.Table, groups: list[str], n: int = 2, width
 
 def evaluation_table(rows: list[dict]) -> pa.Table:
     """One row per fine-tune of the evaluation protocol (method, k, seed), as summary.json's `finetune` lists them;
-    `points` and `best` are their cell's (on the mean over seeds)."""
-    return pa.table({
+    `points` and `best` are their cell's (on the mean over seeds); accuracy and GRPO's training rewards where
+    measured."""
+    table = pa.table({
         "method": pa.array([r["method"] for r in rows], pa.string()),
         "k": pa.array([r["k"] for r in rows], pa.int64()),
         "seed": pa.array([r.get("seed") for r in rows], pa.int64()),
@@ -169,6 +170,12 @@ def evaluation_table(rows: list[dict]) -> pa.Table:
         "aux_steps": pa.array([r["aux_steps"] for r in rows], pa.int64()),
         "reused": pa.array([r["reused"] for r in rows], pa.bool_()),
     })
+    for name, kind in (("val_accuracy", pa.float64()), ("objective", pa.string()),
+                       ("train_reward_first", pa.float64()), ("train_reward_last", pa.float64()),
+                       ("train_rewards", pa.list_(pa.float64()))):
+        if any(r.get(name) is not None and r.get(name) != "sft" for r in rows):
+            table = table.append_column(name, pa.array([r.get(name) for r in rows], kind))
+    return table
 
 
 def format_bootstrap(stats: dict) -> str:
@@ -244,3 +251,29 @@ def _bought(label: str, runs: list[dict], per_k: bool) -> str:
     bought = ", ".join(g if weights is None else f"{g} {weights[g]:.2f}" for g in runs[0]["groups"]) or "-"
     rho = f"rho {runs[0]['rho']:g}; " if per_k and runs[0]["groups"] else ""
     return f"  {label}: {bought} ({rho}{steps}){note}"
+
+
+def format_verdict(rows: list[dict], evaluation: dict | None, target_train: int | None) -> str:
+    """One line on the regime (target size, steps, seeds) and, from the paired intervals, whether KMM's selection
+    beat training on the target alone at each k; empty without an evaluation."""
+    if not rows or evaluation is None:
+        return ""
+    seeds = len(evaluation.get("seeds") or []) or 1
+    regime = f"regime: a target of {target_train} train examples, {rows[0]['steps']} steps, {seeds} seed(s)"
+    diffs = [d for d in evaluation.get("kmm_minus") or [] if d["method"] == "target_only"]
+    if not diffs:
+        return regime
+    higher = evaluation.get("metric") == "accuracy"  # kmm_minus is on the selection metric
+    parts = []
+    for d in diffs:
+        ci = d.get("ci95")
+        if ci is None:
+            word = "one seed gives no interval (finetune.repeats >= 3 does)"
+        elif (ci[0] > 0) if higher else (ci[1] < 0):
+            word = "KMM's selection beats the target alone"
+        elif (ci[1] < 0) if higher else (ci[0] > 0):
+            word = "the target alone beats KMM's selection"
+        else:
+            word = "no difference the seeds can resolve"
+        parts.append(f"k={d['k']} {d['mean']:+.4f}{_interval(ci)}: {word}")
+    return f"{regime}; KMM minus target alone: " + "; ".join(parts)

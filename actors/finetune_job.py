@@ -1,4 +1,5 @@
-"""Fine-tune jobs as Ray tasks: one fresh replica per job, LoRA on target + selection, validation loss."""
+"""Fine-tune jobs as Ray tasks: one fresh replica per job, LoRA (SFT or GRPO) on target + selection, validation
+loss."""
 
 from __future__ import annotations
 
@@ -43,18 +44,27 @@ def run_finetune_job(spec: ReplicaSpec, label: str, target: list[TokenizedExampl
                      aux: dict[str, list[TokenizedExample]], val: list[TokenizedExample],
                      with_base: bool, weights: dict[str, float] | None = None,
                      progress: object | None = None, val_raw: list[Example] | None = None) -> FinetuneResult:
-    """Load theta_0, optionally evaluate it, then fine-tune (aux groups drawn by `weights`, else uniformly) and
-    evaluate (one job); progress: the run's progress actor, told where the job runs (retries are counted there);
-    val_raw: the validation examples as text, for finetune.metrics `accuracy`."""
+    """Load theta_0, optionally evaluate it, then fine-tune (aux groups drawn by `weights`, else uniformly; SFT, or
+    GRPO under finetune.objective `grpo`) and evaluate (one job); progress: the run's progress actor, told where the
+    job runs (retries are counted there); val_raw: the validation examples as text, for finetune.metrics `accuracy`."""
     report_attempt(progress, "finetune", f"{label} (seed {spec.finetune.seed})")
     model, device, amp_dtype = _replica(spec)
     cfg = spec.finetune
     accuracy = _accuracy(spec, val_raw, device, amp_dtype)
     base = evaluate_loss(model, val, cfg.eval_batch_size, spec.pad_id, device, amp_dtype) if with_base else None
     base_accuracy = accuracy(model) if with_base and accuracy is not None else None
-    result = finetune(model, spec.pad_id, cfg, spec.lora, label=label, target=target, aux=aux, val=val,
-                      base_val_loss=base, device=device, autocast_dtype=amp_dtype, weights=weights,
-                      accuracy=accuracy)
+    if cfg.objective == "grpo":
+        from convalue.engine.model.loading import load_tokenizer
+        from convalue.engine.protocol.grpo_train import grpo_finetune
+
+        result = grpo_finetune(model, load_tokenizer(spec.model_dir), spec.pad_id, cfg, spec.lora, label=label,
+                               target=target, aux=aux, val=val, max_length=spec.model.max_length,
+                               base_val_loss=base, device=device, autocast_dtype=amp_dtype, weights=weights,
+                               accuracy=accuracy)
+    else:
+        result = finetune(model, spec.pad_id, cfg, spec.lora, label=label, target=target, aux=aux, val=val,
+                          base_val_loss=base, device=device, autocast_dtype=amp_dtype, weights=weights,
+                          accuracy=accuracy)
     result.base_val_accuracy = base_accuracy
     return result
 

@@ -208,6 +208,7 @@ def test_relative_paths_are_read_against_the_config_file(tmp_path, monkeypatch):
     cfg = load_config(write(cfgs, {
         "name": "x", "out": "out", "model": {"source": "model", "cache_dir": "cache"},
         "features": {"grpo_reward": "rewards.py:score"},
+        "finetune": {"grpo_reward": "rewards.py:train", "accuracy_reward": "rewards.py:acc"},
         "data": {"target": {"kind": "jsonl", "path": "../data/t.jsonl"},
                  "candidates": [{"kind": "folder", "path": "../data/pool", "clusters": 2, "embedding": "enc"},
                                 {"kind": "jsonl", "path": str(data / "t.jsonl")}]},
@@ -215,6 +216,8 @@ def test_relative_paths_are_read_against_the_config_file(tmp_path, monkeypatch):
     assert cfg.out == str(cfgs / "out") and cfg.model.source == str(cfgs / "model")
     assert cfg.model.cache_dir == str(cfgs / "cache") and cfg.solver.costs_file == str(cfgs / "prices.json")
     assert cfg.features.grpo_reward == f"{cfgs / 'rewards.py'}:score"
+    assert (cfg.finetune.grpo_reward, cfg.finetune.accuracy_reward) == (f"{cfgs / 'rewards.py'}:train",
+                                                                        f"{cfgs / 'rewards.py'}:acc")
     assert cfg.data.target.path == str(data / "t.jsonl")
     pool, absolute = cfg.data.candidates
     assert (pool.path, pool.embedding) == (str(data / "pool"), str(cfgs / "enc"))

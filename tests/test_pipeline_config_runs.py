@@ -160,6 +160,26 @@ def test_grpo_representation_from_config(pipeline_config):
     assert not (tmp / "runs" / "grpo0" / "scores.parquet").exists()
 
 
+def test_grpo_fine_tunes_evaluate_a_grpo_valuation(pipeline_config):
+    """finetune.objective `grpo`: the protocol's fine-tunes train by GRPO with the run's reward, in Ray tasks; each
+    row records its per-step rewards beside the validation loss."""
+    tmp, data = pipeline_config
+    reward = Path(__file__).parent / "rewards_for_tests.py"
+    cfg = data | {"name": "grpo_ft",
+                  "features": {"representation": "grpo", "grpo_generations": 2, "grpo_max_new_tokens": 4,
+                               "grpo_reward": f"{reward}:length"},
+                  "finetune": data["finetune"] | {"objective": "grpo", "ks": [1], "steps": 2, "grpo_generations": 2,
+                                                  "grpo_max_new_tokens": 4, "grpo_reward": f"{reward}:length",
+                                                  "baselines": ["target_only"]}}
+    summary = run(config_from_dict(cfg))
+    assert summary.status == "complete"
+    rows = pq.read_table(tmp / "runs" / "grpo_ft" / "evaluation.parquet").to_pylist()
+    assert {r["method"] for r in rows} == {"kmm", "target_only"}
+    for r in rows:
+        assert r["objective"] == "grpo" and len(r["train_rewards"]) == 2 and np.isfinite(r["val_loss"])
+        assert r["train_reward_first"] == r["train_rewards"][0] > 0  # `length` of a sampled completion
+
+
 def test_cli_reports_a_worker_s_input_error_without_the_remote_traceback(pipeline_config, tmp_path, capsys):
     """A reward function that raises in a gradient worker: exit 2 and one line naming the groups and the reward."""
     import yaml

@@ -66,7 +66,8 @@ def _source(src: Any, base: Path) -> None:
 def resolve_relative(data: Any, base: Path) -> Any:
     """A copy of a config's plain data with its relative paths read against base (the config file's folder):
     out, model.source (a local folder; a hub id stays), model.cache_dir, finetune.model, every source's path and
-    embedding folder, solver.costs_file and a `file.py:function` grpo_reward."""
+    embedding folder, solver.costs_file and a `file.py:function` reward (features.grpo_reward, finetune.grpo_reward,
+    finetune.accuracy_reward)."""
     if not isinstance(data, dict):
         return data
     data = copy.deepcopy(data)
@@ -93,9 +94,14 @@ def resolve_relative(data: Any, base: Path) -> Any:
     solver = data.get("solver")
     if isinstance(solver, dict) and isinstance(solver.get("costs_file"), str) and solver["costs_file"]:
         solver["costs_file"] = _join(base, solver["costs_file"])
-    features = data.get("features")
-    if isinstance(features, dict) and isinstance(features.get("grpo_reward"), str):
-        where, sep, name = features["grpo_reward"].rpartition(":")
-        if sep and where.endswith(".py"):
-            features["grpo_reward"] = f"{_join(base, where)}:{name}"
+    for section, key in (("features", "grpo_reward"), ("finetune", "grpo_reward"), ("finetune", "accuracy_reward")):
+        _reward(data.get(section), key, base)
     return data
+
+
+def _reward(section: Any, key: str, base: Path) -> None:
+    """A `file.py:function` reward in section[key], its file read against base."""
+    if isinstance(section, dict) and isinstance(section.get(key), str):
+        where, sep, name = section[key].rpartition(":")
+        if sep and where.endswith(".py"):
+            section[key] = f"{_join(base, where)}:{name}"

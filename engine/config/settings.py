@@ -163,6 +163,29 @@ class FinetuneConfig:
                                "features.grpo_reward names one (a built-in, `module:function` or "
                                "`file.py:function`).")
     accuracy_max_new_tokens: int = opt(32, "accuracy: the longest greedy completion in tokens.")
+    objective: Literal["sft", "grpo"] = opt(
+        "sft", "How each evaluation fine-tune trains: `sft` (response-token cross-entropy) or `grpo` (GRPO: per step, "
+        "`grpo_generations` completions sampled for each of `batch_size` prompts of the step's source, scored by "
+        "`grpo_reward`, group-relative advantages, one AdamW step on the clipped surrogate with the k3 KL to theta_0; "
+        "sampling seeded by `seed`). Both are validated by loss (and accuracy); `grpo` also reports the mean training "
+        "reward of the first and last steps. `grpo` needs prompts with checkable references (the mathematics source, "
+        "or data a user reward can score) and the `task` strategy.")
+    grpo_reward: str = opt(
+        "numeric_exact_match", "objective `grpo`: the training reward, named as features.grpo_reward names one (a "
+        "built-in `numeric_exact_match` or `numeric_closeness`, `module:function` or `path/to/file.py:function`, read "
+        "against the config file's folder).")
+    grpo_reward_signature: Literal["pointwise", "trl"] = opt(
+        "pointwise", "objective `grpo`: how `grpo_reward` is called: `pointwise` r(completion, reference) -> float, "
+        "or `trl`, TRL's reward_funcs signature f(prompts=[...], completions=[...], <grpo_reward_column>=[...]) -> "
+        "list[float] (prompts: the rendered prompt text; completions: the decoded completions).")
+    grpo_reward_column: str = opt("answer", "objective `grpo` with grpo_reward_signature `trl`: the keyword the "
+                                            "references are passed under.")
+    grpo_generations: int = opt(4, "objective `grpo`: G, completions sampled per prompt.")
+    grpo_max_new_tokens: int = opt(48, "objective `grpo`: longest completion in tokens.")
+    grpo_temperature: float = opt(0.6, "objective `grpo`: sampling temperature.")
+    grpo_top_p: float = opt(0.95, "objective `grpo`: nucleus sampling threshold.")
+    grpo_kl_coef: float = opt(0.005, "objective `grpo`: weight of the k3 KL estimator against theta_0 (the adapter "
+                                     "disabled) in the surrogate loss.")
     ks: list[int] | None = opt(
         None, "The budgets K of the evaluation protocol (paper Alg. 1): KMM and every ranked baseline are "
         "fine-tuned on their top-k positive groups at each k, and the run reports each method's best k and its "
@@ -231,6 +254,8 @@ class FinetuneConfig:
             if self.strategy == "deepspeed":
                 raise ConfigError("accuracy is measured by the `task` strategy's jobs only", field="metrics",
                                   value=self.metrics)
+        if self.objective == "grpo":
+            self._validate_grpo()
         for name in ("model", "dtype"):
             if getattr(self, name) is not None and self.strategy != "deepspeed":
                 raise ConfigError("is used by strategy `deepspeed` only", field=name, value=getattr(self, name))
@@ -245,6 +270,36 @@ class FinetuneConfig:
             if self.batch_size < self.deepspeed.workers:
                 raise ConfigError(f"must be at least deepspeed.workers ({self.deepspeed.workers}): every worker "
                                   "takes a share of each batch", field="batch_size", value=self.batch_size)
+
+    def _validate_grpo(self) -> None:
+        """The checks of objective `grpo`."""
+        from convalue.engine.features.rewards import BUILTIN, RewardError, load_reward
+
+        if self.strategy == "deepspeed":
+            raise ConfigError("`grpo` fine-tunes run as `task` jobs only (strategy `deepspeed` trains SFT)",
+                              field="objective", value=self.objective)
+        if self.grpo_generations < 2:
+            raise ConfigError("must be >= 2 (advantages are relative to the prompt's other completions)",
+                              field="grpo_generations", value=self.grpo_generations)
+        if self.grpo_max_new_tokens <= 0:
+            raise ConfigError("must be > 0", field="grpo_max_new_tokens", value=self.grpo_max_new_tokens)
+        if not (self.grpo_temperature > 0 and math.isfinite(self.grpo_temperature)):
+            raise ConfigError("must be a finite number > 0", field="grpo_temperature", value=self.grpo_temperature)
+        if not 0 < self.grpo_top_p <= 1:
+            raise ConfigError("must be in (0, 1]", field="grpo_top_p", value=self.grpo_top_p)
+        if not (self.grpo_kl_coef >= 0 and math.isfinite(self.grpo_kl_coef)):
+            raise ConfigError("must be a finite number >= 0", field="grpo_kl_coef", value=self.grpo_kl_coef)
+        if self.grpo_reward_signature == "trl" and self.grpo_reward in BUILTIN:
+            raise ConfigError(f"the built-in `{self.grpo_reward}` is pointwise: use grpo_reward_signature "
+                              "`pointwise`, or name a TRL reward function", field="grpo_reward_signature",
+                              value=self.grpo_reward_signature)
+        if not self.grpo_reward_column.isidentifier():
+            raise ConfigError("must be a Python identifier (a keyword argument name)", field="grpo_reward_column",
+                              value=self.grpo_reward_column)
+        try:
+            load_reward(self.grpo_reward)
+        except RewardError as exc:
+            raise ConfigError(str(exc), field="grpo_reward", value=self.grpo_reward) from None
 
     def seeds(self) -> list[int]:
         """The seeds every protocol cell is fine-tuned under: seed and the next repeats - 1."""

@@ -33,6 +33,10 @@ class FinetuneResult:
     seconds: float
     val_accuracy: float | None = None  # finetune.metrics `accuracy`
     base_val_accuracy: float | None = None
+    objective: str = "sft"  # finetune.objective
+    train_reward_first: float | None = None  # objective `grpo`: mean reward of the first quarter of the steps
+    train_reward_last: float | None = None  # ... and of the last quarter
+    train_rewards: list[float] | None = None  # objective `grpo`: each step's mean reward
 
     def to_dict(self) -> dict:
         """JSON-ready fields."""

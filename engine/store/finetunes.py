@@ -24,6 +24,9 @@ log = logging.getLogger("convalue")
 NOT_IN_KEY = ("enabled", "baselines", "ks", "repeats", "random_orders", "mixture", "mixture_temperature",
               "mixture_weights", "mixture_default_weight", "rho_by_k",
               "strategy", "model", "dtype", "deepspeed")  # how a job runs: in the settings below, each its own way  # the groups, weights and rho_k: per job
+#: settings an SFT fine-tune does not read: left out of its key, so SFT keys are those of before `objective` existed
+SFT_IGNORES = ("objective", "grpo_reward", "grpo_reward_signature", "grpo_reward_column", "grpo_generations",
+               "grpo_max_new_tokens", "grpo_temperature", "grpo_top_p", "grpo_kl_coef")
 RESULT_FIELDS = {"label": str, "groups": list, "steps": int, "target_steps": int, "aux_steps": int,
                  "val_loss": float, "first_train_loss": float, "last_train_loss": float, "seconds": float}
 
@@ -35,7 +38,8 @@ def job_settings(spec: ReplicaSpec) -> dict:
     return {"model": spec.model.source, "model_digest": spec.model_digest, "dtype": spec.model.dtype,
             "pad_id": spec.pad_id, "lora": asdict(spec.lora), "device": spec.device,
             "threads": spec.threads, "packages": versions,
-            "finetune": {k: v for k, v in asdict(spec.finetune).items() if k not in NOT_IN_KEY}}
+            "finetune": {k: v for k, v in asdict(spec.finetune).items() if k not in NOT_IN_KEY
+                         and not (spec.finetune.objective == "sft" and k in SFT_IGNORES)}}
 
 
 def train_job_settings(ts: Any, spec: ReplicaSpec) -> dict:

@@ -181,6 +181,10 @@ def _fallback(step: str, op, gamma: float, w: np.ndarray, scale: float,
         w, ok = active_set.nnls_polish(op, gamma, w, scale, deadline)
         return w, ok, 0
     if step == plan.CVXPY_REFERENCE:  # a degenerate problem the active-set paths could not certify
+        import importlib.util
+
+        if importlib.util.find_spec("cvxpy") is None:  # the `reference` extra is not installed: the next fallback
+            return w, False, 0
         from convalue.solvers.problem import KMMProblem
         from convalue.solvers.reference import solve_cvxpy
 

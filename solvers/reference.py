@@ -26,7 +26,11 @@ OSQP_SETTINGS = {
 
 def solve_cvxpy(problem: KMMProblem, *, tolerance: str = "tight") -> tuple[np.ndarray, dict]:
     """Solve `problem` with CVXPY + OSQP; return (w, info) or raise KMMSolveError."""
-    import cvxpy as cp
+    try:
+        import cvxpy as cp
+    except ImportError as exc:
+        raise KMMSolveError("the CVXPY reference needs CVXPY and OSQP, which are not installed: "
+                            "pip install 'convalue[reference]'") from exc
 
     if tolerance not in OSQP_SETTINGS:
         raise ValueError(f"tolerance must be one of {sorted(OSQP_SETTINGS)}, got {tolerance!r}")

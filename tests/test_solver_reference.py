@@ -87,3 +87,16 @@ def test_reference_paper_setting_runs():
     K, beta = example()
     sol = solve_kmm(K, beta, gamma=1e-3, method="cvxpy_paper")
     assert sol.method == "cvxpy-osqp-paper" and sol.w.shape == (3,)
+
+
+def test_the_reference_without_cvxpy_names_the_extra(monkeypatch):
+    """Without the `reference` extra, method cvxpy says what to install; the exact solver does not need it."""
+    import sys
+
+    from convalue.solvers import KMMSolveError
+
+    monkeypatch.setitem(sys.modules, "cvxpy", None)  # what `import cvxpy` sees where it is not installed
+    K, beta = np.array([[2.0, 0.5], [0.5, 1.0]]), np.array([1.0, 0.2])
+    with pytest.raises(KMMSolveError, match=r"pip install 'convalue\[reference\]'"):
+        solve_kmm(K, beta, gamma=0.1, method="cvxpy")
+    assert solve_kmm(K, beta, gamma=0.1).kkt < 1e-9

@@ -365,3 +365,18 @@ def test_the_verdict_states_the_regime_and_reads_the_paired_interval(kmm, target
     assert f"k=1 {mean:+.4f}" in text and word in text
     assert ("95% CI" in text) == (len(kmm) > 1)
     assert format_verdict([], None, 35) == ""
+
+
+def test_the_printed_table_follows_the_selection_metric_and_shows_the_other():
+    """select_by accuracy: the first table is accuracy (higher is better) with its Borda, then the loss table with
+    its own; the cells are each metric's means."""
+    rows = [r | {"val_accuracy": a} for r, a in zip(_verdict_rows([2.95, 2.96, 2.94], [2.90, 2.92, 2.91]),
+                                                    [0.50, 0.40, 0.60, 0.30, 0.20, 0.25])]
+    ev = summarise(rows, [1], "accuracy")
+    ev["by_loss"] = {k: v for k, v in summarise([dict(r) for r in rows], [1], "loss").items()
+                     if k in ("best_k", "borda", "kmm_minus")}
+    text = format_evaluation(rows, ev)
+    acc, loss = text.index("target validation accuracy"), text.index("target validation loss")
+    assert acc < loss and "(higher is better" in text[acc:loss] and "(lower is better" in text[loss:]
+    assert "0.5000±0.1000" in text[acc:loss] and "2.9500±0.0100" in text[loss:]
+    assert "KMM's accuracy minus" in text and "KMM's loss minus" in text

@@ -201,14 +201,27 @@ def format_evaluation(rows: list[dict], evaluation: dict | None) -> str:
     k starred; Borda count) and what each run bought."""
     if not rows or evaluation is None:
         return "fine-tune: disabled"
+    metric = evaluation.get("metric", "loss")
+    lines = _metric_table(rows, evaluation, metric)
+    other = "loss" if metric == "accuracy" else "accuracy"
+    if f"by_{other}" in evaluation:  # finetune.metrics measured both: the other one's table too
+        lines += _metric_table(rows, {**evaluation, **evaluation[f"by_{other}"]}, other)
+    return "\n".join(lines + _bought_lines(rows, bool(len(evaluation.get("seeds") or []) > 1)))
+
+
+def _metric_table(rows: list[dict], evaluation: dict, metric: str) -> list[str]:
+    """One metric's table: the cells (mean ± sd), best k starred, Borda, target only, base, KMM's paired
+    differences."""
     ks, methods = evaluation["ks"], evaluation["methods"]
-    cell = cell_losses(rows)
+    field, what, better = (("val_accuracy", "accuracy", "higher") if metric == "accuracy"
+                           else ("val_loss", "loss", "lower"))
+    cell = cell_losses(rows, field)
     seeds = evaluation.get("seeds") or []
     over = f"; mean ± sd over seeds {seeds}" if len(seeds) > 1 else ""
     best = {(m, b["k"]) for m, b in evaluation["best_k"].items()}
     col = max([8] + [len(_loss(c)) for c in cell.values()]) + 1
     width = max([len("base model (theta_0)")] + [len(label_of(m)) for m in methods])
-    lines = [f"target validation loss after {rows[0]['steps']} steps (lower is better; * the method's best "
+    lines = [f"target validation {what} after {rows[0]['steps']} steps ({better} is better; * the method's best "
              f"k{over}), Borda count over k (higher is better):",
              f"  {'method':<{width}} " + " ".join(f"{'k=' + str(k):>{col}}" for k in ks) + f" {'Borda':>7}"]
     for m in methods:
@@ -216,16 +229,23 @@ def format_evaluation(rows: list[dict], evaluation: dict | None) -> str:
         lines.append(f"  {label_of(m):<{width}} {losses} {evaluation['borda'][m]:>7.1f}")
     if ("target_only", None) in cell:
         lines.append(f"  {label_of('target_only'):<{width}} {_loss(cell['target_only', None]):>{col - 1}}  (every k)")
-    if evaluation.get("base_val_loss") is not None:
-        lines.append(f"  {'base model (theta_0)':<{width}} {evaluation['base_val_loss']:>{col - 1}.4f}")
+    base = evaluation.get("base_val_accuracy" if metric == "accuracy" else "base_val_loss")
+    if base is not None:
+        lines.append(f"  {'base model (theta_0)':<{width}} {base:>{col - 1}.4f}")
     if over and evaluation.get("kmm_minus"):
-        lines.append("KMM's loss minus each method's at each k, seed by seed (the seeds' draws are shared, so the "
+        lines.append(f"KMM's {what} minus each method's at each k, seed by seed (the seeds' draws are shared, so the "
                      "pairs cancel their noise; negative: KMM lower; an interval without 0: the paired t-test's "
                      "5 % level):")
         for m in dict.fromkeys(d["method"] for d in evaluation["kmm_minus"]):
             cells = [f"k={d['k']} {d['mean']:+.4f}±{d['sd']:.4f}{_interval(d.get('ci95'))} (KMM lower in "
                      f"{d['reference_lower']} of {d['seeds']})" for d in evaluation["kmm_minus"] if d["method"] == m]
             lines.append(f"  {label_of(m)}: " + ", ".join(cells))
+    return lines
+
+
+def _bought_lines(rows: list[dict], over: bool) -> list[str]:
+    """What each run bought: its groups, target and auxiliary steps (per seed), stored or trained now."""
+    lines = []
     mixed = " and mixture weights" if any(r.get("weights") for r in rows) else ""
     per_k = len({r.get("rho") for r in rows if r["groups"]}) > 1  # finetune.rho_by_k: say each run's rho_k
     lines.append(f"what each run bought{mixed} (" + ("rho_k; " if per_k else "") + "target steps / auxiliary steps"
@@ -238,7 +258,7 @@ def format_evaluation(rows: list[dict], evaluation: dict | None) -> str:
             lines.append(_bought(label, runs, per_k))
         else:  # the random baseline under finetune.random_orders per_seed: a selection per seed
             lines += [_bought(f"{label} (seed {r['seed']})", [r], per_k) for r in runs]
-    return "\n".join(lines)
+    return lines
 
 
 def _bought(label: str, runs: list[dict], per_k: bool) -> str:

@@ -212,6 +212,11 @@ def test_prepare_rejects_groups_longer_than_the_context(tiny_model_dir, tmp_path
     for grpo, what in [(False, "response token survives truncation"), (True, "room to generate")]:
         with pytest.raises(DataError, match=f"'long'.*all 3 examples are longer than the context.*{what}"):
             prepare(cfg, tok, 64, grpo=grpo)
+    for policy in ("skip", "keep"):  # a flat pool's unusable cluster is skipped, named, and the run goes on
+        data = prepare(DataConfig(target=cfg.target, candidates=cfg.candidates, preview_size=2,
+                                  small_groups=policy), tok, 64)
+        assert data.names() == ["ok"]
+        assert any("'long'" in w and "skipped" in w for w in data.warnings)
     without_long = [SourceConfig(kind="jsonl", path=str(pool), group_by="group", exclude=["long"])]
     data = prepare(DataConfig(target=cfg.target, candidates=without_long, preview_size=2), tok, 64, grpo=True)
     assert all(isinstance(e, PromptExample) for it in data.items for e in it.examples)

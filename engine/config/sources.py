@@ -162,7 +162,10 @@ class DataConfig:
               "unchanged): the small, precious target of the paper's premise, e.g. to measure when selection pays. "
               "null: the whole split.")
     small_groups: Literal["error", "skip", "keep"] = opt(
-        "error", "A candidate with fewer than m usable examples: `error`, `skip` it (with a warning), or `keep` it with all it has.")
+        "error", "A candidate with fewer than m usable examples: `error`, `skip` it (with a warning), or `keep` it with all it has. "
+        "Under `skip` and `keep` a candidate with no usable example at all (every one longer than model.max_length, or "
+        "with an empty response) is skipped with a warning: in a flat pool of many clusters one such cluster does "
+        "not stop the run.")
     seed: int = opt(0, "Seed of the target split and the preview sampling.")
 
     def validate(self) -> None:

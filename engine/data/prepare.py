@@ -128,12 +128,17 @@ def prepare(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, max_length: int
         usable = usable[: cfg.preview_size]
         if not usable:
             if too_long == seen:
-                raise DataError(f"candidate group {g.name!r} ({g.origin}): all {seen} examples are longer than the "
-                                f"context (model.max_length={max_length}): no "
-                                f"{'room to generate' if grpo else 'response token survives truncation'}; raise "
-                                "model.max_length or exclude the group")
-            raise DataError(f"candidate group {g.name!r} ({g.origin}) has no usable example: {seen - too_long} "
-                            f"with an empty response, {too_long} longer than model.max_length={max_length}")
+                msg = (f"candidate group {g.name!r} ({g.origin}): all {seen} examples are longer than the context "
+                       f"(model.max_length={max_length}): no "
+                       f"{'room to generate' if grpo else 'response token survives truncation'}")
+            else:
+                msg = (f"candidate group {g.name!r} ({g.origin}) has no usable example: {seen - too_long} with an "
+                       f"empty response, {too_long} longer than model.max_length={max_length}")
+            if cfg.small_groups == "error":
+                raise DataError(msg + "; raise model.max_length, exclude the group, or set data.small_groups to "
+                                "`skip` or `keep` (a group with nothing usable is then skipped)")
+            warnings.append(msg + ": skipped")  # `keep` keeps what a group has; this one has nothing to value
+            continue
         if dropped:
             warnings.append(f"group {g.name!r}: {dropped} example(s) without response tokens or room to generate "
                             "were not used")

@@ -273,3 +273,9 @@ def test_set_overrides_a_field_and_is_validated_like_the_file(tmp_path):
         load_config(tmp_path / "run.yaml", ["solver.nope=1"])
     with pytest.raises(ConfigError, match=r"--set takes key.path=value"):
         load_config(tmp_path / "run.yaml", ["solver.gamma"])
+    listed = load_config(tmp_path / "run.yaml", ["data.candidates.0.include=[hindi, urdu]"])  # a list item by index
+    assert listed.data.candidates[0].include == ["hindi", "urdu"]
+    with pytest.raises(ConfigError, match=r"--set data.candidates.1.include: data.candidates has 1 item\(s\)"):
+        load_config(tmp_path / "run.yaml", ["data.candidates.1.include=[hindi]"])
+    with pytest.raises(ConfigError, match=r"--set solver.gamma.x: solver.gamma is not a section"):
+        load_config(tmp_path / "run.yaml", ["solver.gamma.x=1"])

@@ -120,7 +120,8 @@ def config_from_dict(data: Any, *, file: str | None = None, base: str | Path | N
 
 def apply_overrides(data: dict, overrides: list[str], file: str | None = None) -> dict:
     """A copy of a config's plain data with `key.path=value` overrides set (value read as YAML: 0.1, true, null,
-    [1, 2], text); the path must name fields of the config's sections (checked when the data is validated)."""
+    [1, 2], text); the path must name fields of the config's sections (checked when the data is validated), a list's
+    item by its index (data.candidates.0.clusters=100)."""
     import copy
 
     data = copy.deepcopy(data)
@@ -134,14 +135,20 @@ def apply_overrides(data: dict, overrides: list[str], file: str | None = None) -
         except yaml.YAMLError as exc:
             raise ConfigError(f"--set {key}: the value is not YAML ({exc})", file=file, value=raw) from None
         node = data
-        for i, part in enumerate(parts[:-1]):
-            child = node.get(part) if isinstance(node, dict) else None
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                raise ConfigError(f"--set {key}: {'.'.join(parts[:i + 1])} is not a section", file=file, value=item)
-            node = child
-        node[parts[-1]] = value
+        for i, part in enumerate(parts):
+            if isinstance(node, list):  # a list's item by its index: data.candidates.0.clusters
+                if not (part.isdigit() and int(part) < len(node)):
+                    raise ConfigError(f"--set {key}: {'.'.join(parts[:i])} has {len(node)} item(s), numbered from 0",
+                                      file=file, value=item)
+                part = int(part)
+            elif not isinstance(node, dict):
+                raise ConfigError(f"--set {key}: {'.'.join(parts[:i])} is not a section", file=file, value=item)
+            if i == len(parts) - 1:
+                node[part] = value
+            else:
+                if isinstance(node, dict) and node.get(part) is None:
+                    node[part] = {}
+                node = node[part]
     return data
 
 

@@ -102,9 +102,11 @@ class SolveSpec:
         return self.solve_vectors(problem.G, problem.g_tar)
 
     def solve_gram(self, K: np.ndarray, beta: np.ndarray) -> KMMSolution:
-        """solve_kmm on K and beta with these settings."""
+        """solve_kmm on K and beta with these settings; K is the run's own, formed as G G^T (by the blocked Gram, a
+        resample or `convalue score`), so it is validated in O(N^2), without a spectral check."""
         return solve_kmm(K, beta, gamma=self._gamma(beta, np.diag(K)), budget=self.budget, costs=self.costs,
-                         method=self.method, normalize=self.normalize, rank_bound=self.rank_bound, tol=self.tol)
+                         method=self.method, normalize=self.normalize, rank_bound=self.rank_bound, tol=self.tol,
+                         formed=True)
 
     def solve_vectors(self, G: np.ndarray, g_tar: np.ndarray) -> KMMSolution:
         """solve_kmm_gradients from vectors already in the run's metric (K formed only on active sets)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 import zlib
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -71,6 +72,53 @@ def token_logprobs(logits: torch.Tensor, target: torch.Tensor, temperature: floa
     return torch.log_softmax(logits.float() / temperature, dim=-1).gather(1, target[:, None])[:, 0]
 
 
+def generate_completions(model: torch.nn.Module, prompts: Sequence[PromptExample], *, generations: int, room: int,
+                         temperature: float, top_p: float, pad_id: int, eos_id: int, seed: int, device: str = "cpu",
+                         autocast_dtype: torch.dtype | None = None) -> list[list[tuple[int, ...]]]:
+    """G completions per prompt of at most `room` new tokens (token ids through the first end-of-sequence), from one
+    seeded, left-padded generate call in eval mode (the model's train/eval mode is restored)."""
+    import torch
+
+    longest = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), longest), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, longest - len(p):] = torch.tensor(p.input_ids)
+        mask[i, longest - len(p):] = 1
+    was_training = model.training
+    model.eval()
+    devices = [torch.device(device)] if device.startswith("cuda") else []
+    try:
+        with torch.random.fork_rng(devices=devices), torch.no_grad(), autocast(device, autocast_dtype):
+            torch.manual_seed(seed)
+            out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=True,
+                                 temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=room,
+                                 num_return_sequences=generations, pad_token_id=pad_id, eos_token_id=eos_id)
+    finally:
+        model.train(was_training)
+    completions: list[list[tuple[int, ...]]] = [[] for _ in prompts]
+    for r, row in enumerate(out[:, longest:].tolist()):  # rows are prompt-major: G per prompt
+        cut = row.index(eos_id) + 1 if eos_id in row else len(row)
+        completions[r // generations].append(tuple(row[:cut]))
+    return completions
+
+
+def surrogate_rows(prompts: Sequence[PromptExample], completions: Sequence[Sequence[tuple[int, ...]]],
+                   rewards: Sequence[np.ndarray]) -> tuple[list[TokenizedExample], list[float], list[float]]:
+    """(rows, advantages, weights) of the GRPO surrogate: each non-empty completion after its prompt, its
+    group-relative advantage, and a weight that makes the loss the mean over a prompt's completions and over
+    prompts."""
+    rows, adv, weight = [], [], []
+    for prompt, sampled, r in zip(prompts, completions, rewards):
+        a = advantages(np.asarray(r, np.float64))
+        kept = [j for j, c in enumerate(sampled) if c]
+        for j in kept:
+            rows.append(TokenizedExample(prompt.input_ids + sampled[j], (IGNORE,) * len(prompt) + sampled[j]))
+            adv.append(a[j])
+            weight.append(1.0 / (len(prompts) * len(kept)))
+    return rows, adv, weight
+
+
 class GroupGrpoGradients:
     """Mean GRPO surrogate gradient of each group over `params` (lora_B, or every weight), then projected."""
 
@@ -104,8 +152,6 @@ class GroupGrpoGradients:
         """G completions per prompt (token ids through the first end-of-sequence), all prompts of a group in one
         left-padded generate call, seeded by the group's name (none for no prompts: surrogate_gradient refuses
         an empty group, and a prompt without completion tokens)."""
-        import torch
-
         if not prompts:
             return []
         longest = max(len(p) for p in prompts)
@@ -114,24 +160,10 @@ class GroupGrpoGradients:
             index = max(range(len(prompts)), key=lambda i: len(prompts[i]))
             raise GrpoError(f"group {group!r} prompt {index}: {longest} prompt tokens leave no room to generate "
                             f"within model.max_length={self.max_length}")
-        ids = torch.full((len(prompts), longest), self.pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, p in enumerate(prompts):
-            ids[i, longest - len(p):] = torch.tensor(p.input_ids)
-            mask[i, longest - len(p):] = 1
-        seed = zlib.crc32(f"{self.seed}/{group}".encode())
-        devices = [torch.device(self.device)] if self.device.startswith("cuda") else []
-        with torch.random.fork_rng(devices=devices), torch.no_grad(), autocast(self.device, self.autocast_dtype):
-            torch.manual_seed(seed)
-            out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                                      do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=0,
-                                      max_new_tokens=room, num_return_sequences=self.G,
-                                      pad_token_id=self.pad_id, eos_token_id=self.eos_id)
-        completions: list[list[tuple[int, ...]]] = [[] for _ in prompts]
-        for r, row in enumerate(out[:, longest:].tolist()):  # rows are prompt-major: G per prompt
-            cut = row.index(self.eos_id) + 1 if self.eos_id in row else len(row)
-            completions[r // self.G].append(tuple(row[:cut]))
-        return completions
+        return generate_completions(self.model, prompts, generations=self.G, room=room,
+                                    temperature=self.temperature, top_p=self.top_p, pad_id=self.pad_id,
+                                    eos_id=self.eos_id, seed=zlib.crc32(f"{self.seed}/{group}".encode()),
+                                    device=self.device, autocast_dtype=self.autocast_dtype)
 
     def raw_gradient(self, item: WorkItem) -> np.ndarray:
         """The unprojected mean surrogate gradient of one group (float32, length d), from its own samples."""
@@ -149,22 +181,15 @@ class GroupGrpoGradients:
         for index, sampled in enumerate(completions):
             if not any(sampled):
                 raise GrpoError(f"group {item.name!r} prompt {index}: no completion tokens")
-        m = len(prompts)
-        rows, adv, weight = [], [], []
+        rewards = []
         for index, (prompt, sampled) in enumerate(zip(prompts, completions)):
             texts = [self.tokenizer.decode(c, skip_special_tokens=True) for c in sampled]
             where = f"group {item.name!r} prompt {index}"
-            rewards = np.array([score(self.reward, t, prompt.reference, where) for t in texts])
-            a = advantages(rewards)
-            kept = [j for j, c in enumerate(sampled) if c]
-            for j in kept:  # the prompt's loss is the mean over its completions; the group's, over its prompts
-                rows.append(TokenizedExample(prompt.input_ids + sampled[j],
-                                             (IGNORE,) * len(prompt) + sampled[j]))
-                adv.append(a[j])
-                weight.append(1.0 / (m * len(kept)))
+            rewards.append(np.array([score(self.reward, t, prompt.reference, where) for t in texts]))
             self.stats["prompts"] += 1
-            self.stats["reward_sum"] += float(rewards.mean())
-            self.stats["zero_advantage_prompts"] += int(np.ptp(rewards) == 0)
+            self.stats["reward_sum"] += float(rewards[-1].mean())
+            self.stats["zero_advantage_prompts"] += int(np.ptp(rewards[-1]) == 0)
+        rows, adv, weight = surrogate_rows(prompts, completions, rewards)
         for p in self.params:
             p.grad = None
         step = self.G * 4

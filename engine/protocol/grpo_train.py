@@ -22,7 +22,12 @@ import numpy as np
 
 from convalue.engine.config import FinetuneConfig, LoraConfig
 from convalue.engine.features.batching import pad_batch
-from convalue.engine.features.grpo import advantages, surrogate_loss, token_logprobs
+from convalue.engine.features.grpo import (
+    generate_completions,
+    surrogate_loss,
+    surrogate_rows,
+    token_logprobs,
+)
 from convalue.engine.features.losses import per_row_mean, response_logits
 from convalue.engine.features.rewards import RewardError, load_reward
 from convalue.engine.model.loading import attach_lora, autocast
@@ -107,36 +112,15 @@ def sample_completions(model: torch.nn.Module, prompts: Sequence[PromptExample],
                        max_new_tokens: int, temperature: float, top_p: float, max_length: int, pad_id: int,
                        eos_id: int, seed: int, device: str = "cpu",
                        autocast_dtype: torch.dtype | None = None) -> list[list[tuple[int, ...]]]:
-    """G completions per prompt (token ids through the first end-of-sequence) from one seeded, left-padded
-    generate call in eval mode (the caller's train/eval mode is restored)."""
-    import torch
-
+    """G completions per prompt within model.max_length (engine.features.grpo.generate_completions)."""
     longest = max(len(p) for p in prompts)
     room = min(max_new_tokens, max_length - longest)
     if room <= 0:
         raise GrpoTrainError(f"a prompt of {longest} tokens leaves no room to generate within "
                              f"model.max_length={max_length}")
-    ids = torch.full((len(prompts), longest), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, longest - len(p):] = torch.tensor(p.input_ids)
-        mask[i, longest - len(p):] = 1
-    was_training = model.training
-    model.eval()
-    devices = [torch.device(device)] if device.startswith("cuda") else []
-    try:
-        with torch.random.fork_rng(devices=devices), torch.no_grad(), autocast(device, autocast_dtype):
-            torch.manual_seed(seed)
-            out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=True,
-                                 temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=room,
-                                 num_return_sequences=generations, pad_token_id=pad_id, eos_token_id=eos_id)
-    finally:
-        model.train(was_training)
-    completions: list[list[tuple[int, ...]]] = [[] for _ in prompts]
-    for r, row in enumerate(out[:, longest:].tolist()):  # rows are prompt-major: G per prompt
-        cut = row.index(eos_id) + 1 if eos_id in row else len(row)
-        completions[r // generations].append(tuple(row[:cut]))
-    return completions
+    return generate_completions(model, prompts, generations=generations, room=room, temperature=temperature,
+                                top_p=top_p, pad_id=pad_id, eos_id=eos_id, seed=seed, device=device,
+                                autocast_dtype=autocast_dtype)
 
 
 class GrpoStepper:
@@ -172,15 +156,7 @@ class GrpoStepper:
         refs = [p.reference for p in batch for _ in range(G)]
         where = f"{self.label}: {source}, step {index}"
         rewards = _score(self.scorer, prompts, texts, refs, where).reshape(len(batch), G)
-        rows, adv, weight = [], [], []
-        for prompt, completions, r in zip(batch, sampled, rewards):
-            a = advantages(r)
-            kept = [j for j, c in enumerate(completions) if c]
-            for j in kept:  # the prompt's loss is the mean over its completions; the batch's, over its prompts
-                rows.append(TokenizedExample(prompt.input_ids + completions[j],
-                                             (IGNORE,) * len(prompt) + completions[j]))
-                adv.append(a[j])
-                weight.append(1.0 / (len(batch) * len(kept)))
+        rows, adv, weight = surrogate_rows(batch, sampled, rewards)
         if not rows:
             raise GrpoTrainError(f"{where}: no completion tokens were sampled")
         ids, mask, labels = (t.to(self.device) for t in pad_batch(rows, self.pad_id))

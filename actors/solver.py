@@ -12,6 +12,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from convalue.actors.evaluation import EvaluationRequest, FinetuneOutcome, run_protocol, run_subsets
 from convalue.actors.pool import ActorPool
+from convalue.engine.selection.blocked import Panel, gather_float64, panels_of
 from convalue.engine.selection.bootstrap import resample_run, split_resamples
 from convalue.engine.selection.solve import KMMProblemData, SolveSpec
 from convalue.solvers import KMMPath, KMMSolution, kmm_path
@@ -27,9 +28,11 @@ class SolverActor:
         """Solve the run's problem as spec says; raises on a failed solve."""
         return spec.solve(problem)
 
-    def solve_vectors(self, spec: SolveSpec, G: np.ndarray, g_tar: np.ndarray) -> KMMSolution:
-        """Solve from raw group vectors (the run's metric applied here) as spec says."""
-        return spec.solve(spec.problem(G, g_tar))
+    def solve_blocks(self, spec: SolveSpec, n: int, panels: list[Panel], g_tar: np.ndarray,
+                     *arrays: np.ndarray) -> KMMSolution:
+        """Solve from the stored blocks' raw group vectors as spec says: G gathered here in float64, the metric and
+        normalisation applied in place."""
+        return spec.solve_rows(gather_float64(n, panels, list(arrays)), g_tar)
 
     def path(self, K: np.ndarray, beta: np.ndarray, normalize: str, points: int) -> KMMPath:
         """The regularisation path on K (formed as G G^T by the run: no spectral check)."""
@@ -66,15 +69,12 @@ def solve_on_actor(spec: SolveSpec, problem: KMMProblemData) -> KMMSolution:
 
 
 def solve_blocks_on_actor(spec: SolveSpec, blocks: list, refs: dict, n: int, g_tar: np.ndarray) -> KMMSolution:
-    """The gradient-space solve: G gathered from the stored blocks by a task, solved on a SolverActor (the driver
-    never holds G)."""
-    from convalue.actors.gram import gather_rows
-    from convalue.engine.selection.blocked import panels_of
-
+    """The gradient-space solve: the stored blocks gathered into G (float64) on a SolverActor and solved there (the
+    driver never holds G)."""
     panels = panels_of(blocks)
-    G = gather_rows.remote(n, panels, *[refs[b.file] for p in panels for b in p.blocks])
     with ActorPool(SolverActor, 1) as pool:
-        return ray.get(pool.actors[0].solve_vectors.remote(spec, G, g_tar))
+        return ray.get(pool.actors[0].solve_blocks.remote(spec, n, panels, g_tar,
+                                                          *[refs[b.file] for p in panels for b in p.blocks]))
 
 
 def path_on_actor(K: np.ndarray, beta: np.ndarray, normalize: str, points: int) -> KMMPath:

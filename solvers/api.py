@@ -184,6 +184,7 @@ def solve_kmm_gradients(
     normalize: str = "none",
     tol: float | None = None,
     policy: SolverPolicy = DEFAULT_POLICY,
+    overwrite_G: bool = False,
 ) -> KMMSolution:
     """Solve KMM from the gradients themselves (N x p rows): K = G G^T is formed only on the active set.
 
@@ -191,9 +192,13 @@ def solve_kmm_gradients(
     solves (convalue.solvers.plan.forms_gram); the solution's info says "gram_formed".
 
     normalize="cosine" divides every row by its norm: K_ij / sqrt(K_ii K_jj) and beta_i / sqrt(K_ii), as in
-    make_problem. tol, policy: as in solve_kmm (early stops apply where K is formed).
+    make_problem. tol, policy: as in solve_kmm (early stops apply where K is formed). overwrite_G: G (float64,
+    C-ordered) may be scaled in place, as scipy's overwrite_a; otherwise at most one float64 copy of G is made.
     """
-    G = np.asarray(G, dtype=np.float64)
+    G = np.asarray(G)
+    if G.dtype != np.float64 or not G.flags.c_contiguous or (
+            normalize == "cosine" and not (overwrite_G and G.flags.writeable)):
+        G = np.array(G, dtype=np.float64, order="C")  # one copy, ours to scale
     g_tar = np.asarray(g_tar, dtype=np.float64)
     if G.ndim != 2 or g_tar.ndim != 1 or G.shape[1] != g_tar.shape[0]:
         raise KMMInputError(f"G must be N x p and g_tar of length p, got {G.shape} and {g_tar.shape}")
@@ -205,7 +210,8 @@ def solve_kmm_gradients(
     op = GradientOperator(G, g_tar, linalg=policy.linalg)
     check_norms(op.diag, 0.0)
     if normalize == "cosine":
-        op = GradientOperator(G / np.sqrt(op.diag)[:, None], g_tar, linalg=policy.linalg)
+        np.divide(G, np.sqrt(op.diag)[:, None], out=G)  # the same rounding as G / sqrt(diag), without a copy
+        op = GradientOperator(G, g_tar, linalg=policy.linalg)
     # no K here: the shell carries settings, beta and costs (for .l1 and .form)
     shell = KMMProblem(K=np.empty((0, 0)), beta=op.beta, gamma=gamma, budget=budget,
                        costs=check_costs(costs, op.n))

@@ -17,10 +17,11 @@ def _principal(M: np.ndarray, A: np.ndarray) -> np.ndarray:
     return M.take(A, axis=0).take(A, axis=1)
 
 
-def _gram_reusing(G: np.ndarray, A: np.ndarray, last: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
-    """G[A] G[A]^T as a new array; where last = (B, G[B] G[B]^T) shares at least half of A, the shared block is
-    copied from it and only the new candidates' rows are products."""
-    GA = G[A]
+def _gram_reusing(G: np.ndarray, A: np.ndarray, last: tuple[np.ndarray, np.ndarray] | None,
+                  dtype: type | None = None) -> np.ndarray:
+    """G[A] G[A]^T as a new array (rows cast to dtype first, when given); where last = (B, G[B] G[B]^T) shares at
+    least half of A, the shared block is copied from it and only the new candidates' rows are products."""
+    GA = G[A] if dtype is None else G[A].astype(dtype)
     if last is not None:
         B, KBB = last
         where = np.full(G.shape[0], -1)
@@ -28,7 +29,7 @@ def _gram_reusing(G: np.ndarray, A: np.ndarray, last: tuple[np.ndarray, np.ndarr
         loc = where[A]
         shared, fresh = np.flatnonzero(loc >= 0), np.flatnonzero(loc < 0)
         if 2 * shared.size >= A.size:
-            K = np.empty((A.size, A.size), dtype=G.dtype)
+            K = np.empty((A.size, A.size), dtype=GA.dtype)
             K[np.ix_(shared, shared)] = _principal(KBB, loc[shared])
             if fresh.size:
                 Gf = GA[fresh]
@@ -142,9 +143,10 @@ class GramOperator:
 class GradientOperator:
     """G (N x p rows = candidate gradients) and g_tar; K = G G^T is only ever formed on the active set.
 
-    Large support systems read a float32 copy of G, made on first use (half of G's bytes again), and keep the last
-    large support's float32 matrix (4 |A|^2 bytes): a float32 product costs half a float64 one, and the solve is
-    refined to float64 accuracy; sub() keeps a float64 matrix likewise. linalg: as for GramOperator.
+    Large support systems cast the support's rows to float32 (never all of G: at N = 100,000 a float32 copy is
+    3.3 GB more) and keep the last large support's float32 matrix (4 |A|^2 bytes): a float32 product costs half a
+    float64 one, and the solve is refined to float64 accuracy; sub() keeps a float64 matrix likewise. linalg: as
+    for GramOperator.
     """
 
     def __init__(self, G: np.ndarray, g_tar: np.ndarray, *, linalg: LinalgPolicy = DEFAULT_POLICY.linalg):
@@ -155,15 +157,8 @@ class GradientOperator:
         self.diag = np.einsum("ij,ij->i", self.G, self.G)
         self.n = self.G.shape[0]
         self.rank_bound = min(self.G.shape)  # a support larger than this has a singular K_AA
-        self._G32: np.ndarray | None = None
         self._last32: tuple[np.ndarray, np.ndarray] | None = None  # (A, G_A G_A^T in float32): the last large support
         self._last64: tuple[np.ndarray, np.ndarray] | None = None  # (A, G_A G_A^T): sub()'s kept matrix
-
-    def float32_copy(self) -> np.ndarray:
-        """G in float32, made once."""
-        if self._G32 is None:
-            self._G32 = self.G.astype(np.float32)
-        return self._G32
 
     def sub(self, A: np.ndarray) -> np.ndarray:
         """G_A G_A^T (float64, a new array), reusing the kept matrix where the two share at least half of A: the
@@ -194,7 +189,7 @@ class GradientOperator:
     def support_gram32(self, A: np.ndarray) -> np.ndarray:
         """G_A G_A^T in float32, a new array (the caller may overwrite it), reusing the last large support's matrix
         where the two share at least half of A (successive polishes and PDAS steps move a few candidates)."""
-        K = _gram_reusing(self.float32_copy(), A, self._last32)
+        K = _gram_reusing(self.G, A, self._last32, np.float32)
         self._last32 = (np.array(A, copy=True), K.copy())
         return K
 

@@ -6,7 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from convalue.engine.selection.blocked import BlockRows, assemble, panels_of, stack_rows, tile
+from convalue.engine.selection.blocked import (
+    BlockRows,
+    assemble,
+    gather_float64,
+    panels_of,
+    stack_rows,
+    tile,
+)
 from convalue.engine.selection.gram import cosine, diag_fisher_vectors
 
 
@@ -52,6 +59,8 @@ def test_tiles_assemble_to_the_single_product(metric):
     np.testing.assert_allclose(result.cosine, cosine(G, g), rtol=1e-10)
     np.testing.assert_allclose(result.row_norm2, np.einsum("ij,ij->i", G64, G64), rtol=1e-12)
     assert result.stats["tiles"] == 6 and result.stats["panels"] == 3
+    G_run = gather_float64(len(G), panels, [arrays[b.file] for p in panels for b in p.blocks])
+    assert G_run.dtype == np.float64 and np.array_equal(G_run, G64)  # the run's rows, in its order, no stray row
 
 
 def test_build_gram_on_ray_equals_the_product_and_gathers_the_vectors(ray_session):
@@ -76,3 +85,28 @@ def test_build_gram_on_ray_equals_the_product_and_gathers_the_vectors(ray_sessio
     panels = panels_of(blocks)
     gathered = ray.get(gather_rows.remote(len(G), panels, *[refs[b.file] for p in panels for b in p.blocks]))
     np.testing.assert_array_equal(gathered, G)
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "diag_fisher"])
+def test_the_solver_actor_solves_the_stored_blocks_as_the_library_does(ray_session, metric):
+    """The gradient-space solve on a SolverActor (G gathered there in float64, the metric and the cosine applied in
+    place) reaches the certified optimum of the single-process problem, and leaves the stored blocks as they were."""
+    import ray
+
+    from convalue.actors.solver import solve_blocks_on_actor
+    from convalue.engine.selection.solve import SolveSpec
+
+    rng = np.random.default_rng(5)
+    G = rng.normal(size=(40, 64)).astype(np.float32)
+    g = rng.normal(size=64)
+    arrays, blocks = _blocks(G, [8, 8, 8, 8, 8])
+    before = {f: a.copy() for f, a in arrays.items()}
+    refs = {f: ray.put(a) for f, a in arrays.items()}
+    spec = SolveSpec(gamma_ratio=0.05, normalize="cosine", metric=metric, space="gradients")
+    got = solve_blocks_on_actor(spec, blocks, refs, len(G), g)
+    want = spec.solve(spec.problem(G, g))
+    assert got.status == want.status == "optimal" and got.kkt <= 1e-9
+    assert got.objective == pytest.approx(want.objective, rel=1e-9, abs=1e-12)
+    assert got.gamma == pytest.approx(want.gamma, rel=1e-12)
+    assert set(np.flatnonzero(got.w > 1e-8)) == set(np.flatnonzero(want.w > 1e-8))
+    assert all(np.array_equal(ray.get(refs[f]), before[f]) for f in arrays)

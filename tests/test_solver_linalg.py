@@ -75,7 +75,8 @@ def test_gradient_operator_float32_paths_give_float64_answers(monkeypatch):
     x = op.solve_support(A, rhs)
     assert x.shape == rhs.shape and np.linalg.norm(Kaa @ x - rhs) <= 1e-12 * np.linalg.norm(rhs)
     assert np.allclose(op.solve_support(A, rhs[:, 0]), x[:, 0], rtol=0, atol=1e-12 * np.abs(x).max())
-    assert op.float32_copy().dtype == np.float32 and op.float32_copy() is op.float32_copy()  # made once
+    K32 = op.support_gram32(A)  # the support's rows cast, never a float32 copy of all of G
+    assert K32.dtype == np.float32 and np.allclose(K32, Kaa, rtol=0, atol=1e-5)
     b = rng.normal(size=400)
     y = op.shifted_solver(0.5)(b)
     assert np.linalg.norm((X @ X.T + 0.5 * np.eye(400)) @ y - b) <= 1e-4 * np.linalg.norm(b)

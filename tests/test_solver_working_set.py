@@ -165,6 +165,31 @@ def test_sparse_gradient_space_solves_take_the_working_set_homotopy_and_are_exac
     assert grad.objective == pytest.approx(solve_kmm(G @ G.T, G @ g, gamma=gamma).objective, rel=1e-9, abs=1e-12)
 
 
+def test_gradient_space_solves_copy_g_once_and_scale_in_place_only_when_allowed():
+    """solve_kmm_gradients with the cosine leaves the caller's G alone (one float64 copy, also from float32 rows);
+    with overwrite_G the rows are normalised in place; the certified answer is the same every way."""
+    from convalue.solvers import solve_kmm_gradients
+
+    G, g = _clustered(300, 200, seed=3)
+    G = 2.5 * G  # rows of norm 2.5, so the cosine changes them
+    gamma = 0.05 * float(np.abs(G @ g).max())
+    kept = G.copy()
+    plain = solve_kmm_gradients(G, g, gamma=gamma, normalize="cosine")
+    assert np.array_equal(G, kept)
+    from32 = solve_kmm_gradients(G.astype(np.float32), g, gamma=gamma, normalize="cosine")
+    mine = np.array(G, order="C")
+    inplace = solve_kmm_gradients(mine, g, gamma=gamma, normalize="cosine", overwrite_G=True)
+    np.testing.assert_allclose(np.linalg.norm(mine, axis=1), 1.0, rtol=1e-12)
+    for sol in (plain, from32, inplace):
+        assert sol.status == "optimal" and sol.kkt <= 1e-10
+    assert inplace.objective == pytest.approx(plain.objective, rel=1e-12, abs=1e-15)
+    assert from32.objective == pytest.approx(plain.objective, rel=1e-5)
+    readonly = G.copy()
+    readonly.flags.writeable = False  # e.g. an array handed over by Ray's object store: copied, not written
+    assert solve_kmm_gradients(readonly, g, gamma=gamma, normalize="cosine", overwrite_G=True).objective == \
+        pytest.approx(plain.objective, rel=1e-12, abs=1e-15)
+
+
 def test_working_set_homotopy_on_a_gram_beyond_the_full_homotopy_handles_duplicates():
     """N > p where the full homotopy is not affordable (so no duplicate search ran first): the working set goes
     first, drops exact copies inside W before LARS, and is exact (the optimum is far from a change of support among

@@ -54,6 +54,21 @@ def panels_of(blocks: list[BlockRows], panel_rows: int = PANEL_ROWS) -> list[Pan
     return panels
 
 
+def gather_float64(n: int, panels: list[Panel], arrays: list[np.ndarray]) -> np.ndarray:
+    """G (n rows, float64) in the run's order from the panels' block arrays (in panel order), cast block by block:
+    no float32 copy of G is made beside it."""
+    G, k = None, 0
+    for panel in panels:
+        for a, b in zip(arrays[k:k + len(panel.blocks)], panel.blocks):
+            if G is None:
+                G = np.empty((n, a.shape[1]), np.float64)
+            G[list(b.positions)] = a[list(b.rows)]
+        k += len(panel.blocks)
+    if G is None:
+        raise ValueError("no block arrays to gather")
+    return G
+
+
 def stack_rows(arrays: list[np.ndarray], blocks: tuple[BlockRows, ...]) -> np.ndarray:
     """The panel's matrix: each block's used rows, in panel order, as float64."""
     return np.concatenate([np.asarray(a, np.float64)[list(b.rows)] for a, b in zip(arrays, blocks)])

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from convalue.engine.selection.blocked import PANEL_ROWS, fisher_root
 from convalue.engine.selection.gram import metric_vectors
 from convalue.solvers import KMMSolution, solve_kmm, solve_kmm_gradients
 
@@ -108,13 +109,26 @@ class SolveSpec:
                          method=self.method, normalize=self.normalize, rank_bound=self.rank_bound, tol=self.tol,
                          formed=True)
 
-    def solve_vectors(self, G: np.ndarray, g_tar: np.ndarray) -> KMMSolution:
-        """solve_kmm_gradients from vectors already in the run's metric (K formed only on active sets)."""
+    def solve_vectors(self, G: np.ndarray, g_tar: np.ndarray, overwrite: bool = False) -> KMMSolution:
+        """solve_kmm_gradients from vectors already in the run's metric (K formed only on active sets); overwrite:
+        G (float64) may be scaled in place."""
         gamma = self.gamma
         if self.gamma_ratio is not None:
             gamma = self._gamma(G @ g_tar, np.einsum("ij,ij->i", G, G) if self.normalize == "cosine" else None)
         return solve_kmm_gradients(G, g_tar, gamma=gamma, budget=self.budget, costs=self.costs,
-                                   normalize=self.normalize, tol=self.tol)
+                                   normalize=self.normalize, tol=self.tol, overwrite_G=overwrite)
+
+    def solve_rows(self, G: np.ndarray, g_tar: np.ndarray) -> KMMSolution:
+        """solve_vectors on raw group vectors G (float64, C-ordered, the caller's to overwrite): the metric and the
+        row normalisation are applied in place, so G stays the only N x p array (3.3 GB less at N = 100,000)."""
+        g = np.asarray(g_tar, np.float64)
+        if self.metric == "diag_fisher":
+            rows = range(0, len(G), PANEL_ROWS)
+            _, root = fisher_root([np.einsum("ij,ij->j", G[s:s + PANEL_ROWS], G[s:s + PANEL_ROWS]) for s in rows],
+                                  len(G))
+            G *= root
+            g = np.divide(g, root, out=np.zeros_like(g), where=root > 0)
+        return self.solve_vectors(G, g, overwrite=True)
 
     def scores(self, G: np.ndarray, g_tar: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(w, beta) for raw group vectors, solved as the run solves (a bootstrap resample)."""

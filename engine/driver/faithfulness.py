@@ -20,12 +20,11 @@ from convalue.actors.evaluation import Runners
 from convalue.engine.config import ConfigError, RunConfig
 from convalue.engine.data.prepare import PreparedData
 from convalue.engine.driver.analysis import (
-    Analysis,
     agreement_label,
-    analyse,
-    representations,
+    fine_tune,
     require_gram_space,
 )
+from convalue.engine.driver.command import RunContext, execute, representations
 from convalue.engine.driver.stages import Valuation
 from convalue.engine.protocol.datamodel import utilities_from_losses
 from convalue.engine.protocol.faithfulness import (
@@ -44,8 +43,8 @@ STAGE = "faithfulness"
 def run_faithfulness(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False,
                      runners: Runners | None = None) -> RunSummary:
     """The subset-faithfulness study of the run's config; returns the summary (also <out>/<name>/summary.json)."""
-    return analyse(cfg, "faithfulness", _precheck, check, _body, address=address, overwrite=overwrite,
-                   runners=runners)
+    return execute(cfg, "faithfulness", _precheck, check, _body, address=address, overwrite=overwrite, runners=runners,
+                   always_finetune=True)
 
 
 def _precheck(cfg: RunConfig) -> None:
@@ -97,7 +96,7 @@ def surrogate_inputs(v: Valuation, positions: list[int], normalize: str) -> tupl
     return cosine_inputs(K, beta, target_norm(v)) if normalize == "cosine" else (K, beta)
 
 
-def _body(ctx: Analysis) -> None:
+def _body(ctx: RunContext) -> None:
     cfg, fc, summary = ctx.cfg, ctx.cfg.faithfulness, ctx.summary
     valued = ctx.value(representations(cfg))
     ctx.write_valuation(valued)
@@ -107,7 +106,7 @@ def _body(ctx: Analysis) -> None:
     index = enumerate_subsets(len(chosen), fc.k, sample=fc.sample, seed=fc.seed)
     subsets = [tuple(chosen[i] for i in s) for s in index]
     with ctx.timer.stage(STAGE):
-        runs = ctx.fine_tune(subsets, STAGE)
+        runs = fine_tune(ctx, subsets, STAGE)
     ctx.on_stage("outputs")
     losses = np.array([runs.losses[tuple(sorted(s))] for s in subsets])
     u_ft = utilities_from_losses(losses, runs.target_only)

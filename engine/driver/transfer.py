@@ -21,12 +21,11 @@ from convalue.actors.evaluation import Runners
 from convalue.engine.config import ConfigError, RunConfig
 from convalue.engine.data.prepare import PreparedData
 from convalue.engine.driver.analysis import (
-    Analysis,
-    analyse,
+    fine_tune,
     gather_vectors,
-    representations,
     retarget,
 )
+from convalue.engine.driver.command import RunContext, execute, representations
 from convalue.engine.protocol.transfer import (
     cluster_order,
     positive_negative,
@@ -47,8 +46,8 @@ RUN_LABELS = {"target_only": "target only", "pos": "target + positive", "pos_neg
 def run_transfer(cfg: RunConfig, *, address: str | None = None, overwrite: bool = False,
                  runners: Runners | None = None) -> RunSummary:
     """The pairwise transfer study of the run's config; returns the summary (also <out>/<name>/summary.json)."""
-    return analyse(cfg, "transfer", _precheck, check, _body, address=address, overwrite=overwrite,
-                   runners=runners)
+    return execute(cfg, "transfer", _precheck, check, _body, address=address, overwrite=overwrite, runners=runners,
+                   always_finetune=True)
 
 
 def _precheck(cfg: RunConfig) -> None:
@@ -81,7 +80,7 @@ def transfer_table(W: np.ndarray, R: np.ndarray, names: list[str]) -> pa.Table:
                      "signed_rank": pa.array([int(R[t, j]) for t, j in pairs], pa.int32())})
 
 
-def _body(ctx: Analysis) -> None:
+def _body(ctx: RunContext) -> None:
     cfg, tc, data = ctx.cfg, ctx.cfg.transfer, ctx.data
     reps = representations(cfg)
     if len(reps) > 1:
@@ -112,7 +111,7 @@ def _body(ctx: Analysis) -> None:
     runs = pn.runs()
     fine_tune_data = data if target == data.target.name else retarget(data, target, cfg, ctx.tokenizer)
     with ctx.timer.stage(CHECK_STAGE):
-        done = ctx.fine_tune([g for label, g in runs.items() if g], CHECK_STAGE, fine_tune_data)
+        done = fine_tune(ctx, [g for label, g in runs.items() if g], CHECK_STAGE, fine_tune_data)
     record["runs"] = {label: done.record(groups) for label, groups in runs.items()}
     record["base_val_loss"] = done.base
     record["fine_tunes"] = {"trained": done.trained, "reused": done.reused}

@@ -4,7 +4,9 @@ Clustered synthetic unit-norm gradients (bench/synthetic.py), cut into blocks of
 workers would return them and put into Ray's object store (not timed: in a run they are there already). Times,
 interleaved over `--rounds`, (a) one `G @ G.T` of the float64 vectors in this process (BLAS on every core) and (b)
 convalue's build: tile tasks K_ij = X_i X_j^T over panels, assembled by the driver (actors/gram.py). Checks that
-both K agree to round-off, prints the ratio and ends with one JSON line.
+both K agree to round-off, prints the ratio and ends with one JSON line. Above SYRK_MAX_N rows the baseline is
+convalue.solvers.linalg.self_gram (the same product in 4096-row panels, in this process): numpy's single G @ G.T
+segfaults there in OpenBLAS's threaded syrk on the development machine (numpy#19685).
 
     .venv/bin/python bench/gram.py                       # N = 10000 and 30000, p = 4096
     .venv/bin/python bench/gram.py --n 2000 --p 256      # quick
@@ -23,6 +25,9 @@ from synthetic import clustered_gradients
 
 from convalue.actors.gram import build_gram
 from convalue.engine.selection.blocked import BlockRows
+from convalue.solvers.linalg import self_gram
+
+SYRK_MAX_N = 14_000  # the largest N at which G @ G.T was seen to run here with two BLAS threads
 
 
 def case(n: int, p: int, block_rows: int, rounds: int) -> dict:
@@ -40,7 +45,7 @@ def case(n: int, p: int, block_rows: int, rounds: int) -> dict:
     for _ in range(rounds):
         t0 = time.perf_counter()
         G64 = G.astype(np.float64)
-        K0 = G64 @ G64.T
+        K0 = G64 @ G64.T if n <= SYRK_MAX_N else self_gram(G64)
         base_s.append(time.perf_counter() - t0)
         diag0 = K0[np.arange(0, n, max(1, n // 97))].copy()
         del K0, G64
@@ -50,10 +55,11 @@ def case(n: int, p: int, block_rows: int, rounds: int) -> dict:
         rows = np.arange(0, n, max(1, n // 97))
         err = max(err, float(np.abs(result.K[rows] - diag0).max() / np.abs(diag0).max()))
         del result
-    out = {"n": n, "p": p, "block_rows": block_rows, "baseline_s": round(min(base_s), 3),
+    out = {"n": n, "p": p, "block_rows": block_rows, "baseline": "G @ G.T" if n <= SYRK_MAX_N else "self_gram",
+           "baseline_s": round(min(base_s), 3),
            "blocked_s": round(min(tile_s), 3), "speed_vs_product": round(min(base_s) / min(tile_s), 3),
            "max_rel_diff": err}
-    print(f"N = {n:>6}, p = {p}: G @ G.T {out['baseline_s']:.2f} s, blocked Gram {out['blocked_s']:.2f} s "
+    print(f"N = {n:>6}, p = {p}: {out['baseline']} {out['baseline_s']:.2f} s, blocked Gram {out['blocked_s']:.2f} s "
           f"-> {out['speed_vs_product']:.2f}x the product's speed (max relative difference {err:.1e})", flush=True)
     return out
 

@@ -9,6 +9,28 @@ import scipy.linalg as sla
 
 _TRTRS = {np.dtype(np.float32): sla.lapack.strtrs, np.dtype(np.float64): sla.lapack.dtrtrs}
 
+#: numpy's X @ X.T calls OpenBLAS's threaded syrk, which segfaults on large X (numpy#19685): measured here with
+#: numpy's OpenBLAS 0.3.31 and scipy's 0.3.30, SkylakeX and Haswell kernels, two threads, from 16,000 x 1024
+#: float64 rows (14,000 x 512 and 20,000 x 1024 on one thread run). Panels of this many rows stay clear of it.
+SELF_GRAM_PANEL = 4096
+
+
+def self_gram(X: np.ndarray, panel: int = SELF_GRAM_PANEL) -> np.ndarray:
+    """X X^T, exactly symmetric: numpy's X @ X.T up to `panel` rows (bit for bit), else each panel's own product
+    and its products with the panels below (general matrix products), mirrored below the diagonal."""
+    n = X.shape[0]
+    if n <= panel:
+        return X @ X.T
+    K = np.empty((n, n), dtype=np.result_type(X.dtype, np.float32))
+    for i in range(0, n, panel):
+        Xi = X[i:i + panel]
+        K[i:i + panel, i:i + panel] = Xi @ Xi.T
+        if i + panel < n:
+            rows = Xi @ X[i + panel:].T  # two buffers: a general product, never syrk
+            K[i:i + panel, i + panel:] = rows
+            K[i + panel:, i:i + panel] = rows.T
+    return K
+
 
 def cholesky_solve(c: np.ndarray, b: np.ndarray) -> np.ndarray:
     """(L L^T)^-1 b in float64 from a lower Cholesky factor L (two LAPACK trtrs calls; faster than potrs here)."""

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import numpy as np
 import scipy.linalg as sla
 
-from convalue.solvers.linalg import cholesky_solve, mixed_precision_solve, solve_dense
+from convalue.solvers.linalg import cholesky_solve, mixed_precision_solve, self_gram, solve_dense
 from convalue.solvers.policy import DEFAULT_POLICY, LinalgPolicy
 from convalue.solvers.problem import gram_times
 
@@ -34,11 +34,11 @@ def _gram_reusing(G: np.ndarray, A: np.ndarray, last: tuple[np.ndarray, np.ndarr
             if fresh.size:
                 Gf = GA[fresh]
                 rows = Gf @ GA.T
-                rows[:, fresh] = Gf @ Gf.T  # numpy's a @ a.T is exactly symmetric, as the whole matrix stays
+                rows[:, fresh] = self_gram(Gf)  # exactly symmetric, as the whole matrix stays
                 K[fresh] = rows
                 K[:, fresh] = rows.T
             return K
-    return GA @ GA.T
+    return self_gram(GA)
 
 
 class GramOperator:

@@ -209,3 +209,30 @@ def test_anderson_acceleration_finds_a_linear_maps_fixed_point_in_fewer_steps():
     assert fast * 4 <= plain < 2000
     with pytest.raises(ValueError, match="memory must be >= 1"):
         Anderson(3, memory=0)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_self_gram_is_the_product_exactly_symmetric_in_panels(dtype):
+    """self_gram is numpy's X @ X.T bit for bit up to a panel, and past it the same product to round-off, exactly
+    symmetric (the solvers rely on it), from panel products that never take numpy's syrk shortcut."""
+    from convalue.solvers.linalg import self_gram
+
+    X = np.random.default_rng(4).normal(size=(23, 9)).astype(dtype)
+    assert np.array_equal(self_gram(X, panel=23), X @ X.T)
+    K = self_gram(X, panel=5)
+    assert K.dtype == dtype and np.array_equal(K, K.T)
+    np.testing.assert_allclose(K, X.astype(np.float64) @ X.T.astype(np.float64),
+                               rtol=0, atol=(1e-12 if dtype == np.float64 else 1e-5) * np.abs(X).max() ** 2 * 9)
+
+
+def test_self_gram_runs_where_numpy_syrk_segfaults():
+    """16,000 x 1024 float64: numpy's X @ X.T segfaults there with two OpenBLAS threads on the development machine
+    (numpy#19685); self_gram's panels give the product."""
+    from convalue.solvers.linalg import self_gram
+
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(16_000, 1024)) / 32.0
+    K = self_gram(X)
+    rows = rng.choice(16_000, size=8, replace=False)
+    np.testing.assert_allclose(K[rows], X[rows] @ X.T.copy(), rtol=0, atol=1e-12)
+    assert np.array_equal(K[rows][:, rows], K[rows][:, rows].T)

@@ -23,6 +23,7 @@ def transfer_scores(G: np.ndarray, *, gamma_ratio: float = GAMMA_RATIO, normaliz
     """W (M x M): row t the KMM scores of every other group with group t as the target (diagonal NaN); gamma =
     gamma_ratio * max|beta| of each row's (normalised) problem."""
     from convalue.solvers import solve_kmm
+    from convalue.solvers.linalg import self_gram
 
     G = np.asarray(G, dtype=np.float64)
     if G.ndim != 2 or G.shape[0] < 2:
@@ -32,7 +33,7 @@ def transfer_scores(G: np.ndarray, *, gamma_ratio: float = GAMMA_RATIO, normaliz
     if normalize not in ("none", "cosine"):
         raise ValueError(f"normalize must be 'none' or 'cosine', got {normalize!r}")
     M = G.shape[0]
-    full = G @ G.T
+    full = self_gram(G)
     W = np.full((M, M), np.nan)
     for t in range(M):
         others = np.array([j for j in range(M) if j != t])

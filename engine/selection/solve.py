@@ -12,6 +12,7 @@ import numpy as np
 from convalue.engine.selection.blocked import PANEL_ROWS, fisher_root
 from convalue.engine.selection.gram import metric_vectors
 from convalue.solvers import KMMSolution, solve_kmm, solve_kmm_gradients
+from convalue.solvers.linalg import self_gram
 
 
 @dataclass(frozen=True, eq=False)
@@ -66,7 +67,7 @@ class SolveSpec:
         beta = Gm @ gm
         if self.space == "gradients":
             return KMMProblemData(beta=beta, K=None, G=Gm, g_tar=gm, M=M)
-        return KMMProblemData(beta=beta, K=Gm @ Gm.T, G=None, g_tar=None, M=M)
+        return KMMProblemData(beta=beta, K=self_gram(Gm), G=None, g_tar=None, M=M)
 
     def gamma_max(self, beta: np.ndarray, diag: np.ndarray | None) -> float:
         """The smallest gamma at which every score is zero: max_i |beta_i| / (c_i sqrt(K_ii)), the beta the solver

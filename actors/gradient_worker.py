@@ -10,7 +10,7 @@ import numpy as np
 import ray
 
 from convalue.actors.pool import DeferredStartup
-from convalue.actors.progress import report_attempt
+from convalue.actors.progress import find_progress, report_attempt
 from convalue.engine.config import ConfigError
 from convalue.engine.features.batching import WorkItem, block_tokens
 from convalue.engine.features.grpo import GrpoError
@@ -52,12 +52,13 @@ class FeaturizedBlock:
 class GradientWorkerImpl(DeferredStartup):
     """Loads theta_0 (with a seeded LoRA adapter, unless full-parameter) once; returns projected group vectors."""
 
-    def __init__(self, spec: ReplicaSpec, progress: object | None = None):
+    def __init__(self, spec: ReplicaSpec, progress: str | None = None):
         import torch
 
         from convalue.engine.features.replica import build_featurizer
 
-        report_attempt(progress, "featurize", None)  # a second process of this actor: a restart
+        # progress: the run's progress actor's name (a handle here would put the arguments in the object store)
+        report_attempt(find_progress(progress), "featurize", None)  # a second process of this actor: a restart
         torch.set_num_threads(spec.threads)
         t0 = time.perf_counter()
         self.grads = self._start(lambda: build_featurizer(spec), USER_ERRORS)

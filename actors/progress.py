@@ -138,9 +138,9 @@ class Progress:
         self.bars = bars or Bars(enabled=False)
         self.attempt = uuid.uuid4().hex[:12]
         self.detached = detached
-        name = f"convalue-progress-{run}-{os.getpid()}-{self.attempt[:6]}"
+        self.name = f"convalue-progress-{run}-{os.getpid()}-{self.attempt[:6]}"
         opts = {"lifetime": "detached"} if detached else {}
-        self.actor = ProgressActor.options(name=name, **opts).remote(run, self.attempt)
+        self.actor = ProgressActor.options(name=self.name, **opts).remote(run, self.attempt)
 
     def begin(self, stage: str) -> None:
         """The stage starts."""
@@ -199,6 +199,17 @@ class Progress:
                 ray.kill(self.actor)
         except Exception as exc:  # called from a run's cleanup: never hide the run's own error behind this one
             log.warning("progress actor not stopped: %s", exc)
+
+
+def find_progress(name: str | None) -> object | None:
+    """The run's progress actor by its name (None where there is none), for an actor's constructor: a handle passed
+    there makes Ray keep the constructor's arguments in the object store and warn that a restart could fail."""
+    if name is None:
+        return None
+    try:
+        return ray.get_actor(name)
+    except ValueError:  # the run ended, or a bench without one
+        return None
 
 
 def report_attempt(progress: object | None, stage: str, item: str | None) -> None:

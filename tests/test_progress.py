@@ -98,3 +98,29 @@ def test_each_start_of_a_run_has_its_own_attempt_tag_and_a_detached_actor_linger
     while (late := second.snapshot(timeout=5)) is not None and time.monotonic() < deadline:
         time.sleep(0.5)
     assert late is None
+
+
+def test_a_gradient_worker_is_made_with_the_progress_actors_name_not_its_handle(ray_session, capfd):
+    """A handle among an actor's constructor arguments made Ray keep them in the object store and warn, once per
+    gradient worker in every job log, that a restart could fail; the workers get the progress actor's name and
+    look it up themselves (a restart is still counted: tests/test_faults.py)."""
+    import ray
+
+    from convalue.actors.progress import find_progress
+
+    @ray.remote(max_restarts=1)
+    class Probe:
+        def __init__(self, progress: str | None):
+            self.found = find_progress(progress) is not None
+
+        def found_it(self) -> bool:
+            return self.found
+
+    progress = Progress("t-by-name")
+    try:
+        assert ray.get(Probe.remote(progress.name).found_it.remote())
+        assert not ray.get(Probe.remote(None).found_it.remote())
+        assert not ray.get(Probe.remote("convalue-progress-no-such-run").found_it.remote())
+        assert "constructor arguments in the object store" not in capfd.readouterr().err
+    finally:
+        progress.close()

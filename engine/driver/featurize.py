@@ -169,7 +169,7 @@ def _compute(cfg: RunConfig, spec: ReplicaSpec, todo: list, keys: dict[str, str]
         arrays[id(block)] = array_ref
         return meta_ref
 
-    with ActorPool(GradientWorker, min(cfg.ray.workers, len(blocks)), spec, progress.actor, options=opts,
+    with ActorPool(GradientWorker, min(cfg.ray.workers, len(blocks)), spec, progress.name, options=opts,
                    name="convalue-grad") as pool:
         info = pool.probe("info", "gradient worker")
         stats.workers, stats.dim_in, stats.dim_out = len(pool), info["dim_in"], info["dim_out"]

@@ -14,6 +14,7 @@ from convalue.engine.selection.blocked import (
     TileResult,
     assemble,
     fisher_root,
+    gather_float64,
     panels_of,
     stack_rows,
     tile,
@@ -60,16 +61,8 @@ def column_squares(panel: Panel, *arrays: np.ndarray) -> np.ndarray:
 
 @ray.remote(num_cpus=1)
 def gather_rows(n: int, panels: list[Panel], *arrays: np.ndarray) -> np.ndarray:
-    """G in the run's order (n rows, float32) from the panels' blocks: for a gradient-space solve, on the worker
-    that solves, never in the driver."""
-    G, k = None, 0
-    for panel in panels:
-        X = stack_rows(list(arrays[k:k + len(panel.blocks)]), panel.blocks)
-        k += len(panel.blocks)
-        if G is None:
-            G = np.empty((n, X.shape[1]), np.float32)
-        G[panel.positions] = X
-    return G
+    """G in the run's order (n rows, float64) from the panels' blocks, on a worker, never in the driver."""
+    return gather_float64(n, panels, list(arrays))
 
 
 def _refs(panel: Panel, refs: dict[str, ray.ObjectRef]) -> list[ray.ObjectRef]:

@@ -101,7 +101,7 @@ def gather_vectors(features: FeaturizeResult) -> np.ndarray:
     panels = panels_of(features.blocks)
     n = len(features.names)
     refs = [features.refs[b.file] for p in panels for b in p.blocks]
-    return np.asarray(ray.get(gather_rows.remote(n, panels, *refs)), dtype=np.float64)
+    return ray.get(gather_rows.remote(n, panels, *refs))
 
 
 def require_gram_space(cfg: RunConfig, n: int, command: str) -> None:

@@ -156,6 +156,16 @@ def first_run(ray_session, tiny_model_dir, tmp_path_factory):
     return tmp, data, summary
 
 
+def forget_checksum(run_dir: Path, name: str) -> None:
+    """Drop a saved array's SHA-256 from summary.json, as for an array a person put there by hand."""
+    import json
+
+    path = run_dir / "summary.json"
+    summary = json.loads(path.read_text())
+    del summary["checksums"][name]
+    path.write_text(json.dumps(summary))
+
+
 def own_copy(first_run, dest: Path) -> Path:
     """A copy of the first run's folder at dest, for a test that changes its folder (the first run is shared)."""
     import shutil

@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import chatterbot_pairs, own_copy, tiny_run_config, write_jsonl
+from conftest import chatterbot_pairs, forget_checksum, own_copy, tiny_run_config, write_jsonl
 
 from convalue.engine.config import ConfigError, config_from_dict
 from convalue.engine.driver.pipeline import run
@@ -217,5 +217,6 @@ def test_a_gram_with_a_negative_diagonal_is_named_as_such(first_run, tmp_path):
     K = np.load(run_dir / "gram.npy")
     K[2, 2] = -abs(K[2, 2])
     np.save(run_dir / "gram.npy", K)
+    forget_checksum(run_dir, "gram.npy")  # a K put there by hand, not a damaged one
     with pytest.raises(KMMInputError, match=r"gram.npy\): K has 1 negative diagonal entry, first K\[2, 2\] = -"):
         resolve(run_dir, gamma=0.01, budget=None, method=None, normalize=None)

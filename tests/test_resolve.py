@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import own_copy
+from conftest import forget_checksum, own_copy
 
 from convalue.engine.config import ConfigError, config_from_dict
 from convalue.engine.driver.pipeline import run
@@ -126,12 +126,36 @@ def test_resolve_names_the_saved_file_that_is_bad_and_keeps_the_scores(first_run
     K = np.load(run_dir / "gram.npy")
     K[1, 0] = np.inf
     np.save(run_dir / "gram.npy", K)
+    forget_checksum(run_dir, "gram.npy")  # a K put there by hand: validated as one from outside
     with pytest.raises(KMMInputError, match=r"copy \(beta.npy, gram.npy\): K contains NaN or inf: K\[1, 0\] = inf"):
         resolve(run_dir, gamma=0.01, budget=None, method=None, normalize=None)
     (run_dir / "beta.npy").write_bytes(b"not an array")
     with pytest.raises(StoreError, match=r"beta.npy: not a readable .npy array"):
         resolve(run_dir, gamma=0.01, budget=None, method=None, normalize=None)
     assert (run_dir / "scores.parquet").read_bytes() == scores_before
+
+
+def test_a_flipped_byte_in_a_saved_array_is_refused_and_reported(first_run, tmp_path):
+    """beta.npy with 8 bytes changed still parses, and would change the selection: its recorded SHA-256 refuses it
+    in `convalue solve` (scores kept) and `convalue status` names it."""
+    from convalue.engine.store.status import run_status
+
+    run_dir = own_copy(first_run, tmp_path / "flip")
+    assert set(json.loads((run_dir / "summary.json").read_text())["checksums"]) >= {"gram.npy", "beta.npy"}
+    assert run_status(run_dir)["state"] == "complete"
+    scores_before = (run_dir / "scores.parquet").read_bytes()
+    data = bytearray((run_dir / "beta.npy").read_bytes())
+    data[-8:] = np.float64(-7.5).tobytes()
+    (run_dir / "beta.npy").write_bytes(bytes(data))
+    with pytest.raises(StoreError, match=r"beta.npy: not a readable .npy array \(its bytes are not those the run "
+                                         r"wrote \(SHA-256"):
+        resolve(run_dir, gamma=0.01, budget=None, method=None, normalize=None)
+    assert (run_dir / "scores.parquet").read_bytes() == scores_before
+    status = run_status(run_dir)
+    assert status["state"] == "damaged" and status["arrays"] == ["beta.npy: SHA-256 differs from the one summary.json "
+                                                                 "recorded"]
+    (run_dir / "gram.npy").unlink()
+    assert run_status(run_dir, quick=True)["arrays"] == ["gram.npy: missing"]
 
 
 def _summary_edit(change):

@@ -133,7 +133,8 @@ def apply_overrides(data: dict, overrides: list[str], file: str | None = None) -
         try:
             value = yaml.safe_load(raw)
         except yaml.YAMLError as exc:
-            raise ConfigError(f"--set {key}: the value is not YAML ({exc})", file=file, value=raw) from None
+            raise ConfigError(f"--set {key}: the value is not YAML ({_yaml_problem(exc)})", file=file,
+                              value=raw) from None
         node = data
         for i, part in enumerate(parts):
             if isinstance(node, list):  # a list's item by its index: data.candidates.0.clusters
@@ -152,6 +153,14 @@ def apply_overrides(data: dict, overrides: list[str], file: str | None = None) -
     return data
 
 
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's error in one line: what, and where (line and column, from 1)."""
+    mark = getattr(exc, "problem_mark", None)
+    what = "; ".join(str(x) for x in (getattr(exc, "context", None), getattr(exc, "problem", None)) if x)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{what or ' '.join(str(exc).split())}{where}"
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
     """Read and validate a YAML run config, with `key.path=value` overrides; its relative paths are read against its
     folder (see resolve_relative), an override's path value against the current directory."""
@@ -161,7 +170,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
-        raise ConfigError(f"malformed YAML: {exc}", file=str(path)) from None
+        raise ConfigError(f"malformed YAML: {_yaml_problem(exc)}", file=str(path)) from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
                           "save the file as UTF-8", file=str(path)) from None

@@ -231,8 +231,8 @@ class FinetuneConfig:
                 raise ConfigError("must be a finite number > 0", field=where, value=v)
         if self.eval_batch_size <= 0:
             raise ConfigError("must be > 0", field="eval_batch_size", value=self.eval_batch_size)
-        if not self.lr > 0:
-            raise ConfigError("must be > 0", field="lr", value=self.lr)
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ConfigError("must be a finite number > 0", field="lr", value=self.lr)
         if len(set(self.baselines)) != len(self.baselines):
             raise ConfigError("lists a baseline twice", field="baselines", value=self.baselines)
         if self.ks is not None:

@@ -199,8 +199,11 @@ def load_source(src: SourceConfig, *, embed: Embed | None = None) -> dict[str, G
 def resolve_groups(cfg: DataConfig, *, embed: Embed | None = None) -> tuple[Group, list[Group]]:
     """The target group and the candidate groups (unique names, target not among them); embed: see load_source."""
     target_groups = load_source(cfg.target)
+    origin = f" ({cfg.target.path})" if cfg.target.path else ""
+    if not target_groups:
+        raise DataError(f"data.target{origin}: no examples, so no target group")
     if len(target_groups) != 1:
-        raise DataError(f"data.target must resolve to exactly one group, got {len(target_groups)}: "
+        raise DataError(f"data.target{origin} must resolve to exactly one group, got {len(target_groups)}: "
                         f"{sorted(target_groups)[:10]} (use `include: [NAME]`)")
     target = next(iter(target_groups.values()))
     candidates: dict[str, Group] = {}
@@ -213,7 +216,8 @@ def resolve_groups(cfg: DataConfig, *, embed: Embed | None = None) -> tuple[Grou
     if target.name in candidates:
         raise DataError(f"data.candidates: group {target.name!r} is also the target; exclude it from the candidates")
     if not candidates:
-        raise DataError("data.candidates resolved to no groups")
+        files = [src.path for src in cfg.candidates if src.path]
+        raise DataError("data.candidates resolved to no groups" + (f" (no examples in {files})" if files else ""))
     return target, list(candidates.values())
 
 

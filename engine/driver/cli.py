@@ -8,10 +8,18 @@ import logging
 import sys
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the one-line `convalue: error:` of every other refusal (exit code 2)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        """Print the problem in one line, pointing at --help, and exit with 2."""
+        self.exit(2, f"convalue: error: {message} (see `{self.prog} --help`)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
     from convalue import __version__
 
-    p = argparse.ArgumentParser(prog="convalue", description="Value candidate datasets for a target task (KMM in gradient space).")
+    p = _Parser(prog="convalue", description="Value candidate datasets for a target task (KMM in gradient space).")
     p.add_argument("--version", action="version", version=f"convalue {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run a valuation from a YAML config")
@@ -115,7 +123,7 @@ def _command(args: argparse.Namespace) -> int:
                 from convalue.engine.report.listing import format_runs, list_runs
 
                 print(format_runs(list_runs(args.runs_dir)))
-        except (StoreError, FileNotFoundError, PermissionError) as exc:
+        except (StoreError, OSError) as exc:
             print(f"convalue: error: {exc}", file=sys.stderr)
             return 2
         return 0
@@ -220,6 +228,8 @@ def _command(args: argparse.Namespace) -> int:
                 print(f"note: {summary.finetune_stale}")
             return 0
     except user_errors as exc:
+        if isinstance(exc, ConfigError) and exc.file is None and getattr(args, "config", None):
+            exc = ConfigError(exc.reason, file=args.config, field=exc.field, value=exc.value)  # found after loading
         print(f"convalue: error: {exc}", file=sys.stderr)
         return 2
     except WorkItemError as exc:

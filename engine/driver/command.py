@@ -19,7 +19,7 @@ import numpy as np
 
 from convalue.actors.embedder import embed_on_workers
 from convalue.actors.evaluation import FinetuneOutcome, Runners
-from convalue.engine.config import RunConfig
+from convalue.engine.config import ConfigError, RunConfig
 from convalue.engine.data.clustering import EmbeddingCache
 from convalue.engine.data.costs import load_costs
 from convalue.engine.data.prepare import TARGET_KEY, PreparedData, prepare
@@ -160,13 +160,15 @@ class RunContext:
                              [len(it.examples) for it in data.items], main.sol.w, main.gram.beta, main.gram.cosine,
                              selected)
         plot_scores(table, self.run_dir, "scores.png")
+        arrays = {}
         for v in valued:
             suffix = "" if v is main else f"-{v.tag}"
             if v.gram.K is not None:
-                write_npy(v.gram.K, self.run_dir, f"gram{suffix}.npy")
-            write_npy(v.gram.beta, self.run_dir, f"beta{suffix}.npy")
+                arrays[f"gram{suffix}.npy"] = v.gram.K
+            arrays[f"beta{suffix}.npy"] = v.gram.beta
         if self.costs is not None:
-            write_npy(self.costs, self.run_dir, "costs.npy")
+            arrays["costs.npy"] = self.costs
+        self.summary.checksums = {name: write_npy(a, self.run_dir, name) for name, a in arrays.items()}
         write_parquet(table, self.run_dir, "scores.parquet")
         self.summary.selected = [main.features.names[i] for i in selected]
         self.summary.ranking = format_ranking(table).splitlines()
@@ -237,7 +239,10 @@ def _execute(cfg: RunConfig, command: str, check: Callable[[RunConfig, PreparedD
                        embed=embed)
         check(cfg, data)
         costs = load_costs(cfg.solver.costs_file, data.names()) if cfg.solver.costs_file else None
-    run_dir.makedirs()
+    try:
+        run_dir.makedirs()
+    except OSError as exc:
+        raise ConfigError(f"the run folder {run_dir} cannot be created: {exc}", field="out", value=cfg.out) from None
     with run_folder_lock(run_dir):  # no other run or re-solve writes here meanwhile
         reps = representations(cfg)
         # every representation's store opened (its settings checked) before anything of an earlier run is removed

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from convalue.engine.config import RunConfig
+from convalue.engine.data.costs import load_costs
 from convalue.engine.data.prepare import prepare
 from convalue.engine.data.sources import load_source
 from convalue.engine.driver.baselines import FITTED
-from convalue.engine.driver.stages import TAGS
+from convalue.engine.driver.stages import TAGS, check_budgets
 from convalue.engine.model.loading import check_lora_targets_in, load_tokenizer, resolve_model
 from convalue.engine.protocol.evaluate import BASELINE_METHODS
 
@@ -73,6 +74,9 @@ def make_plan(cfg: RunConfig, measure: bool = True) -> RunPlan:
     mean_len = sum(lengths) / max(len(lengths), 1)
     n = (len(data.items) if not pools else
          sum(len(load_source(s)) for s in cfg.data.candidates if s.clusters is None) + sum(s.clusters for s in pools))
+    check_budgets(cfg, n)  # a flat pool's n is its clusters' count: an upper bound
+    if cfg.solver.costs_file and not pools:
+        load_costs(cfg.solver.costs_file, data.names())
     preview = int(sum(lengths) if not pools else mean_len * (n + 1) * cfg.data.preview_size)
     reps = cfg.features.representations or [cfg.features.representation]
     rep_methods = [] if len(reps) < 2 else [TAGS[reps[0]]] + [m for r in reps[1:] for m in (TAGS[r], f"{TAGS[r]}+kmm")]

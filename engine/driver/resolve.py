@@ -85,10 +85,10 @@ def _weights_ok(weights: object, groups: list) -> bool:
         isinstance(v, (int, float)) and not isinstance(v, bool) for v in weights.values()))
 
 
-def _load_saved(run_dir: RunFolder, name: str) -> np.ndarray:
-    """A saved .npy array of a run folder, or a StoreError naming the file."""
+def _load_saved(run_dir: RunFolder, name: str, checksums: dict[str, str] | None = None) -> np.ndarray:
+    """A saved .npy array of a run folder (checked against its recorded SHA-256), or a StoreError naming the file."""
     try:
-        return read_npy(run_dir, name)
+        return read_npy(run_dir, name, (checksums or {}).get(name))
     except (OSError, ValueError, EOFError) as exc:
         raise StoreError(f"{run_dir / name}: not a readable .npy array ({exc})") from None
 
@@ -186,7 +186,7 @@ def _resolve(run_dir: RunFolder, *, gamma: float | None, budget: float | None, m
                           field="method", value=method)
     files = ["beta.npy"] + (["gram.npy"] if space == "gram" else []) + (
         ["costs.npy"] if run_dir.is_file("costs.npy") else [])
-    arrays = {name: _load_saved(run_dir, name) for name in files}
+    arrays = {name: _load_saved(run_dir, name, summary.checksums) for name in files}
     beta = arrays["beta.npy"]
     if beta.ndim != 1 or len(beta) != len(names):
         raise StoreError(f"{run_dir / 'beta.npy'}: shape {beta.shape}, but summary.json's order lists "

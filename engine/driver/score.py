@@ -74,7 +74,10 @@ def _parquet_batches(source: RunFolder, name: str) -> Iterator[tuple[list[str], 
     """(groups, vectors, n_examples) of a vectors Parquet, IMPORT_BLOCK_ROWS rows at a time."""
     where = source / name
     with source.fs.open_input_file(source.path(name)) as fh:
-        pf = pq.ParquetFile(fh)
+        try:
+            pf = pq.ParquetFile(fh)
+        except pa.ArrowInvalid as exc:
+            raise StoreError(f"{where}: not a Parquet file ({exc})") from None
         missing = [c for c in ("group", "vector") if c not in pf.schema_arrow.names]
         if missing:
             raise StoreError(f"{where}: missing column(s) {missing} (expected group, vector[, n_examples])")
@@ -130,7 +133,10 @@ def import_vectors(req: ScoreRequest, store: VectorStore) -> tuple[list[str], in
     g = _target(req)
     names, seen, p = [], set(), None
     for groups, X, counts in batches:
-        if dupes := sorted(n for n in groups if n in seen):
+        counted: dict[str, int] = {}
+        for n in groups:
+            counted[n] = counted.get(n, 0) + 1
+        if dupes := sorted(n for n in groups if n in seen or counted[n] > 1):
             raise StoreError(f"{req.vectors}: group {dupes[0]!r} appears twice")
         p = p or X.shape[1]
         if X.shape[1] != p:
@@ -154,18 +160,23 @@ def import_vectors(req: ScoreRequest, store: VectorStore) -> tuple[list[str], in
 def score(req: ScoreRequest) -> RunSummary:
     """Import, value and write the run folder <out>/<name>; returns its summary (Ray starts for the Gram and the
     solve: an embedded one unless RAY_ADDRESS names a cluster)."""
-    from convalue.engine.config import SolverConfig
+    from convalue.engine.config import ConfigError, SolverConfig
     from convalue.engine.driver.session import connect_default
     from convalue.engine.driver.stages import check_nonzero, gram_stage_of, solve_stage
 
     SolverConfig(gamma=req.gamma, gamma_ratio=req.gamma_ratio, budget=req.budget,
                  normalize=req.normalize).validate()  # the same checks, and messages, as a config's solver section
+    if req.k < 1:
+        raise ConfigError("must be at least 1", field="--k", value=req.k)
     for path, what in ((req.vectors, "vectors file or run folder"), (req.target, "target file")):
         if path is not None and not (as_folder(path).is_dir() or file_location(path)[0].is_file(file_location(path)[1])):
             raise FileNotFoundError(f"{path}: no such {what}")
     run_dir = RunFolder.at(req.out, req.name)
     timer, t0 = Timer(), time.perf_counter()
-    run_dir.makedirs()
+    try:
+        run_dir.makedirs()
+    except OSError as exc:
+        raise ConfigError(f"the run folder {run_dir} cannot be created: {exc}", field="--out", value=req.out) from None
     with run_folder_lock(run_dir):
         for f in ("scores.parquet", "gram.npy", "beta.npy", "report.html", "summary.json"):
             run_dir.delete(f)
@@ -184,6 +195,9 @@ def score(req: ScoreRequest) -> RunSummary:
                 else:
                     names, p = import_vectors(req, store)
                     store.mark_complete([TARGET_KEY, *names])
+            if req.k > len(names):  # it would buy fewer groups than it says
+                raise ConfigError(f"is larger than the pool's {len(names)} candidate group(s)", field="--k",
+                                  value=req.k)
             summary.data = {"target": req.target or req.target_group, "candidates": len(names), "p": p}
             summary.order = names
             started = connect_default()
@@ -210,9 +224,9 @@ def score(req: ScoreRequest) -> RunSummary:
                 summary.solver.info["gamma_ratio"] = req.gamma_ratio
             selected = select_top_k(sol.w, gram.beta, req.k)
             table = scores_table(names, [0] * len(names), [0] * len(names), sol.w, gram.beta, gram.cosine, selected)
+            summary.checksums = {"beta.npy": write_npy(gram.beta, run_dir, "beta.npy")}
             if gram.K is not None:
-                write_npy(gram.K, run_dir, "gram.npy")
-            write_npy(gram.beta, run_dir, "beta.npy")
+                summary.checksums["gram.npy"] = write_npy(gram.K, run_dir, "gram.npy")
             write_parquet(table, run_dir, "scores.parquet")
             summary.selected = [names[i] for i in selected]
             summary.ranking = format_ranking(table, limit=50).splitlines()

@@ -15,7 +15,10 @@ def list_runs(runs_dir: RunFolder | Path | str) -> list[dict]:
     """One row per run folder under runs_dir (a folder with summary.json): name, status, target, candidates,
     representation, solver, selection and the KMM's best k; folders that are not runs are left out."""
     root = as_folder(runs_dir)
-    infos = root.fs.get_file_info(pafs.FileSelector(root.path(), allow_not_found=True))
+    kind = root.fs.get_file_info(root.path()).type
+    if kind != pafs.FileType.Directory:
+        raise StoreError(f"{runs_dir}: " + ("no such folder" if kind == pafs.FileType.NotFound else "not a folder"))
+    infos = root.fs.get_file_info(pafs.FileSelector(root.path()))
     rows = []
     for info in sorted(infos, key=lambda i: i.base_name):
         if info.type != pafs.FileType.Directory:

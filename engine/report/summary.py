@@ -114,6 +114,7 @@ class RunSummary:
     resolving: ResolvingRecord | None = None
     resolved: bool | None = None
     finetune_stale: str | None = None
+    checksums: dict[str, str] | None = None  # SHA-256 of each saved array (gram.npy, beta.npy, costs.npy), by file
 
     def to_dict(self) -> dict:
         """The JSON object summary.json holds."""
@@ -155,7 +156,7 @@ class RunSummary:
                   "space": str, "solver": dict, "bootstrap": dict, "selected": list, "ranking": list,
                   "finetune": list, "evaluation": dict, "timings_s": dict, "progress": dict, "failed_stage": str,
                   "error": str, "signal": str, "recovered": dict, "finetune_finished": list, "resolving": dict, "resolved": bool,
-                  "finetune_stale": str}
+                  "finetune_stale": str, "checksums": dict}
         kwargs: dict[str, Any] = {"status": data["status"]}
         for name, shape in shapes.items():
             value = data.get(name)

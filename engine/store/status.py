@@ -3,6 +3,7 @@ summary.json still says "running", so the folder's lock tells a live run from an
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -30,9 +31,12 @@ def run_status(run_dir: RunFolder | Path | str, quick: bool = False) -> dict:
         state = "failed" if written == "failed" else "complete"
     out = {"run_dir": str(run_dir), "state": state, "summary_status": written, "live_process": live,
            "command": "solve" if written == "resolving" else "run",
-           "vectors": _vectors(run_dir, summary, quick), "finetune_records": _records(run_dir.sub("finetunes"))}
+           "vectors": _vectors(run_dir, summary, quick), "finetune_records": _records(run_dir.sub("finetunes")),
+           "arrays": _arrays(run_dir, summary, quick)}
     if state == "complete" and out["vectors"] is not None and out["vectors"]["damaged"]:
         out["state"] = "damaged"  # the results stand, but a rerun or re-solve from vectors would recompute
+    if state == "complete" and out["arrays"]:
+        out["state"] = "damaged"  # `convalue solve` refuses these arrays; a rerun writes them again
     for field in ("failed_stage", "error", "signal", "selected", "timings_s", "progress", "finetune_stale",
                   "recovered"):
         if getattr(summary, field) is not None:
@@ -59,6 +63,17 @@ def _vectors(run_dir: RunFolder, summary: RunSummary, quick: bool) -> dict | Non
     return {"stored": len(stored), "needed": needed, "target": TARGET_KEY in stored,
             "complete": bool(manifest.get("complete")), "damaged": verify_blocks(vectors, manifest, quick),
             "verified": "files" if quick else "checksums"}
+
+
+def _arrays(run_dir: RunFolder, summary: RunSummary, quick: bool) -> list[str]:
+    """The saved arrays (gram.npy, beta.npy, ...) that are missing or, unless quick, not the bytes the run wrote."""
+    damaged = []
+    for name, sha in (summary.checksums or {}).items():
+        if not run_dir.is_file(name):
+            damaged.append(f"{name}: missing")
+        elif not quick and hashlib.sha256(run_dir.read_bytes(name)).hexdigest() != sha:
+            damaged.append(f"{name}: SHA-256 differs from the one summary.json recorded")
+    return damaged
 
 
 def _records(root: RunFolder) -> int:
@@ -98,6 +113,9 @@ def format_status(status: dict) -> str:
             lines.append(f"vectors DAMAGED ({len(v['damaged'])}); a rerun of the config sets these blocks aside and "
                          "computes their groups again:")
             lines += [f"  {line}" for line in v["damaged"]]
+    if status.get("arrays"):
+        lines.append(f"saved arrays DAMAGED ({len(status['arrays'])}); rerun the config to write them again:")
+        lines += [f"  {line}" for line in status["arrays"]]
     lines.append(f"fine-tune records in finetunes/: {status['finetune_records']}")
     for stage, p in (status.get("progress") or {}).items():
         if isinstance(p, dict) and p.get("total"):

@@ -411,6 +411,20 @@ def test_a_folder_without_a_summary(tmp_path):
     assert "not readable JSON" in Doc(write_report(tmp_path).read_text()).text
 
 
+def test_report_of_a_folder_with_a_damaged_file_says_so_and_exits_1(tmp_path, capsys):
+    from convalue.engine.driver.cli import main
+
+    run = make_run(tmp_path, LANGS)
+    assert main(["report", str(run)]) == 0 and "Run complete." in Doc((run / "report.html").read_text()).text
+    (run / "scores.parquet").write_bytes(b"PAR1 damaged")
+    assert main(["report", str(run)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("convalue: warning: 1 file(s) of the run folder could not be used: scores.parquet cannot "
+                          "be read") and "\n" not in err
+    assert "Run complete, but 1 of its files cannot be used (listed below)." in Doc(
+        (run / "report.html").read_text()).text
+
+
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 BROWSER = next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
 

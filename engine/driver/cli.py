@@ -116,9 +116,14 @@ def _command(args: argparse.Namespace) -> int:
     if args.command in ("report", "list"):  # no Ray: they read run folders
         try:
             if args.command == "report":
-                from convalue.engine.report.html import write_report
+                from convalue.engine.report.html import write_report_noting
 
-                print(write_report(args.run_dir))
+                path, problems = write_report_noting(args.run_dir)
+                print(path)
+                if problems:  # the page says so too; exit code 1, as `convalue status` for a damaged folder
+                    print(f"convalue: warning: {len(problems)} file(s) of the run folder could not be used: "
+                          + "; ".join(problems), file=sys.stderr)
+                    return 1
             else:
                 from convalue.engine.report.listing import format_runs, list_runs
 

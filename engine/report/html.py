@@ -133,22 +133,32 @@ def write_report(run_dir: RunFolder | Path | str) -> Path | str:
     """Write <run_dir>/report.html atomically and return its path (a local folder's Path, else the file's URI);
     FileNotFoundError for a folder without a summary.json (not a run folder). A summary.json that cannot be read
     still gives a report of what is there."""
+    return write_report_noting(run_dir)[0]
+
+
+def write_report_noting(run_dir: RunFolder | Path | str) -> tuple[Path | str, list[str]]:
+    """write_report, and the folder's files that could not be used (summary.json or a result file), each with why."""
     folder = as_folder(run_dir)
     if not folder.is_file("summary.json"):
         raise FileNotFoundError(f"{run_dir}: not a run folder (no summary.json)")
-    folder.write_text(REPORT, render_report(folder))
-    return folder.local / REPORT if folder.local is not None else folder / REPORT
+    run = load_run(folder)
+    folder.write_text(REPORT, _render(run))
+    problems = [f"summary.json: {run.summary_problem}"] if run.summary_problem else []
+    return folder.local / REPORT if folder.local is not None else folder / REPORT, problems + list(run.problems.values())
 
 
 def render_report(run_dir: RunFolder | Path | str) -> str:
     """The report of the run folder `run_dir` (a local path, a filesystem URI or a RunFolder) as one HTML page."""
-    run = load_run(as_folder(run_dir))
+    return _render(load_run(as_folder(run_dir)))
+
+
+def _render(run: RunFiles) -> str:
     name = run.summary.config.get("name") if run.summary is not None and isinstance(run.summary.config, dict) else None
     title = f"convalue report: {name or str(run.folder).rstrip('/').rsplit('/', 1)[-1]}"
-    parts = [status_banner(run)]
-    for build in (answer, question_section, ranking_section, selection_section, evaluation_section,
-                  certificate_section, cost_section, provenance_section):
-        parts.append(_guarded(build, run))
+    parts = [_guarded(build, run) for build in (answer, question_section, ranking_section, selection_section,
+                                                  evaluation_section, certificate_section, cost_section,
+                                                  provenance_section)]
+    parts.insert(0, status_banner(run))  # after the sections: they note the files they could not use
     if run.problems:
         parts.insert(1, el("div", el("strong", "Files that could not be used: "),
                            el("ul", *(el("li", p) for p in run.problems.values())), class_="warn"))
@@ -234,7 +244,9 @@ def status_banner(run: RunFiles) -> Html:
         return el("div", el("strong", f"Unknown run status {s.status!r}"), ": what exists is shown below.", *notes,
                   class_="banner running", id="status")
     extra = " Its scores come from a re-solve (convalue solve)." if s.resolved else ""
-    return el("div", el("strong", "Run complete."), extra, *notes, class_="banner ok" if not notes else
+    head = ("Run complete." if not run.problems else
+            f"Run complete, but {len(run.problems)} of its files cannot be used (listed below).")
+    return el("div", el("strong", head), extra, *notes, class_="banner ok" if not notes and not run.problems else
               "banner running", id="status")
 
 

@@ -37,6 +37,14 @@ def test_an_infinite_learning_rate_is_refused(tiny_model_dir, pool_jsonl, target
         config_from_dict(data, file="run.yaml")
 
 
+def test_a_gamma_ratio_of_one_or_more_is_refused(tiny_model_dir, pool_jsonl, target_jsonl, tmp_path):
+    data = tiny_run_config(tmp_path, tiny_model_dir, target_jsonl, pool_jsonl, solver={"gamma": None,
+                                                                                      "gamma_ratio": 1.5})
+    with pytest.raises(ConfigError, match=r"solver.gamma_ratio: must be in \[0, 1\): at 1 or more every score is 0 "
+                                          r"\(got 1.5\)"):
+        config_from_dict(data, file="run.yaml")
+
+
 def test_argument_errors_are_one_line(capsys, tmp_path):
     with pytest.raises(SystemExit) as stop:
         main(["solve", str(tmp_path), "--gamma", "abc"])

@@ -21,8 +21,8 @@ class SolverConfig:
     gamma_ratio: float | None = opt(
         None, "The penalised form's gamma as a fraction of the smallest gamma that zeroes every score: gamma = "
         "gamma_ratio * max_i |beta_i| / (c_i sqrt(K_ii)), with beta and K in the run's metric, sqrt(K_ii) only with "
-        "`normalize: cosine` and the prices c_i only with a `costs_file`; so 1 or more gives all-zero scores and a "
-        "ratio carries over between runs whose gradients differ in scale. The run records the gamma it used.")
+        "`normalize: cosine` and the prices c_i only with a `costs_file`; so it lies in [0, 1) (1 or more would give "
+        "all-zero scores) and a ratio carries over between runs whose gradients differ in scale. The run records the gamma it used.")
     budget: float | None = opt(None, "k of the budget form ||w||_1 <= k (paper eq. kmm_qp).")
     method: Literal["auto", "active_set", "cvxpy", "cvxpy_paper"] = opt(
         "auto", "`auto`/`active_set`: convalue's exact active-set solver; `cvxpy`: the CVXPY + OSQP reference "
@@ -73,6 +73,9 @@ class SolverConfig:
             value = getattr(self, name)
             if value is not None and (not math.isfinite(value) or value < 0):
                 raise ConfigError("must be a finite number >= 0", field=name, value=value)
+        if self.gamma_ratio is not None and self.gamma_ratio >= 1:
+            raise ConfigError("must be in [0, 1): at 1 or more every score is 0", field="gamma_ratio",
+                              value=self.gamma_ratio)
         if self.budget is not None and (not math.isfinite(self.budget) or self.budget <= 0):
             raise ConfigError("must be a finite number > 0", field="budget", value=self.budget)
         if self.tol is not None:

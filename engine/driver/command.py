@@ -19,7 +19,7 @@ import numpy as np
 
 from convalue.actors.embedder import embed_on_workers
 from convalue.actors.evaluation import FinetuneOutcome, Runners
-from convalue.engine.config import ConfigError, RunConfig
+from convalue.engine.config import RunConfig
 from convalue.engine.data.clustering import EmbeddingCache
 from convalue.engine.data.costs import load_costs
 from convalue.engine.data.prepare import TARGET_KEY, PreparedData, prepare
@@ -29,6 +29,7 @@ from convalue.engine.driver.session import RaySession, Timer, check_reachable, c
 from convalue.engine.driver.stages import (
     TAGS,
     Valuation,
+    make_run_folder,
     representation_config,
     value,
     vector_folder,
@@ -239,10 +240,7 @@ def _execute(cfg: RunConfig, command: str, check: Callable[[RunConfig, PreparedD
                        embed=embed)
         check(cfg, data)
         costs = load_costs(cfg.solver.costs_file, data.names()) if cfg.solver.costs_file else None
-    try:
-        run_dir.makedirs()
-    except OSError as exc:
-        raise ConfigError(f"the run folder {run_dir} cannot be created: {exc}", field="out", value=cfg.out) from None
+    make_run_folder(run_dir, "out", cfg.out)
     with run_folder_lock(run_dir):  # no other run or re-solve writes here meanwhile
         reps = representations(cfg)
         # every representation's store opened (its settings checked) before anything of an earlier run is removed

@@ -133,15 +133,13 @@ def import_vectors(req: ScoreRequest, store: VectorStore) -> tuple[list[str], in
     g = _target(req)
     names, seen, p = [], set(), None
     for groups, X, counts in batches:
-        counted: dict[str, int] = {}
         for n in groups:
-            counted[n] = counted.get(n, 0) + 1
-        if dupes := sorted(n for n in groups if n in seen or counted[n] > 1):
-            raise StoreError(f"{req.vectors}: group {dupes[0]!r} appears twice")
+            if n in seen:
+                raise StoreError(f"{req.vectors}: group {n!r} appears twice")
+            seen.add(n)
         p = p or X.shape[1]
         if X.shape[1] != p:
             raise StoreError(f"{req.vectors}: vectors of dimension {X.shape[1]} beside {p}")
-        seen.update(groups)
         rename = [TARGET_KEY if (g is None and n == req.target_group) else n for n in groups]
         store.write_block(rename, ["imported"] * len(groups), counts, [0] * len(groups), X)
         names += [n for n in rename if n != TARGET_KEY]
@@ -162,7 +160,13 @@ def score(req: ScoreRequest) -> RunSummary:
     solve: an embedded one unless RAY_ADDRESS names a cluster)."""
     from convalue.engine.config import ConfigError, SolverConfig
     from convalue.engine.driver.session import connect_default
-    from convalue.engine.driver.stages import check_nonzero, gram_stage_of, solve_stage
+    from convalue.engine.driver.stages import (
+        check_k_fits,
+        check_nonzero,
+        gram_stage_of,
+        make_run_folder,
+        solve_stage,
+    )
 
     SolverConfig(gamma=req.gamma, gamma_ratio=req.gamma_ratio, budget=req.budget,
                  normalize=req.normalize).validate()  # the same checks, and messages, as a config's solver section
@@ -173,10 +177,7 @@ def score(req: ScoreRequest) -> RunSummary:
             raise FileNotFoundError(f"{path}: no such {what}")
     run_dir = RunFolder.at(req.out, req.name)
     timer, t0 = Timer(), time.perf_counter()
-    try:
-        run_dir.makedirs()
-    except OSError as exc:
-        raise ConfigError(f"the run folder {run_dir} cannot be created: {exc}", field="--out", value=req.out) from None
+    make_run_folder(run_dir, "--out", req.out)
     with run_folder_lock(run_dir):
         for f in ("scores.parquet", "gram.npy", "beta.npy", "report.html", "summary.json"):
             run_dir.delete(f)
@@ -195,9 +196,7 @@ def score(req: ScoreRequest) -> RunSummary:
                 else:
                     names, p = import_vectors(req, store)
                     store.mark_complete([TARGET_KEY, *names])
-            if req.k > len(names):  # it would buy fewer groups than it says
-                raise ConfigError(f"is larger than the pool's {len(names)} candidate group(s)", field="--k",
-                                  value=req.k)
+            check_k_fits(req.k, len(names), "--k")
             summary.data = {"target": req.target or req.target_group, "candidates": len(names), "p": p}
             summary.order = names
             started = connect_default()

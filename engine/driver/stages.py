@@ -47,10 +47,23 @@ def check_nonzero(cfg: RunConfig | None, names: list[str], row_norm2: np.ndarray
     raise ValueError(f"group vector is exactly zero for {zero[:10]} ({len(zero)} in all): {why}")
 
 
+def check_k_fits(k: int, n: int, field: str) -> None:
+    """Refuse a budget k larger than the pool of n groups (it would buy fewer groups than it says)."""
+    if k > n:
+        raise ConfigError(f"is larger than the pool's {n} candidate group(s)", field=field, value=k)
+
+
+def make_run_folder(run_dir: RunFolder, field: str, value: object) -> None:
+    """Create the run folder, or a ConfigError on the setting (`field`) that named a place it cannot be made."""
+    try:
+        run_dir.makedirs()
+    except OSError as exc:
+        raise ConfigError(f"the run folder {run_dir} cannot be created: {exc}", field=field, value=value) from None
+
+
 def check_budgets(cfg: RunConfig, n: int) -> None:
     """Refuse a selection or an evaluated budget k larger than the pool (it would buy fewer groups than it says)."""
-    if cfg.select.k > n:
-        raise ConfigError(f"is larger than the pool's {n} candidate group(s)", field="select.k", value=cfg.select.k)
+    check_k_fits(cfg.select.k, n, "select.k")
     if cfg.finetune.enabled and (too_big := [k for k in cfg.finetune.ks or [] if k > n]):
         raise ConfigError(f"lists budgets larger than the pool's {n} candidate group(s): {too_big}",
                           field="finetune.ks", value=cfg.finetune.ks)

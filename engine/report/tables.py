@@ -87,15 +87,21 @@ def write_npy(array: np.ndarray, folder: RunFolder | Path, name: str) -> str:
     """Write a .npy array atomically into a run folder; the SHA-256 of the bytes written."""
     buf = io.BytesIO()
     np.save(buf, array, allow_pickle=False)
-    as_folder(folder).write_bytes(name, buf.getvalue())
-    return hashlib.sha256(buf.getbuffer()).hexdigest()
+    data = buf.getvalue()
+    as_folder(folder).write_bytes(name, data)
+    return npy_digest(data)
+
+
+def npy_digest(data: bytes) -> str:
+    """The checksum summary.json records for a saved array's bytes (SHA-256, hex)."""
+    return hashlib.sha256(data).hexdigest()
 
 
 def read_npy(folder: RunFolder | Path, name: str, sha256: str | None = None) -> np.ndarray:
     """A .npy array of a run folder (ValueError or OSError where it is not one, or not the bytes whose SHA-256 was
     recorded)."""
     data = as_folder(folder).read_bytes(name)
-    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+    if sha256 is not None and npy_digest(data) != sha256:
         raise ValueError("its bytes are not those the run wrote (SHA-256 differs from summary.json's checksums)")
     if data[:6] != b"\x93NUMPY":
         raise ValueError("no .npy header")

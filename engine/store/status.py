@@ -3,12 +3,12 @@ summary.json still says "running", so the folder's lock tells a live run from an
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 from convalue.engine.data.prepare import TARGET_KEY
 from convalue.engine.report.summary import RunSummary
+from convalue.engine.report.tables import npy_digest
 from convalue.engine.store.errors import StoreError
 from convalue.engine.store.folder import RunFolder, as_folder
 from convalue.engine.store.vectors import committed_blocks, read_manifest, verify_blocks
@@ -71,7 +71,7 @@ def _arrays(run_dir: RunFolder, summary: RunSummary, quick: bool) -> list[str]:
     for name, sha in (summary.checksums or {}).items():
         if not run_dir.is_file(name):
             damaged.append(f"{name}: missing")
-        elif not quick and hashlib.sha256(run_dir.read_bytes(name)).hexdigest() != sha:
+        elif not quick and npy_digest(run_dir.read_bytes(name)) != sha:
             damaged.append(f"{name}: SHA-256 differs from the one summary.json recorded")
     return damaged
 

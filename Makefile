@@ -28,6 +28,7 @@ TEST_WORKERS ?= 2
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # the same suite on every dependency's floor at once, in a virtualenv of its own (downloads torch 2.6's CUDA build)
@@ -36,6 +37,7 @@ test-lowest:
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 bench: $(STAMP)
 	$(PY) bench/solvers.py

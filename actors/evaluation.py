@@ -15,8 +15,9 @@ from convalue.actors.finetune_job import base_eval_task, finetune_task
 from convalue.actors.pool import windowed
 from convalue.engine.config import RunConfig
 from convalue.engine.data.prepare import PreparedData, target_splits
+from convalue.engine.data.tokenize import tokenize_examples
+from convalue.engine.files.folder import RunFolder
 from convalue.engine.model.spec import ReplicaSpec
-from convalue.engine.model.tokenize import tokenize_examples
 from convalue.engine.protocol.evaluate import (
     PlannedRun,
     distinct_jobs,
@@ -25,7 +26,6 @@ from convalue.engine.protocol.evaluate import (
     summarise,
 )
 from convalue.engine.store.finetunes import FinetuneStore, job_settings, train_job_settings
-from convalue.engine.store.folder import RunFolder
 
 log = logging.getLogger("convalue")
 

@@ -8,8 +8,8 @@ import ray
 
 from convalue.actors.progress import report_attempt
 from convalue.engine.data.examples import Example
+from convalue.engine.data.tokenize import TokenizedExample
 from convalue.engine.model.spec import ReplicaSpec
-from convalue.engine.model.tokenize import TokenizedExample
 from convalue.engine.protocol.finetune import FinetuneResult, evaluate_loss, finetune
 
 

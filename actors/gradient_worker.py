@@ -12,13 +12,14 @@ import ray
 from convalue.actors.pool import DeferredStartup
 from convalue.actors.progress import find_progress, report_attempt
 from convalue.engine.config import ConfigError
-from convalue.engine.features.batching import WorkItem, block_tokens
+from convalue.engine.data.tokenize import WorkItem
+from convalue.engine.features.batching import block_tokens
 from convalue.engine.features.grpo import GrpoError
 from convalue.engine.features.projection import ProjectionError
 from convalue.engine.features.rewards import RewardError
+from convalue.engine.files.folder import RunFolder
 from convalue.engine.model.loading import ModelError
 from convalue.engine.model.spec import ReplicaSpec
-from convalue.engine.store.folder import RunFolder
 from convalue.engine.store.vectors import BlockMeta, write_block
 
 USER_ERRORS = (ConfigError, ModelError, ProjectionError, GrpoError, RewardError)  # what a replica's inputs can raise

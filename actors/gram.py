@@ -7,6 +7,8 @@ import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from convalue.engine.files.errors import StoreError
+from convalue.engine.files.folder import RunFolder
 from convalue.engine.selection.blocked import (
     BlockRows,
     GramResult,
@@ -19,8 +21,6 @@ from convalue.engine.selection.blocked import (
     stack_rows,
     tile,
 )
-from convalue.engine.store.errors import StoreError
-from convalue.engine.store.folder import RunFolder
 from convalue.engine.store.vectors import BlockMeta, block_vectors
 
 

@@ -32,8 +32,8 @@ def naive_group_gradient(model, params, examples, pad_id: int, device: str = "cp
     """The reference loop: batch size 1, full logits, backward per example, copy to CPU, mean."""
     import torch
 
+    from convalue.engine.data.tokenize import IGNORE
     from convalue.engine.features.batching import pad_batch
-    from convalue.engine.model.tokenize import IGNORE
 
     total = None
     backward_s = 0.0

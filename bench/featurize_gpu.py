@@ -72,7 +72,8 @@ def main() -> None:
         FeaturesConfig,
         ModelConfig,
     )
-    from convalue.engine.features.batching import WorkItem, plan_blocks
+    from convalue.engine.data.tokenize import WorkItem
+    from convalue.engine.features.batching import plan_blocks
     from convalue.engine.features.projection import make_projector
     from convalue.engine.features.replica import build_featurizer, featurised_parameters
     from convalue.engine.model.loading import load_model, load_tokenizer, resolve_model_dir

@@ -83,7 +83,7 @@ def test_the_scorer_sees_each_prompt_its_greedy_completion_and_reference(tiny):
     assert references == [PAIRS[0][1], "6", "red"] and completions == list(result.completions)
     assert result.scores[0] == 1.0 and result.mean == pytest.approx(sum(result.scores) / 3)
     # left padding: a prompt's greedy completion does not depend on the batch it shares
-    from convalue.engine.model.tokenize import tokenize_prompt
+    from convalue.engine.data.tokenize import tokenize_prompt
 
     ids = [tokenize_prompt(tok, Example((("user", p), ("assistant", r)))).input_ids for p, r in PAIRS]
     batched = greedy_completions(model, tok, ids, max_new_tokens=5, batch_size=4)

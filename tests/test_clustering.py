@@ -138,7 +138,7 @@ def test_an_encoder_that_fails_on_the_workers_is_reported_as_a_data_error(ray_se
 
 def test_embedding_cache_reuses_by_content_and_keeps_only_the_run_s_own(tmp_path, caplog):
     from convalue.engine.data.clustering import EmbeddingCache, embed_texts, embedding_dir
-    from convalue.engine.report.tables import write_npy
+    from convalue.engine.store.artifacts import write_npy
 
     calls = []
 

@@ -16,7 +16,7 @@ from convalue.engine.config import DataConfig, SourceConfig
 from convalue.engine.data.examples import DataError, Example
 from convalue.engine.data.prepare import prepare
 from convalue.engine.data.sources import load_source, preview_indices, resolve_groups, split_target
-from convalue.engine.model.tokenize import IGNORE, tokenize_example
+from convalue.engine.data.tokenize import IGNORE, tokenize_example
 
 
 def test_chatterbot_groups_by_language_and_topic():

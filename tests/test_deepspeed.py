@@ -14,7 +14,7 @@ import pytest
 
 from convalue.engine.config import FinetuneConfig, LoraConfig
 from convalue.engine.data.examples import Example
-from convalue.engine.model.tokenize import TokenizedExample
+from convalue.engine.data.tokenize import TokenizedExample
 from convalue.engine.protocol.deepspeed import (
     TrainJob,
     TrainJobSpec,

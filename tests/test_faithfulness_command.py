@@ -17,8 +17,8 @@ from conftest import pipeline_run_config
 
 from convalue.engine.config import ConfigError, config_from_dict
 from convalue.engine.driver.faithfulness import format_faithfulness, run_faithfulness
+from convalue.engine.files.folder import RunFolder
 from convalue.engine.protocol.faithfulness import agreement
-from convalue.engine.store.folder import RunFolder
 from convalue.engine.store.vectors import VectorStore
 
 

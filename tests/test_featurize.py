@@ -9,6 +9,7 @@ from conftest import chatterbot_pairs
 
 from convalue.engine.config import LoraConfig
 from convalue.engine.data.examples import Example
+from convalue.engine.data.tokenize import tokenize_examples
 from convalue.engine.features.batching import (
     WorkItem,
     block_tokens,
@@ -23,7 +24,6 @@ from convalue.engine.features.losses import per_example_loss
 from convalue.engine.features.projection import make_projector
 from convalue.engine.features.task_vectors import GroupTaskVectors
 from convalue.engine.model.loading import attach_lora, load_model, load_tokenizer, lora_b_parameters
-from convalue.engine.model.tokenize import tokenize_examples
 
 
 def build(model_dir, batch_size=4, proj=("identity", 0), lora=None):
@@ -155,7 +155,7 @@ def test_length_runs_minimise_padding_plus_calls():
 
 
 def test_plan_blocks_sends_the_longest_groups_first():
-    from convalue.engine.model.tokenize import TokenizedExample
+    from convalue.engine.data.tokenize import TokenizedExample
 
     def group(name, *lengths):
         return WorkItem(name, tuple(TokenizedExample((1,) * n, (1,) * n) for n in lengths))

@@ -16,8 +16,8 @@ from convalue.engine.config import (
     ProjectionConfig,
 )
 from convalue.engine.data.prepare import examples_digest
+from convalue.engine.data.tokenize import IGNORE, TokenizedExample
 from convalue.engine.model.spec import ReplicaSpec
-from convalue.engine.model.tokenize import IGNORE, TokenizedExample
 from convalue.engine.store.finetunes import FinetuneStore, job_settings
 
 

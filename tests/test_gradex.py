@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from convalue.engine.features.losses import mean_token_log_odds
 from convalue.engine.protocol.gradex import (
     GradEx,
     LinearisedSet,
@@ -13,7 +14,6 @@ from convalue.engine.protocol.gradex import (
     forward_selection,
     log_odds,
     logistic_loss,
-    mean_token_log_odds,
     random_ensemble,
     stack,
     surrogate_loss,

@@ -21,8 +21,8 @@ def _example(prompt: str, response: str) -> Example:
 
 @pytest.fixture(scope="module")
 def tiny(tiny_model_dir):
+    from convalue.engine.data.tokenize import tokenize_examples
     from convalue.engine.model.loading import load_tokenizer
-    from convalue.engine.model.tokenize import tokenize_examples
 
     tok = load_tokenizer(tiny_model_dir)
     rows = tokenize_examples(tok, [_example(p, r) for p, r in PAIRS], 96)
@@ -47,7 +47,7 @@ def _run(tiny, scorer, cfg: FinetuneConfig | None = None, steps: list | None = N
 
 
 def test_a_prompt_is_the_chat_before_its_answer_and_the_reference_is_the_answer(tiny):
-    from convalue.engine.model.tokenize import tokenize_prompt
+    from convalue.engine.data.tokenize import tokenize_prompt
 
     _, tok, rows = tiny
     for (p, r), row in zip(PAIRS, rows):
@@ -83,7 +83,7 @@ def test_a_reward_that_varies_moves_the_policy_and_is_seeded(tiny):
 
 def test_references_the_reward_cannot_score_are_refused_before_training(tiny):
     _, tok, rows = tiny
-    from convalue.engine.model.tokenize import tokenize_examples
+    from convalue.engine.data.tokenize import tokenize_examples
 
     words = tokenize_examples(tok, [_example("Name a colour.", "red")], 96)
     from convalue.engine.model.loading import load_model

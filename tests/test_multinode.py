@@ -73,8 +73,8 @@ def test_a_run_on_the_cluster_scores_as_its_stored_vectors_say(three_nodes, tiny
     from convalue.engine.config import config_from_dict
     from convalue.engine.driver.pipeline import run
     from convalue.engine.driver.resolve import stored_vectors
+    from convalue.engine.files.folder import RunFolder
     from convalue.engine.selection.solve import SolveSpec
-    from convalue.engine.store.folder import RunFolder
 
     data = tiny_run_config(tmp_path, tiny_model_dir, target_jsonl, pool_jsonl,
                            ray={"workers": 3, "cpus_per_worker": 1, "groups_per_call": 1})

@@ -118,8 +118,8 @@ def test_a_fine_tune_warns_nothing(tiny_model_dir):
     FutureWarning per worker: a fine-tune on a freshly loaded replica now emits no warning at all."""
     from convalue.engine.config import FinetuneConfig, LoraConfig
     from convalue.engine.data.examples import Example
+    from convalue.engine.data.tokenize import tokenize_examples
     from convalue.engine.model.loading import load_model, load_tokenizer
-    from convalue.engine.model.tokenize import tokenize_examples
     from convalue.engine.protocol.finetune import finetune
 
     tok = load_tokenizer(tiny_model_dir)

@@ -365,7 +365,7 @@ def test_a_run_says_running_until_it_ends(ray_session, tiny_model_dir, tmp_path,
 
 def test_a_run_folder_in_use_is_refused_and_left_untouched(first_run, tmp_path):
     """While one process runs or re-solves in a folder, another run or re-solve there stops before writing."""
-    from convalue.engine.store.locks import exclusive
+    from convalue.engine.files.locks import exclusive
 
     _, data, _ = first_run
     run_dir = tmp_path / "runs" / "t"
@@ -494,7 +494,7 @@ def test_status_tells_a_live_run_from_an_interrupted_one(first_run, tmp_path, ca
     an interrupted run (exit 1, with how to resume); the same while a process holds the folder's lock is a live
     run (exit 3); a failed run names its stage and error (exit 1)."""
     from convalue.engine.driver.cli import main
-    from convalue.engine.store.locks import exclusive
+    from convalue.engine.files.locks import exclusive
     from convalue.engine.store.status import run_status
 
     _, data, first = first_run

@@ -14,8 +14,8 @@ from conftest import tiny_run_config
 from convalue.engine.config import config_from_dict
 from convalue.engine.driver.pipeline import run
 from convalue.engine.driver.resolve import resolve
+from convalue.engine.files.folder import RunFolder
 from convalue.engine.report.listing import list_runs
-from convalue.engine.store.folder import RunFolder
 from convalue.engine.store.status import run_status
 from convalue.solvers import solve_kmm
 

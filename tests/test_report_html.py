@@ -17,14 +17,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from convalue.engine.files.errors import StoreError
 from convalue.engine.protocol.evaluate import summarise
 from convalue.engine.report.html import render_report, write_report
 from convalue.engine.report.html_sections import RANKING_NEGATIVE, RANKING_TOP, TARGET_KEY
-from convalue.engine.report.summary import ResolvingRecord, RunSummary, SolverRecord
 from convalue.engine.report.tables import evaluation_table, scores_table
 from convalue.engine.selection.bootstrap import outputs as bootstrap_outputs
 from convalue.engine.selection.select import select_top_k
-from convalue.engine.store.errors import StoreError
+from convalue.engine.store.summary import ResolvingRecord, RunSummary, SolverRecord
 
 VOID = {"meta", "img", "br", "hr", "link", "input", "col", "wbr"}
 #: blocks a browser would not nest in a <p> (it closes the paragraph first, so the page it shows would differ)

@@ -27,7 +27,15 @@ from convalue.engine.config import (
 from convalue.engine.data.examples import DataError, Example
 from convalue.engine.data.prepare import prepare
 from convalue.engine.data.sources import load_source
-from convalue.engine.features.batching import WorkItem, pad_batch
+from convalue.engine.data.tokenize import (
+    IGNORE,
+    PromptExample,
+    TokenizedExample,
+    WorkItem,
+    tokenize_examples,
+    tokenize_prompt,
+)
+from convalue.engine.features.batching import pad_batch
 from convalue.engine.features.grpo import GrpoError, advantages, surrogate_loss
 from convalue.engine.features.losses import per_example_loss, response_logits
 from convalue.engine.features.rewards import (
@@ -38,13 +46,6 @@ from convalue.engine.features.rewards import (
 )
 from convalue.engine.model.loading import load_model, load_tokenizer
 from convalue.engine.model.spec import ReplicaSpec
-from convalue.engine.model.tokenize import (
-    IGNORE,
-    PromptExample,
-    TokenizedExample,
-    tokenize_examples,
-    tokenize_prompt,
-)
 from convalue.engine.selection.gram import diag_fisher_vectors
 
 REWARDS = Path(__file__).parent / "rewards_for_tests.py"

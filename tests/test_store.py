@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from convalue.engine.store.errors import StoreError
-from convalue.engine.store.folder import RunFolder
+from convalue.engine.files.errors import StoreError
+from convalue.engine.files.folder import RunFolder
 from convalue.engine.store.vectors import VectorStore, read_manifest, verify_blocks, write_block
 
 FP = {"model": "m", "projection": {"kind": "countsketch", "dim": 4, "seed": 0}}

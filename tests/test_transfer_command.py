@@ -17,8 +17,8 @@ from conftest import pipeline_run_config
 
 from convalue.engine.config import ConfigError, config_from_dict
 from convalue.engine.driver.transfer import format_transfer, run_transfer
+from convalue.engine.files.folder import RunFolder
 from convalue.engine.protocol.transfer import positive_negative, signed_ranks, transfer_scores
-from convalue.engine.store.folder import RunFolder
 from convalue.engine.store.vectors import VectorStore
 
 

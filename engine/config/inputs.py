@@ -14,6 +14,7 @@ from convalue.engine.config.paths import (
     is_explicit_path,
     is_hub_id,
 )
+from convalue.engine.config.rewards import reward_spec_problem
 from convalue.engine.config.sources import DataConfig, SourceConfig
 
 __all__ = ["BUILTIN_EMBEDDINGS", "BUILTIN_MODELS", "DataConfig", "FeaturesConfig", "LoraConfig", "ModelConfig",
@@ -198,9 +199,5 @@ class FeaturesConfig:
         if not self.grpo_kl_coef >= 0:
             raise ConfigError("must be >= 0", field="grpo_kl_coef", value=self.grpo_kl_coef)
         if "grpo" in (self.representations or [self.representation]):
-            from convalue.engine.features.rewards import RewardError, load_reward
-
-            try:
-                load_reward(self.grpo_reward)
-            except RewardError as exc:
-                raise ConfigError(str(exc), field="grpo_reward", value=self.grpo_reward) from None
+            if (problem := reward_spec_problem(self.grpo_reward)) is not None:
+                raise ConfigError(problem, field="grpo_reward", value=self.grpo_reward)

@@ -11,6 +11,7 @@ from typing import Literal
 from convalue.engine.config.baselines import DataModelConfig, DeepSpeedConfig, GradExConfig
 from convalue.engine.config.fields import ConfigError, check_readable, opt
 from convalue.engine.config.paths import BUILTIN_MODELS
+from convalue.engine.config.rewards import BUILTIN_REWARDS, reward_spec_problem
 
 
 @dataclass(kw_only=True)
@@ -246,14 +247,10 @@ class FinetuneConfig:
             raise ConfigError(f"must list `loss` and select_by's `{self.select_by}`", field="metrics",
                               value=self.metrics)
         if "accuracy" in self.metrics:
-            from convalue.engine.features.rewards import RewardError, load_reward
-
             if self.accuracy_max_new_tokens <= 0:
                 raise ConfigError("must be > 0", field="accuracy_max_new_tokens", value=self.accuracy_max_new_tokens)
-            try:
-                load_reward(self.accuracy_reward)
-            except RewardError as exc:
-                raise ConfigError(str(exc), field="accuracy_reward", value=self.accuracy_reward) from None
+            if (problem := reward_spec_problem(self.accuracy_reward)) is not None:
+                raise ConfigError(problem, field="accuracy_reward", value=self.accuracy_reward)
             if self.strategy == "deepspeed":
                 raise ConfigError("accuracy is measured by the `task` strategy's jobs only", field="metrics",
                                   value=self.metrics)
@@ -276,8 +273,6 @@ class FinetuneConfig:
 
     def _validate_grpo(self) -> None:
         """The checks of objective `grpo`."""
-        from convalue.engine.features.rewards import BUILTIN, RewardError, load_reward
-
         if self.strategy == "deepspeed":
             raise ConfigError("`grpo` fine-tunes run as `task` jobs only (strategy `deepspeed` trains SFT)",
                               field="objective", value=self.objective)
@@ -292,17 +287,15 @@ class FinetuneConfig:
             raise ConfigError("must be in (0, 1]", field="grpo_top_p", value=self.grpo_top_p)
         if not (self.grpo_kl_coef >= 0 and math.isfinite(self.grpo_kl_coef)):
             raise ConfigError("must be a finite number >= 0", field="grpo_kl_coef", value=self.grpo_kl_coef)
-        if self.grpo_reward_signature == "trl" and self.grpo_reward in BUILTIN:
+        if self.grpo_reward_signature == "trl" and self.grpo_reward in BUILTIN_REWARDS:
             raise ConfigError(f"the built-in `{self.grpo_reward}` is pointwise: use grpo_reward_signature "
                               "`pointwise`, or name a TRL reward function", field="grpo_reward_signature",
                               value=self.grpo_reward_signature)
         if not self.grpo_reward_column.isidentifier():
             raise ConfigError("must be a Python identifier (a keyword argument name)", field="grpo_reward_column",
                               value=self.grpo_reward_column)
-        try:
-            load_reward(self.grpo_reward)
-        except RewardError as exc:
-            raise ConfigError(str(exc), field="grpo_reward", value=self.grpo_reward) from None
+        if (problem := reward_spec_problem(self.grpo_reward)) is not None:
+            raise ConfigError(problem, field="grpo_reward", value=self.grpo_reward)
 
     def seeds(self) -> list[int]:
         """The seeds every protocol cell is fine-tuned under: seed and the next repeats - 1."""

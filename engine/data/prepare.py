@@ -11,8 +11,12 @@ from convalue.engine.config import DataConfig
 from convalue.engine.data.clustering import Embed
 from convalue.engine.data.examples import DataError, Example, Group
 from convalue.engine.data.sources import preview_indices, resolve_groups, sample_order, split_target
-from convalue.engine.features.batching import WorkItem
-from convalue.engine.model.tokenize import TokenizedExample, tokenize_examples, tokenize_prompt
+from convalue.engine.data.tokenize import (
+    TokenizedExample,
+    WorkItem,
+    tokenize_examples,
+    tokenize_prompt,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

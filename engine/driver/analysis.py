@@ -16,10 +16,10 @@ from convalue.actors.solver import subsets_on_actor
 from convalue.engine.config import ConfigError, RunConfig
 from convalue.engine.data.examples import DataError
 from convalue.engine.data.prepare import PreparedData, target_splits
+from convalue.engine.data.tokenize import tokenize_examples
 from convalue.engine.driver.command import RunContext
 from convalue.engine.driver.featurize import FeaturizeResult
 from convalue.engine.driver.stages import solver_space
-from convalue.engine.model.tokenize import tokenize_examples
 from convalue.engine.store.finetunes import FinetuneStore, job_settings, train_job_settings
 
 

@@ -159,13 +159,13 @@ def _command(args: argparse.Namespace) -> int:
             import pyarrow.parquet as pq
 
             from convalue.engine.driver.pipeline import run
+            from convalue.engine.files.folder import RunFolder
             from convalue.engine.report.tables import (
                 format_bootstrap,
                 format_cluster_samples,
                 format_evaluation,
                 format_verdict,
             )
-            from convalue.engine.store.folder import RunFolder
 
             cfg = load_config(args.config, args.set)
             if args.out or args.name:
@@ -194,7 +194,7 @@ def _command(args: argparse.Namespace) -> int:
             print(f"outputs: {run_dir}/")
             return 0
         if args.command in ("faithfulness", "transfer"):
-            from convalue.engine.store.folder import RunFolder
+            from convalue.engine.files.folder import RunFolder
 
             cfg = load_config(args.config, args.set)
             if args.command == "faithfulness":

@@ -34,24 +34,22 @@ from convalue.engine.driver.stages import (
     value,
     vector_folder,
 )
+from convalue.engine.files.folder import RunFolder
+from convalue.engine.files.locks import run_folder_lock
 from convalue.engine.model.digest import model_digest
 from convalue.engine.model.loading import check_lora_targets_in, load_tokenizer, resolve_model
 from convalue.engine.model.spec import ReplicaSpec
 from convalue.engine.report.html import write_report
 from convalue.engine.report.plots import plot_scores
-from convalue.engine.report.summary import RunSummary, SolverRecord
 from convalue.engine.report.tables import (
     clusters_table,
     examples_table,
     format_ranking,
-    package_versions,
     scores_table,
-    write_npy,
-    write_parquet,
 )
 from convalue.engine.selection.select import select_top_k
-from convalue.engine.store.folder import RunFolder
-from convalue.engine.store.locks import run_folder_lock
+from convalue.engine.store.artifacts import package_versions, write_npy, write_parquet
+from convalue.engine.store.summary import RunSummary, SolverRecord
 from convalue.engine.store.vectors import VectorStore
 
 log = logging.getLogger("convalue")

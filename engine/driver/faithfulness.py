@@ -34,8 +34,8 @@ from convalue.engine.protocol.faithfulness import (
     faithfulness_table,
 )
 from convalue.engine.report.analysis_plots import plot_faithfulness
-from convalue.engine.report.summary import RunSummary
-from convalue.engine.report.tables import write_parquet
+from convalue.engine.store.artifacts import write_parquet
+from convalue.engine.store.summary import RunSummary
 
 STAGE = "faithfulness"
 

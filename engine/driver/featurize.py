@@ -17,7 +17,8 @@ from convalue.actors.pool import ActorPool
 from convalue.actors.progress import Progress
 from convalue.engine.config import RunConfig
 from convalue.engine.data.prepare import TARGET_KEY, PreparedData, preview_key
-from convalue.engine.features.batching import WorkItem, block_tokens, plan_blocks
+from convalue.engine.data.tokenize import WorkItem
+from convalue.engine.features.batching import block_tokens, plan_blocks
 from convalue.engine.model.spec import ReplicaSpec
 from convalue.engine.selection.blocked import BlockRows
 from convalue.engine.store.vectors import VectorStore, write_block

@@ -18,14 +18,15 @@ from convalue.engine.driver.baselines import fitted_baselines
 from convalue.engine.driver.command import RunContext, execute, representations
 from convalue.engine.driver.session import Timer
 from convalue.engine.driver.stages import Valuation, check_budgets
+from convalue.engine.files.folder import RunFolder
 from convalue.engine.protocol.evaluate import BASELINE_METHODS, given_weights, method_scores
 from convalue.engine.report.plots import plot_evaluation, plot_path
-from convalue.engine.report.summary import RunSummary
-from convalue.engine.report.tables import evaluation_table, write_parquet
+from convalue.engine.report.tables import evaluation_table
 from convalue.engine.selection.blocked import GramResult
 from convalue.engine.selection.bootstrap import outputs as bootstrap_outputs
 from convalue.engine.selection.solve import SolveSpec
-from convalue.engine.store.folder import RunFolder
+from convalue.engine.store.artifacts import write_parquet
+from convalue.engine.store.summary import RunSummary
 from convalue.engine.store.vectors import VectorStore
 
 log = logging.getLogger("convalue")

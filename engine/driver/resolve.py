@@ -13,23 +13,24 @@ import pyarrow.parquet as pq
 
 from convalue.engine.config import ConfigError
 from convalue.engine.data.prepare import TARGET_KEY
+from convalue.engine.files.errors import StoreError
+from convalue.engine.files.folder import RunFolder, as_folder
+from convalue.engine.files.locks import run_folder_lock
 from convalue.engine.protocol.evaluate import PlannedRun, mix_runs
 from convalue.engine.report.plots import plot_scores
-from convalue.engine.report.summary import (
+from convalue.engine.report.tables import format_ranking, scores_table
+from convalue.engine.selection.bootstrap import outputs as bootstrap_outputs
+from convalue.engine.selection.bootstrap import resample_run
+from convalue.engine.selection.select import select_top_k
+from convalue.engine.selection.solve import SolveSpec
+from convalue.engine.store.artifacts import read_npy, write_parquet
+from convalue.engine.store.summary import (
     METRICS,
     SPACES,
     ResolvingRecord,
     RunSummary,
     SolverRecord,
 )
-from convalue.engine.report.tables import format_ranking, read_npy, scores_table, write_parquet
-from convalue.engine.selection.bootstrap import outputs as bootstrap_outputs
-from convalue.engine.selection.bootstrap import resample_run
-from convalue.engine.selection.select import select_top_k
-from convalue.engine.selection.solve import SolveSpec
-from convalue.engine.store.errors import StoreError
-from convalue.engine.store.folder import RunFolder, as_folder
-from convalue.engine.store.locks import run_folder_lock
 from convalue.engine.store.vectors import VectorStore
 from convalue.solvers import KMMInputError
 

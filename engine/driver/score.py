@@ -17,19 +17,14 @@ import pyarrow.parquet as pq
 from convalue.engine.data.prepare import TARGET_KEY
 from convalue.engine.driver.featurize import FeaturizeResult, FeaturizeStats, reuse_blocks
 from convalue.engine.driver.session import Timer
-from convalue.engine.report.summary import RunSummary, SolverRecord
-from convalue.engine.report.tables import (
-    format_ranking,
-    package_versions,
-    scores_table,
-    write_npy,
-    write_parquet,
-)
+from convalue.engine.files.errors import StoreError
+from convalue.engine.files.folder import RunFolder, as_folder, file_location
+from convalue.engine.files.locks import run_folder_lock
+from convalue.engine.report.tables import format_ranking, scores_table
 from convalue.engine.selection.select import select_top_k
 from convalue.engine.selection.solve import SolveSpec
-from convalue.engine.store.errors import StoreError
-from convalue.engine.store.folder import RunFolder, as_folder, file_location
-from convalue.engine.store.locks import run_folder_lock
+from convalue.engine.store.artifacts import package_versions, write_npy, write_parquet
+from convalue.engine.store.summary import RunSummary, SolverRecord
 from convalue.engine.store.vectors import VectorStore
 
 log = logging.getLogger("convalue")

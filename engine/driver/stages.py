@@ -14,11 +14,11 @@ from convalue.actors.solver import solve_blocks_on_actor, solve_on_actor
 from convalue.engine.config import ConfigError, RunConfig
 from convalue.engine.data.prepare import PreparedData, full_items
 from convalue.engine.driver.featurize import FeaturizeResult, featurize
+from convalue.engine.files.folder import RunFolder
 from convalue.engine.model.spec import ReplicaSpec
-from convalue.engine.report.summary import SolverRecord
 from convalue.engine.selection.blocked import GramResult
 from convalue.engine.selection.solve import KMMProblemData, SolveSpec
-from convalue.engine.store.folder import RunFolder
+from convalue.engine.store.summary import SolverRecord
 from convalue.engine.store.vectors import VectorStore
 from convalue.solvers import KMMSolution
 

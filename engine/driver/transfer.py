@@ -33,8 +33,8 @@ from convalue.engine.protocol.transfer import (
     transfer_scores,
 )
 from convalue.engine.report.analysis_plots import plot_transfer
-from convalue.engine.report.summary import RunSummary
-from convalue.engine.report.tables import write_parquet
+from convalue.engine.store.artifacts import write_parquet
+from convalue.engine.store.summary import RunSummary
 
 log = logging.getLogger("convalue")
 STAGE = "transfer"

@@ -3,21 +3,14 @@ padded tensors, and the token prefix a batch shares."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from convalue.engine.model.tokenize import IGNORE, TokenizedExample
+from convalue.engine.data.tokenize import IGNORE, TokenizedExample, WorkItem
 
 if TYPE_CHECKING:
     import torch
 
 
-@dataclass(frozen=True)
-class WorkItem:
-    """One group's tokenised preview: the unit of work a gradient worker receives."""
-
-    name: str
-    examples: tuple[TokenizedExample, ...]
 
 
 def block_tokens(block: list[WorkItem]) -> int:

@@ -9,12 +9,11 @@ from typing import Any
 import numpy as np
 
 from convalue.engine.config import LoraConfig
+from convalue.engine.data.tokenize import TokenizedExample
 from convalue.engine.features.batching import pad_batch
 from convalue.engine.features.gradients import take_flat_grad
-from convalue.engine.features.losses import response_logits
+from convalue.engine.features.losses import mean_token_log_odds, response_logits
 from convalue.engine.features.projection import make_projector
-from convalue.engine.model.tokenize import TokenizedExample
-from convalue.engine.protocol.gradex import mean_token_log_odds
 
 
 def lora_state(peft_model: Any) -> dict[str, np.ndarray]:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from convalue.engine.data.tokenize import TokenizedExample
 from convalue.engine.features.batching import (
     WorkItem,
     length_runs,
@@ -25,7 +26,6 @@ from convalue.engine.features.losses import (
     shared_prefix_loss,
 )
 from convalue.engine.model.loading import autocast
-from convalue.engine.model.tokenize import TokenizedExample
 
 if TYPE_CHECKING:
     import torch

@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from convalue.engine.features.batching import WorkItem, pad_batch
+from convalue.engine.data.tokenize import IGNORE, PromptExample, TokenizedExample, WorkItem
+from convalue.engine.features.batching import pad_batch
 from convalue.engine.features.gradients import take_flat_grad
 from convalue.engine.features.losses import per_row_mean, response_logits
 from convalue.engine.features.rewards import RewardError, load_reward, score
 from convalue.engine.model.loading import autocast
-from convalue.engine.model.tokenize import IGNORE, PromptExample, TokenizedExample
 
 if TYPE_CHECKING:
     import torch

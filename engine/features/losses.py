@@ -4,10 +4,11 @@ and the loss of suffixes that continue a shared prefix's keys and values."""
 from __future__ import annotations
 
 import inspect
+import math
 from typing import TYPE_CHECKING
 
+from convalue.engine.data.tokenize import IGNORE, TokenizedExample
 from convalue.engine.features.batching import pad_batch
-from convalue.engine.model.tokenize import IGNORE, TokenizedExample
 
 if TYPE_CHECKING:
     import torch
@@ -116,3 +117,14 @@ def shared_prefix_loss(model: torch.nn.Module, examples: list[TokenizedExample],
         valid = target != IGNORE
         losses.append(mean_token_ce(head(hidden[valid]), target[valid], valid))
     return torch.cat(losses), groups
+
+
+def mean_token_log_odds(logits: torch.Tensor, target: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Per-example f(z; theta): the mean over response tokens of the token log-odds log p_t - log(1 - p_t) (App.
+    GradEx, generative SFT), from response_logits' (logits, target, valid): a [B] tensor to backpropagate."""
+    import torch
+
+    logp = torch.log_softmax(logits.float(), dim=-1).gather(1, target[:, None])[:, 0]
+    logp = logp.clamp(max=-1e-7)  # p = 1 in float32 would give an infinite log-odds
+    log1m = torch.where(logp > -math.log(2), torch.log(-torch.expm1(logp)), torch.log1p(-torch.exp(logp)))
+    return per_row_mean(logp - log1m, valid)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import math
 import re
 from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
+
+from convalue.engine.config.rewards import BUILTIN_REWARDS
 
 RewardFn = Callable[[str, str], float]
 
@@ -58,6 +61,7 @@ def numeric_closeness(completion: str, reference: str) -> float:
 
 
 BUILTIN: dict[str, RewardFn] = {"numeric_exact_match": numeric_exact_match, "numeric_closeness": numeric_closeness}
+assert tuple(BUILTIN) == BUILTIN_REWARDS
 
 
 def load_reward(spec: str) -> RewardFn:
@@ -84,8 +88,11 @@ def load_reward(spec: str) -> RewardFn:
         except Exception as exc:  # not found, or user code failing at import time
             raise RewardError(f"reward module {where!r} cannot be imported: {type(exc).__name__}: {exc}") from exc
     fn = getattr(module, name, None)
-    if not callable(fn):
+    if not inspect.isfunction(fn):
         raise RewardError(f"{where!r} has no function {name!r}")
+    if fn.__module__ != module.__name__:  # `os:system` and other imported callables are not the user's reward
+        raise RewardError(f"{spec!r} names {fn.__module__}.{fn.__name__}, which {where!r} imports: name a function "
+                          "defined in the module or file itself")
     return fn
 
 

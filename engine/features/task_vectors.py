@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from convalue.engine.features.batching import WorkItem, pad_batch
+from convalue.engine.data.tokenize import TokenizedExample, WorkItem
+from convalue.engine.features.batching import pad_batch
 from convalue.engine.features.losses import per_example_loss
 from convalue.engine.model.loading import autocast
-from convalue.engine.model.tokenize import TokenizedExample
 
 if TYPE_CHECKING:
     import torch

@@ -8,7 +8,7 @@ import json
 import os
 from pathlib import Path
 
-from convalue.engine.store.locks import exclusive
+from convalue.engine.files.locks import exclusive
 
 #: a model folder's files that decide its vectors and fine-tunes: weights, configs, tokenizer, chat template
 PATTERNS = ("*.safetensors", "*.bin", "*.index.json", "config.json", "generation_config.json", "tokenizer*",

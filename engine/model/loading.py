@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from convalue.engine.config import LoraConfig, ModelConfig
-from convalue.engine.store.locks import exclusive
+from convalue.engine.files.locks import exclusive
 
 if TYPE_CHECKING:
     import torch

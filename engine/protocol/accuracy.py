@@ -1,7 +1,7 @@
 """Exact-match accuracy by greedy generation (paper Tab. eval_tasks: MGSM's exact match): for tasks whose answers a
 function can check, generate each prompt's completion greedily and score it against its reference.
 
-The prompt is rendered with the chat template as GRPO prompts are (convalue.engine.model.tokenize.tokenize_prompt);
+The prompt is rendered with the chat template as GRPO prompts are (convalue.engine.data.tokenize.tokenize_prompt);
 the match function is r(completion, reference) -> float (the built-in numeric exact match of
 convalue.engine.features.rewards by default), or a TRL reward function through `trl_reward`.
 """
@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from convalue.engine.data.examples import Example
+from convalue.engine.data.tokenize import tokenize_prompt
 from convalue.engine.features.rewards import RewardError, RewardFn, numeric_exact_match, score
 from convalue.engine.model.loading import autocast
-from convalue.engine.model.tokenize import tokenize_prompt
 
 if TYPE_CHECKING:
     import torch

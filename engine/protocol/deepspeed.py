@@ -27,9 +27,9 @@ import numpy as np
 
 from convalue.engine.config import FinetuneConfig, LoraConfig
 from convalue.engine.data.examples import Example
+from convalue.engine.data.tokenize import TokenizedExample, tokenize_examples
 from convalue.engine.features.batching import pad_batch
 from convalue.engine.features.losses import per_example_loss
-from convalue.engine.model.tokenize import TokenizedExample, tokenize_examples
 from convalue.engine.protocol.finetune import FinetuneResult, mixing_schedule
 
 if TYPE_CHECKING:

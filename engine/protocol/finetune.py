@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 
 from convalue.engine.config import FinetuneConfig, LoraConfig
+from convalue.engine.data.tokenize import TokenizedExample
 from convalue.engine.features.batching import pad_batch
 from convalue.engine.features.losses import per_example_loss
 from convalue.engine.model.loading import attach_lora, autocast
-from convalue.engine.model.tokenize import TokenizedExample
 
 
 @dataclass

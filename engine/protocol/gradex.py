@@ -2,7 +2,7 @@
 surrogate, and the forward-selection (FS) and random-ensemble (RE) rankings built on the surrogate's estimates.
 
 Per example z the driver computes, at theta* (the multitask fine-tune on target + all candidates), the base
-log-odds f(z; theta*) (eq. gradex_logodds; `mean_token_log_odds` for a sequence) and the gradient of f projected
+log-odds f(z; theta*) (eq. gradex_logodds; `engine.features.losses.mean_token_log_odds` for a sequence) and the gradient of f projected
 to PROJECTION_DIM (e.g. with convalue.engine.features.projection.make_projector): phi_z = P^T grad f(z; theta*).
 Everything here then works on those arrays: no model, no Ray.
 """
@@ -18,7 +18,7 @@ import numpy as np
 from scipy.special import expit
 
 if TYPE_CHECKING:
-    import torch
+    pass
 
 #: the projection dimension of GradEx-FS and GradEx-RE (App. "Baseline hyperparameters")
 PROJECTION_DIM = 100
@@ -48,17 +48,6 @@ def logistic_loss(f: np.ndarray) -> np.ndarray:
     return np.logaddexp(0.0, -np.asarray(f, dtype=np.float64))
 
 
-def mean_token_log_odds(logits: torch.Tensor, target: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Per-example f(z; theta): the mean over response tokens of the token log-odds log p_t - log(1 - p_t) (App.
-    GradEx, generative SFT), from response_logits' (logits, target, valid): a [B] tensor to backpropagate."""
-    import torch
-
-    from convalue.engine.features.losses import per_row_mean
-
-    logp = torch.log_softmax(logits.float(), dim=-1).gather(1, target[:, None])[:, 0]
-    logp = logp.clamp(max=-1e-7)  # p = 1 in float32 would give an infinite log-odds
-    log1m = torch.where(logp > -math.log(2), torch.log(-torch.expm1(logp)), torch.log1p(-torch.exp(logp)))
-    return per_row_mean(logp - log1m, valid)
 
 
 @dataclass(frozen=True)

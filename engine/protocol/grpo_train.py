@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from convalue.engine.config import FinetuneConfig, LoraConfig
+from convalue.engine.data.tokenize import IGNORE, PromptExample, TokenizedExample
 from convalue.engine.features.batching import pad_batch
 from convalue.engine.features.grpo import (
     generate_completions,
@@ -31,7 +32,6 @@ from convalue.engine.features.grpo import (
 from convalue.engine.features.losses import per_row_mean, response_logits
 from convalue.engine.features.rewards import RewardError, load_reward
 from convalue.engine.model.loading import attach_lora, autocast
-from convalue.engine.model.tokenize import IGNORE, PromptExample, TokenizedExample
 from convalue.engine.protocol.accuracy import BatchScorer, pointwise, trl_reward
 from convalue.engine.protocol.finetune import FinetuneResult, evaluate_loss, mixing_schedule
 

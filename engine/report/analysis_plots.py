@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from convalue.engine.files.folder import RunFolder
 from convalue.engine.report.plots import _figure, _save
-from convalue.engine.store.folder import RunFolder
 
 #: cells annotated with their signed rank up to this many groups
 ANNOTATE_MAX = 24

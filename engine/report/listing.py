@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from convalue.engine.report.summary import RunSummary
-from convalue.engine.store.errors import StoreError
-from convalue.engine.store.folder import RunFolder, as_folder
+from convalue.engine.files.errors import StoreError
+from convalue.engine.files.folder import RunFolder, as_folder
+from convalue.engine.store.summary import RunSummary
 
 
 def list_runs(runs_dir: RunFolder | Path | str) -> list[dict]:

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from convalue.engine.files.folder import RunFolder, as_folder
 from convalue.engine.protocol.evaluate import cell_losses, label_of
-from convalue.engine.store.folder import RunFolder, as_folder
 
 SCORES_SHOWN = 40  # most bars in scores.png; the whole ranking is in scores.parquet
 COLOURS = {"positive": "#2a9d8f", "negative": "#e76f51"}

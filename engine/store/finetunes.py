@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from convalue.engine.data.prepare import examples_digest
+from convalue.engine.data.tokenize import TokenizedExample
+from convalue.engine.files.folder import RunFolder, as_folder
 from convalue.engine.model.spec import ReplicaSpec
-from convalue.engine.model.tokenize import TokenizedExample
-from convalue.engine.report.tables import package_versions, write_json
-from convalue.engine.store.folder import RunFolder, as_folder
+from convalue.engine.store.artifacts import package_versions, write_json
 
 log = logging.getLogger("convalue")
 

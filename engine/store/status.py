@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 
 from convalue.engine.data.prepare import TARGET_KEY
-from convalue.engine.report.summary import RunSummary
-from convalue.engine.report.tables import npy_digest
-from convalue.engine.store.errors import StoreError
-from convalue.engine.store.folder import RunFolder, as_folder
+from convalue.engine.files.errors import StoreError
+from convalue.engine.files.folder import RunFolder, as_folder
+from convalue.engine.store.artifacts import npy_digest
+from convalue.engine.store.summary import RunSummary
 from convalue.engine.store.vectors import committed_blocks, read_manifest, verify_blocks
 
 #: the state `convalue status` reports, and its exit code (scripts wait on 3, stop on 1)

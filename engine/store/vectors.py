@@ -17,8 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from convalue.engine.store.errors import StoreError
-from convalue.engine.store.folder import RunFolder, as_folder
+from convalue.engine.files.errors import StoreError
+from convalue.engine.files.folder import RunFolder, as_folder
 
 __all__ = ["BlockMeta", "StoreError", "VectorStore", "committed_blocks", "read_manifest", "verify_blocks",
            "write_block"]

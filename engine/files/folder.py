@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from convalue.engine.store.errors import StoreError
-from convalue.engine.store.locks import exclusive, held
+from convalue.engine.files.errors import StoreError
+from convalue.engine.files.locks import exclusive, held
 
 #: a lease on a remote run folder is taken over once its holder has not renewed it for this long
 LEASE_STALE_S = 300.0

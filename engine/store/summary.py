@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from convalue.engine.report.tables import write_json
-from convalue.engine.store.errors import StoreError
-from convalue.engine.store.folder import RunFolder, as_folder
+from convalue.engine.files.errors import StoreError
+from convalue.engine.files.folder import RunFolder, as_folder
+from convalue.engine.store.artifacts import write_json
 
 STATUSES = ("running", "complete", "failed", "resolving")
 SPACES = ("gram", "gradients")

@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from convalue.engine.store.errors import StoreError
+from convalue.engine.files.errors import StoreError
 
 log = logging.getLogger("convalue")
 

@@ -95,3 +95,11 @@ def tokenize_prompt(tokenizer: PreTrainedTokenizerBase, example: Example) -> Pro
     text = _render(tokenizer, chat[:last], generation_prompt=True)
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     return PromptExample(tuple(ids), chat[last]["content"])
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One group's tokenised preview: the unit of work a gradient worker receives."""
+
+    name: str
+    examples: tuple[TokenizedExample, ...]

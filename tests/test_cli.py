@@ -1,11 +1,19 @@
-"""The console entry point: clear errors with exit code 2, and the config reference."""
+"""The console entry point: clear errors with exit code 2, the config reference, the command registry, output into
+a closed pipe, and what starting a command imports."""
 
 from __future__ import annotations
 
+import json
+import os
+import shlex
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 import yaml
+
+from convalue.engine.driver.cli import COMMANDS, _stdout_closed
 
 
 def cli(*args, cwd=None):
@@ -60,3 +68,58 @@ def test_dry_run_prints_the_plan_without_ray_or_a_run_folder(tiny_model_dir, poo
     assert "fine-tunes: at most 10 (2 method(s) ['kmm', 'random'] x k in [1, 2] + target only x 2 seed(s)" in r.stdout
     assert "tokens/s per worker" in r.stdout and "ray" not in r.stderr.lower()
     assert not (tmp_path / "runs").exists()
+
+
+CONSOLE_SCRIPT = Path(sys.executable).with_name("convalue")
+
+
+def _failed_run(folder: Path) -> Path:
+    """A run folder whose summary.json records a failure: `status` prints it without vectors or Ray."""
+    folder.mkdir()
+    (folder / "summary.json").write_text(json.dumps({"status": "failed", "config": {}, "failed_stage": "featurize",
+                                                     "error": "boom"}))
+    return folder
+
+
+@pytest.mark.parametrize("command", ["status", "list", "config-reference"])
+def test_output_into_a_closed_pipe_ends_quietly_with_141(tmp_path, command):
+    run_dir = _failed_run(tmp_path / "r1")
+    args = {"status": [str(run_dir)], "list": [str(tmp_path)], "config-reference": []}[command]
+    line = " ".join(shlex.quote(a) for a in [str(CONSOLE_SCRIPT), command, *args])
+    # head has its line (from echo) and is gone before convalue, which takes a second to start, writes anything
+    r = subprocess.run(["bash", "-c", f"{{ echo first; {line}; }} | head -1; echo \"${{PIPESTATUS[0]}}\" >&2"],
+                       capture_output=True, text=True)
+    assert r.stdout == "first\n"
+    assert r.stderr.strip() == "141", r.stderr  # no traceback, no "Exception ignored", no `convalue: error:`
+    r = subprocess.run(["bash", "-c", f"{line} | head -1"], capture_output=True, text=True)
+    assert r.returncode == 0 and "Traceback" not in r.stderr and "Broken pipe" not in r.stderr, r.stderr
+    assert len(r.stdout.splitlines()) == 1
+
+
+def test_a_broken_pipe_elsewhere_is_not_taken_for_stdout(monkeypatch):
+    read, write = os.pipe()
+    with os.fdopen(write, "w") as out:
+        monkeypatch.setattr(sys, "stdout", out)
+        assert not _stdout_closed()  # its reader is still there: a BrokenPipeError came from another pipe
+        os.close(read)
+        assert _stdout_closed()
+
+
+def test_help_and_status_start_without_torch_ray_or_scipy(tmp_path):
+    run_dir = _failed_run(tmp_path / "r1")
+    probe = ("import sys\nfrom convalue.engine.driver.cli import main\n"
+             "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+             f"code = main(['status', {str(run_dir)!r}])\n"
+             "print(code, sorted(m for m in ('torch', 'ray', 'scipy', 'transformers') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines()[-1] == "1 []"
+    assert f"{run_dir}: " in r.stdout  # the status was printed
+
+
+def test_every_registered_command_has_its_subparser_in_order():
+    r = cli("--help")
+    assert r.returncode == 0 and "141" in r.stdout
+    assert f"{{{','.join(COMMANDS)}}}" in r.stdout.replace("\n", "").replace(" ", "")
+    assert list(COMMANDS) == ["run", "faithfulness", "transfer", "solve", "status", "score", "report", "list",
+                              "config-reference"]

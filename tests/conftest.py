@@ -162,7 +162,7 @@ def forget_checksum(run_dir: Path, name: str) -> None:
 
     path = run_dir / "summary.json"
     summary = json.loads(path.read_text())
-    del summary["checksums"][name]
+    del summary["artifacts"][name]
     path.write_text(json.dumps(summary))
 
 
@@ -189,3 +189,9 @@ def s3_base():
     fs.create_dir("convalue")
     yield f"s3://convalue/runs?{options}"
     server.stop()
+
+
+def snapshot(run_dir: Path) -> dict[str, bytes]:
+    """Every file of a run folder but its staging folder and locks (what a later attempt must leave as it was)."""
+    return {str(f.relative_to(run_dir)): f.read_bytes() for f in sorted(run_dir.rglob("*"))
+            if f.is_file() and not any(part.startswith(".") for part in f.relative_to(run_dir).parts)}

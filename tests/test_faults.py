@@ -140,14 +140,14 @@ def test_a_damaged_block_is_reported_set_aside_and_recomputed(first_run, tmp_pat
     raw[len(raw) // 2] ^= 0xFF
     block.write_bytes(bytes(raw))
     status = run_status(run_dir)
-    assert status["state"] == "damaged" and block.name in status["vectors"]["damaged"][0]
-    assert run_status(run_dir, quick=True)["state"] == "complete"  # --quick does not hash
+    assert status.state == "damaged" and block.name in status.vectors.damaged[0]
+    assert run_status(run_dir, quick=True).state == "complete"  # --quick does not hash
     assert main(["status", str(run_dir)]) == 1
     assert f"{block}: checksum mismatch" in capsys.readouterr().out
     again = run(config_from_dict(data | {"out": str(tmp_path / "runs"), "finetune": {"enabled": False}}))
     assert again.recovered["vectors"]["blocks_set_aside"] == [block.name]
     assert (run_dir / "vectors" / "damaged" / block.name).is_file() and again.featurize["groups_computed"] >= 1
-    assert run_status(run_dir)["state"] == "complete" and run_status(run_dir)["vectors"]["damaged"] == []
+    assert run_status(run_dir).state == "complete" and run_status(run_dir).vectors.damaged == []
 
 
 def test_a_killed_gradient_worker_is_recorded_and_the_scores_are_the_same(ray_session, tiny_model_dir, tmp_path):

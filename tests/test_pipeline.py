@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import own_copy, tiny_run_config
+from conftest import own_copy, snapshot, tiny_run_config
 
 from convalue.engine.config import ConfigError, config_from_dict
 from convalue.engine.data.examples import DataError
@@ -231,10 +231,13 @@ def test_a_failed_protocol_lists_the_fine_tunes_it_has(first_run, tmp_path):
     def failing_finetune(spec, label, *rest):
         raise RuntimeError(f"no memory for {label}")
 
+    run_dir = tmp_path / "runs" / "t"
+    before = snapshot(run_dir)
     wider = data | {"out": str(tmp_path / "runs"), "finetune": data["finetune"] | {"ks": [1, 2, 3]}}
     with pytest.raises(WorkItemError, match="no memory for target \\+"):
         run(config_from_dict(wider), runners=Runners(finetune=failing_finetune))
-    summary = json.loads((tmp_path / "runs" / "t" / "summary.json").read_text())
+    assert snapshot(run_dir) == before  # the finished run stays as it was; the attempt's summary is staged
+    summary = json.loads((run_dir / ".staging" / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["failed_stage"] == "finetune"
     stored = {tuple(r["groups"]): r["val_loss"] for r in first.finetune}
     listed = summary["finetune_finished"]
@@ -492,23 +495,23 @@ def test_prices_file_errors(tmp_path):
 def test_status_tells_a_live_run_from_an_interrupted_one(first_run, tmp_path, capsys):
     """`convalue status`: complete (exit 0); a summary that says "running" with no process holding the folder is
     an interrupted run (exit 1, with how to resume); the same while a process holds the folder's lock is a live
-    run (exit 3); a failed run names its stage and error (exit 1)."""
+    run (exit 3); a failed run names its stage and error (exit 1); an unreadable summary is damage (exit 1)."""
     from convalue.engine.driver.cli import main
     from convalue.engine.files.locks import exclusive
-    from convalue.engine.store.status import run_status
+    from convalue.engine.store.status import VectorsState, run_status
 
     _, data, first = first_run
     run_dir = own_copy(first_run, tmp_path / "runs" / "t")
     summary = json.loads((run_dir / "summary.json").read_text())
     status = run_status(run_dir)
-    assert status["state"] == "complete" and not status["live_process"]
-    assert status["vectors"] == {"stored": 6, "needed": 6, "target": True, "complete": True,  # 5 groups, the target
-                                 "damaged": [], "verified": "checksums"}
+    assert status.state == "complete" and not status.live_process and status.problems == []
+    assert status.vectors == VectorsState(stored=6, needed=6, target=True, complete=True,  # 5 groups, the target
+                                          damaged=[], verified="checksums")
     records = [json.loads(p.read_text()) for p in (run_dir / "finetunes").glob("*.json")]
-    assert status["finetune_records"] == sum("val_loss" in r for r in records) >= len(
+    assert status.finetune_records == sum("val_loss" in r for r in records) >= len(
         {tuple(r["groups"]) for r in first.finetune})  # finetunes/ keeps the first run's fine-tunes
-    assert status["selected"] == summary["selected"]
-    assert status.get("best_k") == (summary.get("evaluation") or {}).get("best_k")
+    assert status.selected == summary["selected"]
+    assert status.best_k == (summary.get("evaluation") or {}).get("best_k")
     assert main(["status", str(run_dir)]) == 0
     assert f"{run_dir}: complete" in capsys.readouterr().out
 
@@ -520,16 +523,15 @@ def test_status_tells_a_live_run_from_an_interrupted_one(first_run, tmp_path, ca
     with exclusive(run_dir):  # a run writing the folder now
         assert main(["status", str(run_dir), "--json"]) == 3
         live = json.loads(capsys.readouterr().out)
-    assert live["state"] == "running" and live["live_process"] and "selected" not in live
+    assert live["state"] == "running" and live["live_process"] and live["selected"] is None
 
     failed = started | {"status": "failed", "failed_stage": "finetune", "error": "RuntimeError: no memory"}
     (run_dir / "summary.json").write_text(json.dumps(failed))
     assert main(["status", str(run_dir)]) == 1
     assert "failed in stage finetune: RuntimeError: no memory" in capsys.readouterr().out
     (run_dir / "summary.json").write_text("{")
-    assert main(["status", str(run_dir)]) == 2
-    assert "summary.json: not readable JSON" in capsys.readouterr().err
-
+    assert main(["status", str(run_dir)]) == 1
+    assert "summary.json: not readable JSON" in capsys.readouterr().out
 
 
 def test_report_and_list_read_a_finished_run(first_run, tmp_path, capsys):

@@ -15,7 +15,7 @@ from convalue.engine.config import config_from_dict
 from convalue.engine.driver.pipeline import run
 from convalue.engine.driver.resolve import resolve
 from convalue.engine.files.folder import RunFolder
-from convalue.engine.report.listing import list_runs
+from convalue.engine.report.status_text import list_runs
 from convalue.engine.store.status import run_status
 from convalue.solvers import solve_kmm
 
@@ -33,7 +33,7 @@ def test_a_run_on_s3_writes_resumes_and_re_solves_there(ray_session, tiny_model_
     assert len(blocks) >= 2 and json.loads(folder.read_text("summary.json"))["status"] == "complete"
     assert not (tmp_path / "runs").exists()  # nothing landed on the local disk
     status = run_status(s3_base.replace("/runs?", "/runs/remote?"))
-    assert status["state"] == "complete" and status["vectors"]["damaged"] == []
+    assert status.state == "complete" and status.problems == [] and status.vectors.damaged == []
     assert [r["name"] for r in list_runs(s3_base)] == ["remote"]
 
     again = run(config_from_dict(data))  # resumes from the blocks on S3

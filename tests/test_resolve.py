@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import forget_checksum, own_copy
+from conftest import forget_checksum, own_copy, snapshot
 
 from convalue.engine.config import ConfigError, config_from_dict
 from convalue.engine.driver.pipeline import run
@@ -141,8 +141,8 @@ def test_a_flipped_byte_in_a_saved_array_is_refused_and_reported(first_run, tmp_
     from convalue.engine.store.status import run_status
 
     run_dir = own_copy(first_run, tmp_path / "flip")
-    assert set(json.loads((run_dir / "summary.json").read_text())["checksums"]) >= {"gram.npy", "beta.npy"}
-    assert run_status(run_dir)["state"] == "complete"
+    assert set(json.loads((run_dir / "summary.json").read_text())["artifacts"]) >= {"gram.npy", "beta.npy"}
+    assert run_status(run_dir).state == "complete"
     scores_before = (run_dir / "scores.parquet").read_bytes()
     data = bytearray((run_dir / "beta.npy").read_bytes())
     data[-8:] = np.float64(-7.5).tobytes()
@@ -152,10 +152,10 @@ def test_a_flipped_byte_in_a_saved_array_is_refused_and_reported(first_run, tmp_
         resolve(run_dir, gamma=0.01, budget=None, method=None, normalize=None)
     assert (run_dir / "scores.parquet").read_bytes() == scores_before
     status = run_status(run_dir)
-    assert status["state"] == "damaged" and status["arrays"] == ["beta.npy: SHA-256 differs from the one summary.json "
-                                                                 "recorded"]
+    assert status.state == "damaged" and status.problems == [f"{run_dir / 'beta.npy'}: SHA-256 differs from the one "
+                                                             "summary.json recorded"]
     (run_dir / "gram.npy").unlink()
-    assert run_status(run_dir, quick=True)["arrays"] == ["gram.npy: missing"]
+    assert run_status(run_dir, quick=True).problems == [f"{run_dir / 'gram.npy'}: missing"]
 
 
 def _summary_edit(change):
@@ -207,34 +207,32 @@ def test_resolve_refuses_a_damaged_summary_or_scores_table(first_run, tmp_path, 
     assert {f.name: f.read_bytes() for f in run_dir.iterdir() if f.is_file()} == before
 
 
-def test_a_stopped_re_solve_reads_back_as_resolving_and_a_rerun_finishes_it(first_run, tmp_path, monkeypatch):
-    """A re-solve that stops between its files leaves summary.json saying so (status "resolving", with what it was
-    doing), never an old summary beside new scores; `convalue solve` again completes it and restores the status."""
-    import convalue.engine.driver.resolve as resolving
+def test_a_stopped_re_solve_leaves_the_run_as_it_was_and_a_rerun_completes(first_run, tmp_path, monkeypatch):
+    """A re-solve stopped after it wrote its scores (staged) leaves the run folder byte-identical and complete;
+    `convalue solve` again writes the new solution whole."""
+    from convalue.engine.store.record import RunRecord
+    from convalue.engine.store.status import run_status
 
     _, data, _ = first_run
     run_dir = tmp_path / "copy"
     own_copy(first_run, run_dir)
-    before = json.loads((run_dir / "summary.json").read_text())  # other tests may have re-solved this folder
+    before = snapshot(run_dir)
     gamma = data["solver"]["gamma"] / 3
-    write_parquet = resolving.write_parquet
+    write_parquet = RunRecord.write_parquet
 
-    def stop_after_scores(table, folder, name):
-        write_parquet(table, folder, name)
-        raise KeyboardInterrupt  # stopped right after scores.parquet, before summary.json
+    def stop_after_scores(self, name, table):
+        write_parquet(self, name, table)
+        raise KeyboardInterrupt  # stopped right after scores.parquet, before the swap
 
-    monkeypatch.setattr(resolving, "write_parquet", stop_after_scores)
+    monkeypatch.setattr(RunRecord, "write_parquet", stop_after_scores)
     with pytest.raises(KeyboardInterrupt):
         resolve(run_dir, gamma=gamma, budget=None, method=None, normalize=None)
-    on_disk = json.loads((run_dir / "summary.json").read_text())
-    assert on_disk["status"] == "resolving" and on_disk["solver"] == before["solver"]
-    assert on_disk["resolving"] == {"status": before["status"], "gamma": gamma, "budget": None, "method": "auto",
-                                    "normalize": before["solver"]["normalize"]}
-    monkeypatch.setattr(resolving, "write_parquet", write_parquet)
+    assert snapshot(run_dir) == before and run_status(run_dir).state == "complete"
+    monkeypatch.setattr(RunRecord, "write_parquet", write_parquet)
     out = resolve(run_dir, gamma=gamma, budget=None, method=None, normalize=None)
     on_disk = json.loads((run_dir / "summary.json").read_text())
-    assert out.status == on_disk["status"] == before["status"] and "resolving" not in on_disk
-    assert on_disk["solver"]["gamma"] == gamma
+    assert out.status == on_disk["status"] == "complete" and on_disk["solver"]["gamma"] == gamma
+    assert run_status(run_dir).problems == []
     scores = {r["group"]: r["score"] for r in pq.read_table(run_dir / "scores.parquet").to_pylist()}
     assert [scores[n] for n in on_disk["order"]] == pytest.approx(
         solve_kmm(np.load(run_dir / "gram.npy"), np.load(run_dir / "beta.npy"), gamma=gamma,

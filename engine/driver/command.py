@@ -27,19 +27,18 @@ from convalue.engine.driver import signals
 from convalue.engine.driver.featurize import fingerprint
 from convalue.engine.driver.session import RaySession, Timer, check_reachable, cluster_address
 from convalue.engine.driver.stages import (
-    TAGS,
     Valuation,
     make_run_folder,
     representation_config,
     value,
     vector_folder,
 )
+from convalue.engine.driver.views import write_view
 from convalue.engine.files.folder import RunFolder
 from convalue.engine.files.locks import run_folder_lock
 from convalue.engine.model.digest import model_digest
 from convalue.engine.model.loading import check_lora_targets_in, load_tokenizer, resolve_model
 from convalue.engine.model.spec import ReplicaSpec
-from convalue.engine.report.html import write_report
 from convalue.engine.report.plots import plot_scores
 from convalue.engine.report.tables import (
     clusters_table,
@@ -48,17 +47,20 @@ from convalue.engine.report.tables import (
     scores_table,
 )
 from convalue.engine.selection.select import select_top_k
-from convalue.engine.store.artifacts import package_versions, write_npy, write_parquet
+from convalue.engine.store.artifacts import package_versions, write_npy
+from convalue.engine.store.record import RunRecord
+from convalue.engine.store.stage_records import (
+    AttemptRecord,
+    EndRecord,
+    SelectionRecord,
+    StartRecord,
+    ValuationRecord,
+    assemble,
+)
 from convalue.engine.store.summary import RunSummary, SolverRecord
-from convalue.engine.store.vectors import VectorStore
+from convalue.engine.store.vectors import VectorStore, fingerprint_matches
 
 log = logging.getLogger("convalue")
-RESULT_FILES = ("scores.parquet", "path.parquet", "path.png", "gram.npy", "beta.npy", "costs.npy", "clusters.parquet",
-                "examples.parquet", "bootstrap.parquet", "evaluation.parquet", "scores.png", "evaluation.png",
-                "report.html", "summary.json",
-                # the analysis commands' results and the K and beta of a run's other representations
-                "faithfulness.parquet", "faithfulness.png", "transfer.parquet", "transfer.png",
-                *(f"{kind}-{tag}.npy" for tag in TAGS.values() for kind in ("gram", "beta")))
 
 
 def representations(cfg: RunConfig) -> list[str]:
@@ -83,6 +85,17 @@ def deepspeed_job_spec(cfg: RunConfig, model_dir: Path, digest: str):
                         ft_digest)
 
 
+def _vector_folder(record: RunRecord, rep: str, primary: bool, fp: dict, overwrite: bool) -> RunFolder:
+    """Where a representation's vectors are written: vectors/ (vectors-<rep>/ for the others), or, when --overwrite
+    replaces vectors made with other settings in a folder that holds a complete run, a staged copy swapped in when
+    the attempt completes."""
+    folder = vector_folder(record.folder, rep, primary)
+    if overwrite and record.protects and not fingerprint_matches(folder, fp):
+        return record.staged(folder.root.rsplit("/", 1)[-1])
+    return folder
+
+
+
 def embedding_cache_dir(run_dir: RunFolder) -> Path:
     """Where a flat pool's embeddings are cached: the run folder's embeddings/ when it is local, else a local cache
     keyed by the run folder's URI (they are a cache: recomputed when absent)."""
@@ -100,11 +113,11 @@ class RunContext:
     tokenizer: Any
     data: PreparedData
     costs: np.ndarray | None
-    run_dir: RunFolder
+    record: RunRecord  # writes every artifact; run_dir is its folder (fine-tune records and caches live there)
     stores: dict[str, VectorStore]
     session: RaySession
     timer: Timer
-    summary: RunSummary
+    records: list  # what each stage produced (engine.store.stage_records), assembled into summary.json at the end
     runners: Runners
     train_spec: Any
     replica: ReplicaSpec | None = None
@@ -112,36 +125,39 @@ class RunContext:
     outcome: FinetuneOutcome = field(default_factory=FinetuneOutcome)
     finetune_stages: set[str] = field(default_factory=set)  # stages whose finished fine-tunes a failure lists
 
+    @property
+    def run_dir(self) -> RunFolder:
+        """The run folder."""
+        return self.record.folder
+
+    def add(self, record: object) -> None:
+        """Keep a stage's record for summary.json."""
+        self.records.append(record)
+
     def on_stage(self, name: str) -> None:
         """Record the stage a failure would be reported in."""
         self.stage = name
 
     def value(self, reps: list[str]) -> list[Valuation]:
-        """Featurise, Gram and solve each representation (the first the primary: summary.json's featurize, gram
-        and solver; the others under `representations`)."""
+        """Featurise, Gram and solve each representation; the primary's record (featurisation, Gram, order, space,
+        metric, certificate) and the others' beside it are kept at once, so a run that fails later still has them."""
         valued = []
         for i, rep in enumerate(reps):
-            v = value(self.cfg, rep, self.data, self.stores[rep], self.replica, self.tokenizer, self.costs,
-                      self.session.progress, self.timer, primary=i == 0, on_stage=self.on_stage)
-            valued.append(v)
-            if i == 0:
-                self.summary.featurize = v.features.stats.to_dict()
-                self.summary.gram = {k: x for k, x in v.gram.stats.items() if k != "tile_detail"}
-            else:
-                self.summary.representations = (self.summary.representations or {}) | {rep: v.record()}
-        return valued
-
-    def record_solution(self, valued: list[Valuation]) -> None:
-        """The primary valuation's row order, space, metric and solver certificate in the summary (kept by a run
-        that fails later)."""
-        main, summary = valued[0], self.summary
+            valued.append(value(self.cfg, rep, self.data, self.stores[rep], self.replica, self.tokenizer, self.costs,
+                                self.session.progress, self.timer, primary=i == 0, on_stage=self.on_stage))
+        main = valued[0]
+        metric = None
         if main.gram.M is not None:
-            summary.metric = {"kind": self.cfg.features.metric, "support": int(np.count_nonzero(main.gram.M)),
-                              "max_over_mean": round(float(main.gram.M.max()), 3)}
-        summary.order, summary.space = main.features.names, main.spec.space  # the row order of gram.npy, beta.npy
-        summary.solver = SolverRecord.from_solution(main.sol, main.spec.normalize, main.spec.rank_bound)
+            metric = {"kind": self.cfg.features.metric, "support": int(np.count_nonzero(main.gram.M)),
+                      "max_over_mean": round(float(main.gram.M.max()), 3)}
+        solver = SolverRecord.from_solution(main.sol, main.spec.normalize, main.spec.rank_bound)
         if self.cfg.solver.gamma_ratio is not None:
-            summary.solver.info["gamma_ratio"] = self.cfg.solver.gamma_ratio
+            solver.info["gamma_ratio"] = self.cfg.solver.gamma_ratio
+        self.add(ValuationRecord(
+            featurize=main.features.stats.to_dict(), order=main.features.names, space=main.spec.space,
+            gram={k: x for k, x in main.gram.stats.items() if k != "tile_detail"}, solver=solver, metric=metric,
+            representations={v.representation: v.record() for v in valued[1:]} or None))
+        return valued
 
     def selection(self, valued: list[Valuation]) -> list[int]:
         """The primary valuation's top select.k candidates (their rows in its order)."""
@@ -150,27 +166,24 @@ class RunContext:
 
     def write_valuation(self, valued: list[Valuation]) -> None:
         """The primary representation's valuation as a run writes it (scores.png first: a figure that fails leaves
-        no scores behind; gram.npy, beta.npy, costs.npy, scores.parquet; order, solver, selection and ranking in the
-        summary), and the others' K and beta as gram-<tag>.npy and beta-<tag>.npy."""
-        main, data = valued[0], self.data
-        self.record_solution(valued)
+        no scores behind; gram.npy, beta.npy, costs.npy, scores.parquet; the selection and ranking), and the
+        others' K and beta as gram-<tag>.npy and beta-<tag>.npy."""
+        main, data, record = valued[0], self.data, self.record
         selected = self.selection(valued)
         table = scores_table(main.features.names, [len(g.examples) for g in data.candidates],
                              [len(it.examples) for it in data.items], main.sol.w, main.gram.beta, main.gram.cosine,
                              selected)
-        plot_scores(table, self.run_dir, "scores.png")
-        arrays = {}
+        record.write_png("scores.png", plot_scores(table))
         for v in valued:
             suffix = "" if v is main else f"-{v.tag}"
             if v.gram.K is not None:
-                arrays[f"gram{suffix}.npy"] = v.gram.K
-            arrays[f"beta{suffix}.npy"] = v.gram.beta
+                record.write_npy(f"gram{suffix}.npy", v.gram.K)
+            record.write_npy(f"beta{suffix}.npy", v.gram.beta)
         if self.costs is not None:
-            arrays["costs.npy"] = self.costs
-        self.summary.checksums = {name: write_npy(a, self.run_dir, name) for name, a in arrays.items()}
-        write_parquet(table, self.run_dir, "scores.parquet")
-        self.summary.selected = [main.features.names[i] for i in selected]
-        self.summary.ranking = format_ranking(table).splitlines()
+            record.write_npy("costs.npy", self.costs)
+        record.write_parquet("scores.parquet", table)
+        self.add(SelectionRecord(selected=[main.features.names[i] for i in selected],
+                                 ranking=format_ranking(table).splitlines()))
 
     def recovered(self) -> dict | None:
         """What the command survived, logged: work items retried and workers restarted (per stage), and damaged
@@ -223,7 +236,8 @@ def _execute(cfg: RunConfig, command: str, check: Callable[[RunConfig, PreparedD
         ft_cfg = dataclasses.replace(cfg, finetune=dataclasses.replace(cfg.finetune, enabled=True)) \
             if always_finetune else cfg
         train_spec = deepspeed_job_spec(ft_cfg, model_dir, digest)
-    run_dir = RunFolder.at(cfg.out, cfg.name)
+    record = RunRecord.of(cfg.out, cfg.name)
+    run_dir = record.folder
     embed = None
     if any(src.clusters is not None for src in cfg.data.candidates):
         # a flat pool is embedded on Ray workers, so Ray starts before the data stage; embeddings kept in the
@@ -240,57 +254,54 @@ def _execute(cfg: RunConfig, command: str, check: Callable[[RunConfig, PreparedD
         costs = load_costs(cfg.solver.costs_file, data.names()) if cfg.solver.costs_file else None
     make_run_folder(run_dir, "out", cfg.out)
     with run_folder_lock(run_dir):  # no other run or re-solve writes here meanwhile
-        reps = representations(cfg)
-        # every representation's store opened (its settings checked) before anything of an earlier run is removed
-        stores = {rep: VectorStore(vector_folder(run_dir, rep, i == 0),
-                                   fingerprint(representation_config(cfg, rep), digest), overwrite=overwrite)
-                  for i, rep in enumerate(reps)}
-        for f in RESULT_FILES:  # an earlier run's or analysis's results are replaced, never mixed
-            run_dir.delete(f)
-        if embed is not None:
-            embed.save(lambda X, path: write_npy(X, path.parent, path.name))
+        record.open()
+        # every representation's store opened (its settings checked) before the attempt begins; under --overwrite
+        # a complete run's vectors are replaced only when this attempt completes
+        stores = {rep: VectorStore(_vector_folder(record, rep, i == 0, fp := fingerprint(
+                      representation_config(cfg, rep), digest), overwrite), fp, overwrite=overwrite)
+                  for i, rep in enumerate(representations(cfg))}
         clusters = clusters_table(data.resolved, set(data.names()))
-        if clusters is not None:  # a flat pool's clusters: which example went where (before featurisation)
-            write_parquet(clusters, run_dir, "clusters.parquet")
-        write_parquet(examples_table(data.target, data.candidates, target_key=TARGET_KEY), run_dir, "examples.parquet")
-        summary = RunSummary(status="running", config=cfg.to_dict(), packages=package_versions(),
-                             model={"source": cfg.model.source, "revision": cfg.model.revision,
-                                    "commit": resolved.commit, "dir": str(model_dir), "digest": digest}, data={
+        data_record = {
             "command": command, "target": data.target.name, "target_train": len(data.target_train),
             "target_val": len(data.target_val), "target_preview": len(data.target_item.examples),
-            "candidates": len(data.items), "warnings": data.warnings})
+            "candidates": len(data.items), "warnings": data.warnings}
         if clusters is not None:
             sizes = [len(g.examples) for g in data.resolved if g.members is not None]
-            summary.data["clusters"] = {"groups": len(sizes), "examples": sum(sizes), "smallest": min(sizes),
-                                        "largest": max(sizes), "pools_reusing_embeddings": embed.hits}
-        summary.write(run_dir)  # "running" until the end: a killed command does not look finished
-        ctx = RunContext(cfg=cfg, tokenizer=tokenizer, data=data, costs=costs, run_dir=run_dir, stores=stores,
-                         session=session, timer=timer, summary=summary, runners=runners, train_spec=train_spec)
+            data_record["clusters"] = {"groups": len(sizes), "examples": sum(sizes), "smallest": min(sizes),
+                                       "largest": max(sizes), "pools_reusing_embeddings": embed.hits}
+        start = StartRecord(config=cfg.to_dict(), packages=package_versions(), data=data_record, model={
+            "source": cfg.model.source, "revision": cfg.model.revision, "commit": resolved.commit,
+            "dir": str(model_dir), "digest": digest})
+        record.begin(assemble([start, EndRecord(status="running")]))  # a killed command does not look finished
+        ctx = RunContext(cfg=cfg, tokenizer=tokenizer, data=data, costs=costs, record=record, stores=stores,
+                         session=session, timer=timer, records=[start], runners=runners, train_spec=train_spec)
+        end = EndRecord(status="complete")
         try:
+            if embed is not None:
+                embed.save(lambda X, path: write_npy(X, path.parent, path.name))  # a cache, not a result
+            if clusters is not None:  # a flat pool's clusters: which example went where (before featurisation)
+                record.write_parquet("clusters.parquet", clusters)
+            record.write_parquet("examples.parquet",
+                                 examples_table(data.target, data.candidates, target_key=TARGET_KEY))
             if not session.connected:  # a flat pool connected before the data stage
                 with timer.stage("ray_init"):
                     session.up()
-            summary.attempt = session.progress.attempt  # the metrics' `attempt` tag
+            ctx.add(AttemptRecord(attempt=session.progress.attempt))  # the metrics' `attempt` tag
             ctx.replica = ReplicaSpec.from_config(cfg, model_dir, tokenizer.pad_token_id, digest)
             body(ctx)
-            summary.status = "complete"
         except BaseException as exc:
-            summary.status = "failed"
-            summary.failed_stage = ctx.stage
-            if ctx.stage in ctx.finetune_stages and ctx.outcome.finished:  # kept in finetunes/ for a rerun
-                summary.finetune_finished = ctx.outcome.finished
-            summary.error = f"{type(exc).__name__}: {exc}"
+            error, signal_name = f"{type(exc).__name__}: {exc}", None
             if (stopped := signals.received()) is not None:
-                summary.signal, summary.error = stopped.name, f"Interrupted: {stopped}"
+                signal_name, error = stopped.name, f"Interrupted: {stopped}"
+            finished = ctx.outcome.finished if ctx.stage in ctx.finetune_stages and ctx.outcome.finished else None
+            end = EndRecord(status="failed", failed_stage=ctx.stage, error=error, signal=signal_name,
+                            finetune_finished=finished)  # finished fine-tunes are kept in finetunes/ for a rerun
             raise
         finally:
-            summary.timings_s = timer.seconds | {"total": round(time.perf_counter() - t_start, 3)}
-            if session.progress is not None and (snap := session.progress.snapshot()) is not None:
-                summary.progress = snap["stages"]  # how far each stage got: of interest when one failed
-            summary.recovered = ctx.recovered()
-            summary.write(run_dir)
-            try:
-                write_report(run_dir)  # the page a person opens; a failure here never hides the command's own
-            except Exception as exc:
-                log.warning("report.html not written: %s", exc)
+            snap = session.progress.snapshot() if session.progress is not None else None
+            end = dataclasses.replace(end, timings_s=timer.seconds | {"total": round(time.perf_counter() - t_start, 3)},
+                                      progress=snap["stages"] if snap is not None else None,  # how far each got
+                                      recovered=ctx.recovered())
+            summary = assemble(ctx.records + [end])
+            write_view(record, record.finish(summary))
     return summary

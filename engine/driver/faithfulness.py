@@ -34,7 +34,7 @@ from convalue.engine.protocol.faithfulness import (
     faithfulness_table,
 )
 from convalue.engine.report.analysis_plots import plot_faithfulness
-from convalue.engine.store.artifacts import write_parquet
+from convalue.engine.store.stage_records import EvaluationRecord
 from convalue.engine.store.summary import RunSummary
 
 STAGE = "faithfulness"
@@ -97,7 +97,7 @@ def surrogate_inputs(v: Valuation, positions: list[int], normalize: str) -> tupl
 
 
 def _body(ctx: RunContext) -> None:
-    cfg, fc, summary = ctx.cfg, ctx.cfg.faithfulness, ctx.summary
+    cfg, fc = ctx.cfg, ctx.cfg.faithfulness
     valued = ctx.value(representations(cfg))
     ctx.write_valuation(valued)
     names = valued[0].features.names
@@ -114,9 +114,9 @@ def _body(ctx: RunContext) -> None:
     agreements = faithfulness(index, u_ft, inputs, top=fc.top)
     table = faithfulness_table(index, u_ft, inputs, names=chosen).append_column("val_loss", pa.array(losses))
     rows = [a.to_dict() | {"method": agreement_label(a.representation, a.surrogate)} for a in agreements]
-    plot_faithfulness(table, rows, ctx.run_dir, "faithfulness.png")
-    write_parquet(table, ctx.run_dir, "faithfulness.parquet")
-    summary.evaluation = {STAGE: {
+    ctx.record.write_png("faithfulness.png", plot_faithfulness(table, rows))
+    ctx.record.write_parquet("faithfulness.parquet", table)
+    evaluation = {STAGE: {
         "candidates": chosen, "k": fc.k, "subsets": len(subsets), "sampled": fc.sample is not None
         and len(subsets) < math.comb(len(chosen), fc.k), "normalize": fc.normalize, "top": fc.top,
         "representations": {v.tag: v.representation for v in valued},
@@ -126,6 +126,7 @@ def _body(ctx: RunContext) -> None:
         "target_only": runs.record(()),
         "u_ft": {"mean": float(u_ft.mean()), "min": float(u_ft.min()), "max": float(u_ft.max())},
         "fine_tunes": {"trained": runs.trained, "reused": runs.reused}}}
+    ctx.add(EvaluationRecord(evaluation=evaluation))
 
 
 def format_faithfulness(summary: RunSummary) -> str:

@@ -18,14 +18,14 @@ from convalue.engine.driver.baselines import fitted_baselines
 from convalue.engine.driver.command import RunContext, execute, representations
 from convalue.engine.driver.session import Timer
 from convalue.engine.driver.stages import Valuation, check_budgets
-from convalue.engine.files.folder import RunFolder
 from convalue.engine.protocol.evaluate import BASELINE_METHODS, given_weights, method_scores
 from convalue.engine.report.plots import plot_evaluation, plot_path
 from convalue.engine.report.tables import evaluation_table
 from convalue.engine.selection.blocked import GramResult
 from convalue.engine.selection.bootstrap import outputs as bootstrap_outputs
 from convalue.engine.selection.solve import SolveSpec
-from convalue.engine.store.artifacts import write_parquet
+from convalue.engine.store.record import RunRecord
+from convalue.engine.store.stage_records import BootstrapRecord, EvaluationRecord, PathRecord
 from convalue.engine.store.summary import RunSummary
 from convalue.engine.store.vectors import VectorStore
 
@@ -54,66 +54,67 @@ def _check(cfg: RunConfig, data: PreparedData) -> None:
 
 
 def _body(ctx: RunContext) -> None:
-    cfg, summary, timer, run_dir = ctx.cfg, ctx.summary, ctx.timer, ctx.run_dir
+    cfg, timer, record = ctx.cfg, ctx.timer, ctx.record
     valued = ctx.value(representations(cfg))
-    ctx.record_solution(valued)
     main = valued[0]
     names, gram, spec, sol = main.features.names, main.gram, main.spec, main.sol
     w, beta, selected = sol.w, gram.beta, ctx.selection(valued)
     bought = None
     if cfg.solver.path and gram.K is not None:
         with timer.stage("path"):
-            bought = {"kmm_path": regularisation_path(cfg, gram, spec, names, run_dir, summary)}
+            path_record, chosen = regularisation_path(cfg, gram, spec, names, record)
+            ctx.add(path_record)
+            bought = {"kmm_path": chosen}
     boot = None
     if cfg.bootstrap.samples:
         ctx.on_stage("bootstrap")
         with timer.stage("bootstrap"):
-            boot, summary.bootstrap = _bootstrap(cfg, spec, main.store, names, w, beta, selected,
-                                                 ctx.session.progress)
+            boot, stats = _bootstrap(cfg, spec, main.store, names, w, beta, selected, ctx.session.progress)
+            ctx.add(BootstrapRecord(bootstrap=stats))
     ctx.write_valuation(valued)
     if boot is not None:
-        write_parquet(boot, run_dir, "bootstrap.parquet")
+        record.write_parquet("bootstrap.parquet", boot)
     ctx.on_stage("finetune")
     ctx.finetune_stages.add("finetune")
-    if cfg.finetune.enabled:
-        outcome = ctx.outcome
-        with timer.stage("finetune"):
-            request = EvaluationRequest(cfg=cfg, spec=ctx.replica, tokenizer=ctx.tokenizer, data=ctx.data,
-                                        names=names, scores={}, beta=beta, given=_given(cfg, ctx.data),
-                                        run_dir=run_dir, train_spec=ctx.train_spec, runners=ctx.runners,
-                                        bought=bought)
-            fitted, cost = fitted_baselines(cfg, request, ctx.session.progress, outcome)
-            extra = representation_methods(valued) | fitted
-            methods = (["kmm"] + [b for b in cfg.finetune.baselines if b in BASELINE_METHODS]
-                       + [m for m in extra if m not in cfg.finetune.baselines] + list(fitted))
-            scores = {s: method_scores(methods, w, beta, gram.cosine, cfg.finetune.random_order_seed(s), extra)
-                      for s in cfg.finetune.seeds()}
-            evaluate_on_actor(dataclasses.replace(request, scores=scores), ctx.session.progress, outcome)
-            outcome.evaluation["cost"] = cost_record(summary, timer, valued) | cost
-        plot_evaluation(outcome.rows, outcome.evaluation, run_dir, "evaluation.png")
-        write_parquet(evaluation_table(outcome.rows), run_dir, "evaluation.parquet")
-        summary.evaluation = outcome.evaluation
-    summary.finetune = ctx.outcome.rows
+    if not cfg.finetune.enabled:
+        return
+    outcome = ctx.outcome
+    with timer.stage("finetune"):
+        request = EvaluationRequest(cfg=cfg, spec=ctx.replica, tokenizer=ctx.tokenizer, data=ctx.data,
+                                    names=names, scores={}, beta=beta, given=_given(cfg, ctx.data),
+                                    run_dir=ctx.run_dir, train_spec=ctx.train_spec, runners=ctx.runners,
+                                    bought=bought)
+        fitted, cost = fitted_baselines(cfg, request, ctx.session.progress, outcome)
+        extra = representation_methods(valued) | fitted
+        methods = (["kmm"] + [b for b in cfg.finetune.baselines if b in BASELINE_METHODS]
+                   + [m for m in extra if m not in cfg.finetune.baselines] + list(fitted))
+        scores = {s: method_scores(methods, w, beta, gram.cosine, cfg.finetune.random_order_seed(s), extra)
+                  for s in cfg.finetune.seeds()}
+        evaluate_on_actor(dataclasses.replace(request, scores=scores), ctx.session.progress, outcome)
+        outcome.evaluation["cost"] = cost_record(timer, valued) | cost
+    record.write_png("evaluation.png", plot_evaluation(outcome.rows, outcome.evaluation))
+    record.write_parquet("evaluation.parquet", evaluation_table(outcome.rows))
+    ctx.add(EvaluationRecord(evaluation=outcome.evaluation, finetune=outcome.rows))
 
 
-def regularisation_path(cfg: RunConfig, gram: GramResult, spec: SolveSpec, names: list[str], run_dir: RunFolder,
-                        summary: RunSummary) -> dict[int, list[int]]:
-    """The whole gamma path on a solver actor: path.parquet (gamma, group, w), path.png, summary.json's `path`;
-    returns what it buys at each evaluated k."""
+def regularisation_path(cfg: RunConfig, gram: GramResult, spec: SolveSpec, names: list[str],
+                        record: RunRecord) -> tuple[PathRecord, dict[int, list[int]]]:
+    """The whole gamma path on a solver actor: path.parquet (gamma, group, w), path.png and summary.json's `path`;
+    with what it buys at each evaluated k."""
     path = path_on_actor(gram.K, gram.beta, spec.normalize, cfg.solver.path_points)
     n = len(names)
-    write_parquet(pa.table({"gamma": np.repeat(path.gammas, n), "group": names * len(path.gammas),
-                            "score": path.W.reshape(-1)}), run_dir, "path.parquet")
-    plot_path(path.gammas, path.W, names, run_dir, "path.png")
+    record.write_parquet("path.parquet", pa.table({"gamma": np.repeat(path.gammas, n), "group": names * len(path.gammas),
+                                                   "score": path.W.reshape(-1)}))
+    record.write_png("path.png", plot_path(path.gammas, path.W, names))
     ks = cfg.evaluation_ks()
     chosen = path.selections(ks)
-    summary.path = {"points": len(path.gammas), "gamma_max": float(path.gammas[0]),
-                    "gamma_min": float(path.gammas[-1]), "max_kkt": float(np.max(path.kkt)),
-                    "seconds": round(path.time_s, 3), "bought": {str(k): [names[i] for i in chosen[k]] for k in ks}}
-    return chosen
+    return PathRecord(path={
+        "points": len(path.gammas), "gamma_max": float(path.gammas[0]), "gamma_min": float(path.gammas[-1]),
+        "max_kkt": float(np.max(path.kkt)), "seconds": round(path.time_s, 3),
+        "bought": {str(k): [names[i] for i in chosen[k]] for k in ks}}), chosen
 
 
-def cost_record(summary: RunSummary, timer: Timer, valued: list[Valuation]) -> dict[str, dict]:
+def cost_record(timer: Timer, valued: list[Valuation]) -> dict[str, dict]:
     """What each gradient method cost: tokens featurised and the seconds of its featurise, Gram and solve stages
     (no fine-tune: the paper's point against DataModel)."""
     out = {}

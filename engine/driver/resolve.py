@@ -3,6 +3,7 @@ process and without Ray; everything is read and checked before anything is writt
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -13,6 +14,7 @@ import pyarrow.parquet as pq
 
 from convalue.engine.config import ConfigError
 from convalue.engine.data.prepare import TARGET_KEY
+from convalue.engine.driver.views import write_view
 from convalue.engine.files.errors import StoreError
 from convalue.engine.files.folder import RunFolder, as_folder
 from convalue.engine.files.locks import run_folder_lock
@@ -23,11 +25,12 @@ from convalue.engine.selection.bootstrap import outputs as bootstrap_outputs
 from convalue.engine.selection.bootstrap import resample_run
 from convalue.engine.selection.select import select_top_k
 from convalue.engine.selection.solve import SolveSpec
-from convalue.engine.store.artifacts import read_npy, write_parquet
+from convalue.engine.store.artifacts import read_npy
+from convalue.engine.store.record import RunRecord
+from convalue.engine.store.stage_records import ResolveRecord, assemble
 from convalue.engine.store.summary import (
     METRICS,
     SPACES,
-    ResolvingRecord,
     RunSummary,
     SolverRecord,
 )
@@ -187,7 +190,8 @@ def _resolve(run_dir: RunFolder, *, gamma: float | None, budget: float | None, m
                           field="method", value=method)
     files = ["beta.npy"] + (["gram.npy"] if space == "gram" else []) + (
         ["costs.npy"] if run_dir.is_file("costs.npy") else [])
-    arrays = {name: _load_saved(run_dir, name, summary.checksums) for name in files}
+    sums = {name: a.get("sha256") for name, a in (summary.artifacts or {}).items() if isinstance(a, dict)}
+    arrays = {name: _load_saved(run_dir, name, sums) for name in files}
     beta = arrays["beta.npy"]
     if beta.ndim != 1 or len(beta) != len(names):
         raise StoreError(f"{run_dir / 'beta.npy'}: shape {beta.shape}, but summary.json's order lists "
@@ -214,28 +218,23 @@ def _resolve(run_dir: RunFolder, *, gamma: float | None, budget: float | None, m
     if summary.bootstrap:  # the run's bootstrap, redone for the new solve (else it would describe the old)
         boot_spec = spec.replace(metric=summary.metric_kind or "euclidean")  # resamples start from raw vectors
         boot, boot_stats = _bootstrap(run_dir, summary, boot_spec, sol.w, beta, selected)
-    # the files below are rewritten one by one: until the summary is final it says so, and a re-solve that was
-    # stopped midway reads back as "resolving" (a rerun of `convalue solve` finishes it)
-    status = summary.resolving.status if summary.status == "resolving" else summary.status
-    summary.status = "resolving"
-    summary.resolving = ResolvingRecord(status=status, gamma=gamma, budget=budget, method=method or "auto",
-                                        normalize=normalize, tol=tol)
-    summary.write(run_dir)
-    plot_scores(table, run_dir, "scores.png")  # first, as in a run: a failed figure leaves the scores as they were
-    write_parquet(table, run_dir, "scores.parquet")
+    # the new results are staged and swapped in whole: a re-solve stopped midway leaves the run as it was
+    record = RunRecord(run_dir)
+    record.open()
+    record.begin(dataclasses.replace(summary, status="running"))
+    record.write_png("scores.png", plot_scores(table))  # first, as in a run: a failed figure leaves no scores
+    record.write_parquet("scores.parquet", table)
     if boot is not None:
-        write_parquet(boot, run_dir, "bootstrap.parquet")
-        summary.bootstrap = boot_stats
-    summary.solver = SolverRecord.from_solution(sol, normalize, rank_bound)
-    summary.selected = [names[i] for i in selected]
-    summary.ranking = format_ranking(table).splitlines()
+        record.write_parquet("bootstrap.parquet", boot)
+    record.carry(sorted(summary.artifacts or {}), summary)  # the rest of the run stays as it was
     # a re-solve that changes what KMM buys at any evaluated k (or its softmax mixture) leaves those fine-tunes
     # (and best-k, Borda) stale; one back to the tuned selections makes them current again
     changed = _kmm_changed(summary, names, sol.w, beta)
-    summary.finetune_stale = (f"the re-solve changed what KMM buys at k = {changed}; fine-tune results (and best "
-                              "k, Borda) are for the old selection") if changed else None
-    summary.resolved = True
-    summary.status = status
-    summary.resolving = None
-    summary.write(run_dir)
+    stale = (f"the re-solve changed what KMM buys at k = {changed}; fine-tune results (and best k, Borda) are for "
+             "the old selection") if changed else None
+    solved = ResolveRecord(solver=SolverRecord.from_solution(sol, normalize, rank_bound),
+                           selected=[names[i] for i in selected], ranking=format_ranking(table).splitlines(),
+                           bootstrap=boot_stats, finetune_stale=stale)
+    summary = assemble([solved], base=dataclasses.replace(summary, finetune_stale=None))
+    write_view(record, record.finish(summary))
     return summary

@@ -5,6 +5,7 @@ solve, the selection, scores.parquet, summary.json and report.html follow as in 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Iterator
@@ -17,13 +18,23 @@ import pyarrow.parquet as pq
 from convalue.engine.data.prepare import TARGET_KEY
 from convalue.engine.driver.featurize import FeaturizeResult, FeaturizeStats, reuse_blocks
 from convalue.engine.driver.session import Timer
+from convalue.engine.driver.views import write_view
 from convalue.engine.files.errors import StoreError
 from convalue.engine.files.folder import RunFolder, as_folder, file_location
 from convalue.engine.files.locks import run_folder_lock
 from convalue.engine.report.tables import format_ranking, scores_table
 from convalue.engine.selection.select import select_top_k
 from convalue.engine.selection.solve import SolveSpec
-from convalue.engine.store.artifacts import package_versions, write_npy, write_parquet
+from convalue.engine.store.artifacts import package_versions
+from convalue.engine.store.record import RunRecord
+from convalue.engine.store.stage_records import (
+    EndRecord,
+    ImportRecord,
+    SelectionRecord,
+    StartRecord,
+    ValuationRecord,
+    assemble,
+)
 from convalue.engine.store.summary import RunSummary, SolverRecord
 from convalue.engine.store.vectors import VectorStore
 
@@ -153,6 +164,7 @@ def import_vectors(req: ScoreRequest, store: VectorStore) -> tuple[list[str], in
 def score(req: ScoreRequest) -> RunSummary:
     """Import, value and write the run folder <out>/<name>; returns its summary (Ray starts for the Gram and the
     solve: an embedded one unless RAY_ADDRESS names a cluster)."""
+    # Ray and the actors load only when vectors are scored: the CLI imports this module for every command
     from convalue.engine.config import ConfigError, SolverConfig
     from convalue.engine.driver.session import connect_default
     from convalue.engine.driver.stages import (
@@ -170,18 +182,21 @@ def score(req: ScoreRequest) -> RunSummary:
     for path, what in ((req.vectors, "vectors file or run folder"), (req.target, "target file")):
         if path is not None and not (as_folder(path).is_dir() or file_location(path)[0].is_file(file_location(path)[1])):
             raise FileNotFoundError(f"{path}: no such {what}")
-    run_dir = RunFolder.at(req.out, req.name)
+    record = RunRecord.of(req.out, req.name)
+    run_dir = record.folder
     timer, t0 = Timer(), time.perf_counter()
     make_run_folder(run_dir, "--out", req.out)
     with run_folder_lock(run_dir):
-        for f in ("scores.parquet", "gram.npy", "beta.npy", "report.html", "summary.json"):
-            run_dir.delete(f)
-        summary = RunSummary(status="running", packages=package_versions(), config={
+        record.open()
+        start = StartRecord(packages=package_versions(), config={
             "import": {"vectors": req.vectors, "target": req.target, "target_group": req.target_group},
             "select": {"k": req.k}, "features": {"metric": req.metric},
             "solver": {"gamma": req.gamma, "gamma_ratio": req.gamma_ratio, "budget": req.budget,
                        "normalize": req.normalize}})
-        summary.write(run_dir)
+        record.begin(assemble([start, EndRecord(status="running")]))
+        records: list[object] = [start]
+        end = EndRecord(status="complete")
+        started = False
         try:
             with timer.stage("import"):
                 store = VectorStore(run_dir.sub("vectors"), {"imported": req.vectors, "target": req.target},
@@ -192,8 +207,8 @@ def score(req: ScoreRequest) -> RunSummary:
                     names, p = import_vectors(req, store)
                     store.mark_complete([TARGET_KEY, *names])
             check_k_fits(req.k, len(names), "--k")
-            summary.data = {"target": req.target or req.target_group, "candidates": len(names), "p": p}
-            summary.order = names
+            records.append(ImportRecord(data={"target": req.target or req.target_group, "candidates": len(names),
+                                              "p": p}))
             started = connect_default()
             with timer.stage("load"):
                 found, refs, nodes = {}, {}, {}
@@ -209,36 +224,31 @@ def score(req: ScoreRequest) -> RunSummary:
             with timer.stage("gram"):
                 gram = gram_stage_of(spec, features)
                 check_nonzero(None, names, gram.row_norm2, features.g_tar)
-            summary.space, summary.gram = space, {k: v for k, v in gram.stats.items() if k != "tile_detail"}
             spec = spec.resolved(gram.beta, gram.diag)
             with timer.stage("solve"):
                 sol = solve_stage(spec, features, gram)
-            summary.solver = SolverRecord.from_solution(sol, spec.normalize, spec.rank_bound)
+            solver = SolverRecord.from_solution(sol, spec.normalize, spec.rank_bound)
             if req.gamma_ratio is not None:
-                summary.solver.info["gamma_ratio"] = req.gamma_ratio
+                solver.info["gamma_ratio"] = req.gamma_ratio
+            records.append(ValuationRecord(featurize=None, order=names, space=space, solver=solver,
+                                           gram={k: v for k, v in gram.stats.items() if k != "tile_detail"}))
             selected = select_top_k(sol.w, gram.beta, req.k)
             table = scores_table(names, [0] * len(names), [0] * len(names), sol.w, gram.beta, gram.cosine, selected)
-            summary.checksums = {"beta.npy": write_npy(gram.beta, run_dir, "beta.npy")}
+            record.write_npy("beta.npy", gram.beta)
             if gram.K is not None:
-                summary.checksums["gram.npy"] = write_npy(gram.K, run_dir, "gram.npy")
-            write_parquet(table, run_dir, "scores.parquet")
-            summary.selected = [names[i] for i in selected]
-            summary.ranking = format_ranking(table, limit=50).splitlines()
-            summary.status = "complete"
+                record.write_npy("gram.npy", gram.K)
+            record.write_parquet("scores.parquet", table)
+            records.append(SelectionRecord(selected=[names[i] for i in selected],
+                                           ranking=format_ranking(table, limit=50).splitlines()))
         except BaseException as exc:
-            summary.status, summary.error = "failed", f"{type(exc).__name__}: {exc}"
+            end = EndRecord(status="failed", error=f"{type(exc).__name__}: {exc}")
             raise
         finally:
-            if locals().get("started"):
-                import ray
+            if started:
+                import ray  # only where this command started Ray itself
 
                 ray.shutdown()
-            summary.timings_s = timer.seconds | {"total": round(time.perf_counter() - t0, 3)}
-            summary.write(run_dir)
-            try:
-                from convalue.engine.report.html import write_report
-
-                write_report(run_dir)
-            except Exception as exc:
-                log.warning("report.html not written: %s", exc)
+            end = dataclasses.replace(end, timings_s=timer.seconds | {"total": round(time.perf_counter() - t0, 3)})
+            summary = assemble(records + [end])
+            write_view(record, record.finish(summary))
     return summary

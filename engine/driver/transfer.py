@@ -33,7 +33,7 @@ from convalue.engine.protocol.transfer import (
     transfer_scores,
 )
 from convalue.engine.report.analysis_plots import plot_transfer
-from convalue.engine.store.artifacts import write_parquet
+from convalue.engine.store.stage_records import EvaluationRecord
 from convalue.engine.store.summary import RunSummary
 
 log = logging.getLogger("convalue")
@@ -95,8 +95,8 @@ def _body(ctx: RunContext) -> None:
         R = signed_ranks(W)
         order = cluster_order(W)
     ctx.on_stage("outputs")
-    plot_transfer(W, R, names, order, ctx.run_dir, "transfer.png")
-    write_parquet(transfer_table(W, R, names), ctx.run_dir, "transfer.parquet")
+    ctx.record.write_png("transfer.png", plot_transfer(W, R, names, order))
+    ctx.record.write_parquet("transfer.parquet", transfer_table(W, R, names))
     target = transfer_target(cfg, data)
     pn = positive_negative(W, names, target, n_pos=tc.positive, n_neg=tc.negative)
     t = names.index(target)
@@ -105,7 +105,7 @@ def _body(ctx: RunContext) -> None:
               "positive": list(pn.positive), "negative": list(pn.negative),
               "row": {names[j]: float(W[t, j]) for j in range(len(names)) if j != t},
               "positive_scores": int(np.sum(W[t] > 0)), "negative_scores": int(np.sum(W[t] < 0))}
-    ctx.summary.evaluation = {STAGE: record}
+    ctx.add(EvaluationRecord(evaluation={STAGE: record}))  # the check's runs join this record below
     if not tc.check:
         return
     runs = pn.runs()
@@ -115,7 +115,6 @@ def _body(ctx: RunContext) -> None:
     record["runs"] = {label: done.record(groups) for label, groups in runs.items()}
     record["base_val_loss"] = done.base
     record["fine_tunes"] = {"trained": done.trained, "reused": done.reused}
-    ctx.summary.evaluation = {STAGE: record}
 
 
 def format_transfer(summary: RunSummary) -> str:

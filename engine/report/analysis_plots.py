@@ -3,20 +3,16 @@ surrogate) and transfer.png (the pairwise transfer scores as a clustered heatmap
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pyarrow as pa
 
-from convalue.engine.files.folder import RunFolder
-from convalue.engine.report.plots import _figure, _save
+from convalue.engine.report.plots import _figure, png_bytes
 
 #: cells annotated with their signed rank up to this many groups
 ANNOTATE_MAX = 24
 
 
-def plot_faithfulness(table: pa.Table, agreements: list[dict], folder: RunFolder | Path,
-                      name: str = "faithfulness.png") -> None:
+def plot_faithfulness(table: pa.Table, agreements: list[dict]) -> bytes:
     """One scatter per representation x surrogate: the surrogate's score of each subset against its u_FT, the
     Spearman rho, p-value and top overlap in the title; the top subsets by u_FT drawn filled."""
     u = np.asarray(table.column("u_ft").to_pylist(), dtype=np.float64)
@@ -42,11 +38,10 @@ def plot_faithfulness(table: pa.Table, agreements: list[dict], folder: RunFolder
     if agreements:
         axes[0][0].legend(fontsize=7, loc="best")
     fig.suptitle(f"Surrogate scores against fine-tuned utility over {u.size} subsets", fontsize=9)
-    _save(fig, folder, name)
+    return png_bytes(fig)
 
 
-def plot_transfer(W: np.ndarray, R: np.ndarray, names: list[str], order: list[int], folder: RunFolder | Path,
-                  name: str = "transfer.png") -> None:
+def plot_transfer(W: np.ndarray, R: np.ndarray, names: list[str], order: list[int]) -> bytes:
     """Row t (target) by column j (source): the KMM score w_j with group t as the target, rows and columns in
     `order` (cluster_order), diverging colours centred at 0 (each row scaled by its largest |w|, so every target's
     scores are visible), each cell annotated with its signed rank for up to ANNOTATE_MAX groups; the diagonal
@@ -82,4 +77,4 @@ def plot_transfer(W: np.ndarray, R: np.ndarray, names: list[str], order: list[in
     bar.set_label("KMM score / max |score| of the row", fontsize=8)
     ax.set_title("Pairwise transfer: KMM scores of each source for each target (signed ranks in the cells)",
                  fontsize=9)
-    _save(fig, folder, name)
+    return png_bytes(fig)

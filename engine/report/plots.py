@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import io
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
-from convalue.engine.files.folder import RunFolder, as_folder
 from convalue.engine.protocol.evaluate import cell_losses, label_of
 
 SCORES_SHOWN = 40  # most bars in scores.png; the whole ranking is in scores.parquet
@@ -22,14 +20,14 @@ def _figure(width: float, height: float):
     return Figure(figsize=(width, height), layout="constrained")
 
 
-def _save(fig, folder: RunFolder | Path, name: str) -> None:
-    """Write a PNG atomically into a run folder."""
+def png_bytes(fig) -> bytes:
+    """The figure as PNG bytes (the run record writes them)."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
-    as_folder(folder).write_bytes(name, buf.getvalue())
+    return buf.getvalue()
 
 
-def plot_scores(table: pa.Table, folder: RunFolder | Path, name: str = "scores.png", limit: int = SCORES_SHOWN) -> None:
+def plot_scores(table: pa.Table, limit: int = SCORES_SHOWN) -> bytes:
     """Horizontal bars of the non-zero scores w by rank (past `limit`: the highest and the most negative ones),
     the selected candidates outlined and starred."""
     rows = table.to_pylist()  # sorted by rank
@@ -55,10 +53,10 @@ def plot_scores(table: pa.Table, folder: RunFolder | Path, name: str = "scores.p
                  f"{len(rows) - len(nonzero)} zero (not drawn)" + ("" if cut is None else
                  f"; {len(shown)} drawn") + "; * selected", fontsize=9)
     ax.set_xlabel("score w (positive: helps the target, negative: hurts, 0: redundant or irrelevant)", fontsize=8)
-    _save(fig, folder, name)
+    return png_bytes(fig)
 
 
-def plot_evaluation(rows: list[dict], evaluation: dict, folder: RunFolder | Path, name: str = "evaluation.png") -> None:
+def plot_evaluation(rows: list[dict], evaluation: dict) -> bytes:
     """Validation loss against k for each method (mean over seeds, ± sd bars where there are several; its best k
     starred), with target-only and base-model lines."""
     ks = evaluation["ks"]
@@ -85,11 +83,10 @@ def plot_evaluation(rows: list[dict], evaluation: dict, folder: RunFolder | Path
     over = f"; mean ± sd over {len(seeds)} seeds" if len(seeds) > 1 else ""
     ax.set_title(f"Fixed compute: {rows[0]['steps']} steps per run (star: the method's best k{over})", fontsize=10)
     ax.legend(fontsize=8)
-    _save(fig, folder, name)
+    return png_bytes(fig)
 
 
-def plot_path(gammas: np.ndarray, W: np.ndarray, names: list[str], folder: RunFolder | Path, name: str = "path.png",
-              shown: int = 12) -> None:
+def plot_path(gammas: np.ndarray, W: np.ndarray, names: list[str], shown: int = 12) -> bytes:
     """Scores w against gamma along the regularisation path (log scale), the `shown` candidates that turn positive
     first labelled; every other candidate a thin grey line."""
     fig = _figure(7.5, 4.5)
@@ -110,4 +107,4 @@ def plot_path(gammas: np.ndarray, W: np.ndarray, names: list[str], folder: RunFo
     ax.set_title("Regularisation path: the order in which candidates are bought")
     if labelled:
         ax.legend(fontsize=7, ncol=2, loc="upper left")
-    _save(fig, folder, name)
+    return png_bytes(fig)

@@ -12,7 +12,7 @@ from convalue.engine.files.errors import StoreError
 from convalue.engine.files.folder import RunFolder, as_folder
 from convalue.engine.store.artifacts import write_json
 
-STATUSES = ("running", "complete", "failed", "resolving")
+STATUSES = ("running", "complete", "failed")
 SPACES = ("gram", "gradients")
 METRICS = ("euclidean", "diag_fisher")
 
@@ -62,24 +62,6 @@ class SolverRecord:
         return f"{self.method} {self.form} ({what}, normalize={self.normalize}) status={self.status} kkt={self.kkt:.2e}"
 
 
-@dataclass
-class ResolvingRecord:
-    """What a re-solve in flight is doing, and the status to restore when it finishes."""
-
-    status: str
-    gamma: float | None = None
-    budget: float | None = None
-    method: str = "auto"
-    normalize: str = "none"
-    tol: float | None = None
-
-    def to_dict(self) -> dict:
-        """As written to summary.json (tol only when set)."""
-        out = dataclasses.asdict(self)
-        if out["tol"] is None:
-            del out["tol"]
-        return out
-
 
 @dataclass
 class RunSummary:
@@ -111,10 +93,9 @@ class RunSummary:
     signal: str | None = None  # SIGTERM or SIGINT where one stopped the run
     recovered: dict | None = None  # retries, worker restarts and damaged blocks the run survived
     finetune_finished: list[dict] | None = None
-    resolving: ResolvingRecord | None = None
     resolved: bool | None = None
     finetune_stale: str | None = None
-    checksums: dict[str, str] | None = None  # SHA-256 of each saved array (gram.npy, beta.npy, costs.npy), by file
+    artifacts: dict[str, dict] | None = None  # every file the run left: {name: {sha256, bytes}} (store.record)
 
     def to_dict(self) -> dict:
         """The JSON object summary.json holds."""
@@ -155,8 +136,8 @@ class RunSummary:
         shapes = {"config": dict, "packages": dict, "attempt": str, "model": dict, "data": dict, "featurize": dict, "metric": dict, "gram": dict, "representations": dict, "path": dict, "order": list,
                   "space": str, "solver": dict, "bootstrap": dict, "selected": list, "ranking": list,
                   "finetune": list, "evaluation": dict, "timings_s": dict, "progress": dict, "failed_stage": str,
-                  "error": str, "signal": str, "recovered": dict, "finetune_finished": list, "resolving": dict, "resolved": bool,
-                  "finetune_stale": str, "checksums": dict}
+                  "error": str, "signal": str, "recovered": dict, "finetune_finished": list, "resolved": bool,
+                  "finetune_stale": str, "artifacts": dict}
         kwargs: dict[str, Any] = {"status": data["status"]}
         for name, shape in shapes.items():
             value = data.get(name)
@@ -171,19 +152,11 @@ class RunSummary:
                 kwargs["solver"] = SolverRecord.from_dict(kwargs["solver"])
         except TypeError:
             raise StoreError(f"{path}: field `solver` is malformed") from None
-        marker = kwargs["resolving"]
-        if data["status"] == "resolving" and not (isinstance(marker, dict) and isinstance(marker.get("status"), str)):
-            raise StoreError(f"{path}: field `resolving.status` must name the status before the interrupted re-solve")
-        if marker is not None:
-            try:
-                kwargs["resolving"] = ResolvingRecord(**marker)
-            except TypeError:
-                raise StoreError(f"{path}: field `resolving` is malformed") from None
         return cls(**kwargs)
 
     def config_section(self, name: str) -> dict:
         """The config echo's section `name` ({} where absent)."""
-        section = self.config.get(name)
+        section = self.config.get(name) if isinstance(self.config, dict) else None
         return section if isinstance(section, dict) else {}
 
     @property

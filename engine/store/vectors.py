@@ -154,6 +154,17 @@ def verify_blocks(folder: RunFolder, manifest: dict, quick: bool = False) -> lis
     return problems
 
 
+def fingerprint_matches(folder: RunFolder, fingerprint: dict) -> bool:
+    """Whether the folder holds no vectors, or vectors made with these settings (a readable manifest with this
+    fingerprint)."""
+    if not folder.exists(MANIFEST):
+        return True
+    try:
+        return read_manifest(folder).get("fingerprint") == json.loads(json.dumps(fingerprint, sort_keys=True))
+    except StoreError:
+        return False
+
+
 class VectorStore:
     """A run's vectors: the fingerprint (model, LoRA, projection, preview settings) in the manifest, and the
     committed blocks; a group is done when a committed block holds it with the same preview key. Reopening with

@@ -13,6 +13,7 @@ from convalue.engine.features.rewards import RewardError
 from convalue.engine.files.errors import StoreError
 from convalue.engine.files.folder import RunFolder
 from convalue.engine.model.loading import ModelError
+from convalue.engine.report.status_text import timings_line
 
 Errors = tuple[type[BaseException], ...]
 
@@ -64,6 +65,6 @@ class Command:
 
 def print_closing(timings_s: Mapping[str, float] | None, run_dir: RunFolder | None = None) -> None:
     """The last lines of a command that made or changed a run: the time of each stage, then where its outputs are."""
-    print("timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in (timings_s or {}).items()))
+    print(timings_line(dict(timings_s or {})))
     if run_dir is not None:
         print(f"outputs: {run_dir}/")

@@ -66,7 +66,7 @@ def _source(src: Any, base: Path) -> None:
 def resolve_relative(data: Any, base: Path) -> Any:
     """A copy of a config's plain data with its relative paths read against base (the config file's folder):
     out, model.source (a local folder; a hub id stays), model.cache_dir, finetune.model, every source's path and
-    embedding folder, solver.costs_file and a `file.py:function` reward (features.grpo_reward, finetune.grpo_reward,
+    embedding folder (data.eval's too), solver.costs_file and a `file.py:function` reward (features.grpo_reward, finetune.grpo_reward,
     finetune.accuracy_reward)."""
     if not isinstance(data, dict):
         return data
@@ -86,6 +86,9 @@ def resolve_relative(data: Any, base: Path) -> Any:
         _source(sources.get("target"), base)
         candidates = sources.get("candidates")
         for src in candidates if isinstance(candidates, list) else []:
+            _source(src, base)
+        evaluations = sources.get("eval")
+        for src in evaluations.values() if isinstance(evaluations, dict) else []:
             _source(src, base)
     finetune = data.get("finetune")
     if isinstance(finetune, dict) and isinstance(finetune.get("model"), str) and finetune["model"] and \

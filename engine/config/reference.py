@@ -26,6 +26,7 @@ def reference_markdown() -> str:
         for f in dataclasses.fields(cls):
             tp = hints[f.name]
             inner = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)]
+            inner += [b for a in typing.get_args(tp) for b in typing.get_args(a) if dataclasses.is_dataclass(b)]
             if dataclasses.is_dataclass(tp) or inner:
                 nested.append((tp if dataclasses.is_dataclass(tp) else inner[0], f"{prefix}.{f.name}".strip(".")))
             if f.default is not dataclasses.MISSING:

@@ -22,6 +22,7 @@ from convalue.engine.config.settings import (
     SelectConfig,
     SolverConfig,
 )
+from convalue.engine.config.sources import TARGET_VAL
 
 
 @dataclass(kw_only=True)
@@ -76,6 +77,14 @@ class RunConfig:
             raise ConfigError("full-parameter gradients need a compressing projection (`countsketch`, `rademacher` "
                               "or `gaussian`): one identity vector per group would be the size of the model",
                               field="projection.kind", value=self.projection.kind)
+        evaluation, _ = self.finetune.select_by_parts()
+        if evaluation != TARGET_VAL and evaluation not in (self.data.eval or {}):
+            raise ConfigError(f"names the evaluation {evaluation!r}, which is neither `{TARGET_VAL}` nor one of "
+                              f"data.eval {sorted(self.data.eval or {})}", field="finetune.select_by",
+                              value=self.finetune.select_by)
+        if self.data.eval and self.finetune.strategy == "deepspeed":
+            raise ConfigError("is measured by the `task` strategy's jobs only (a DeepSpeed job evaluates the "
+                              "target's validation split)", field="data.eval", value=sorted(self.data.eval))
         if stray := sorted(set(self.finetune.rho_by_k or {}) - set(self.evaluation_ks())):
             raise ConfigError(f"names budgets that are not evaluated (the budgets are {self.evaluation_ks()}: "
                               "finetune.ks, or select.k)", field=f"finetune.rho_by_k.{stray[0]}",

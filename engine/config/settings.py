@@ -12,6 +12,10 @@ from convalue.engine.config.baselines import DataModelConfig, DeepSpeedConfig, G
 from convalue.engine.config.fields import ConfigError, check_readable, opt
 from convalue.engine.config.paths import BUILTIN_MODELS
 from convalue.engine.config.rewards import BUILTIN_REWARDS, reward_spec_problem
+from convalue.engine.config.sources import TARGET_VAL
+
+#: what a fine-tune is measured by (finetune.metrics), on every evaluation
+METRICS = ("loss", "accuracy")
 
 
 @dataclass(kw_only=True)
@@ -158,11 +162,15 @@ class FinetuneConfig:
     datamodel: DataModelConfig = opt(help="The DataModel baselines' designs and fit.", factory=DataModelConfig)
     gradex: GradExConfig = opt(help="The GradEx baselines' projection, surrogate and ensemble.", factory=GradExConfig)
     metrics: list[Literal["loss", "accuracy"]] = opt(
-        help="What each fine-tune is measured on, on the target's validation split: `loss` (response-token "
-        "cross-entropy, always) and `accuracy` (the mean of `accuracy_reward` over greedy completions: exact-match "
-        "accuracy for tasks with checkable answers, such as the mathematics modules).", factory=lambda: ["loss"])
-    select_by: Literal["loss", "accuracy"] = opt("loss", "The metric best k and the Borda count are computed on "
-                                                         "(`accuracy` needs it in `metrics`).")
+        help="What each fine-tune is measured by, on every evaluation (the target's validation split and each of "
+        "data.eval): `loss` (response-token cross-entropy, always) and `accuracy` (the mean of `accuracy_reward` "
+        "over greedy completions: exact-match accuracy for tasks with checkable answers, such as the mathematics "
+        "modules).", factory=lambda: ["loss"])
+    select_by: str = opt(
+        "loss", "The evaluation and metric that decide each method's best k, the Borda count, the paired intervals "
+        "and the verdict: `EVAL:METRIC`, EVAL `target_val` (the target's validation split) or a name of data.eval, "
+        "METRIC `loss` or `accuracy` (which needs it in `metrics`); a bare `loss` or `accuracy` is `target_val:` "
+        "that metric. Every evaluation's tables are reported either way.")
     accuracy_reward: str = opt("numeric_exact_match", "accuracy: r(completion, reference) -> float, as "
                                "features.grpo_reward names one (a built-in, `module:function` or "
                                "`file.py:function`).")
@@ -243,9 +251,12 @@ class FinetuneConfig:
             if not self.ks or any(k <= 0 for k in self.ks) or len(set(self.ks)) != len(self.ks):
                 raise ConfigError("must list distinct budgets k > 0 (or be null: select.k alone)", field="ks",
                                   value=self.ks)
-        if self.select_by not in self.metrics or "loss" not in self.metrics:
-            raise ConfigError(f"must list `loss` and select_by's `{self.select_by}`", field="metrics",
-                              value=self.metrics)
+        _, metric = self.select_by_parts()
+        if metric not in METRICS:
+            raise ConfigError(f"must be EVAL:METRIC with METRIC one of {list(METRICS)} (e.g. `target_val:loss`), "
+                              "or a bare metric", field="select_by", value=self.select_by)
+        if metric not in self.metrics or "loss" not in self.metrics:
+            raise ConfigError(f"must list `loss` and select_by's `{metric}`", field="metrics", value=self.metrics)
         if "accuracy" in self.metrics:
             if self.accuracy_max_new_tokens <= 0:
                 raise ConfigError("must be > 0", field="accuracy_max_new_tokens", value=self.accuracy_max_new_tokens)
@@ -296,6 +307,12 @@ class FinetuneConfig:
                               value=self.grpo_reward_column)
         if (problem := reward_spec_problem(self.grpo_reward)) is not None:
             raise ConfigError(problem, field="grpo_reward", value=self.grpo_reward)
+
+    def select_by_parts(self) -> tuple[str, str]:
+        """(evaluation, metric) of select_by: `heldout:loss` -> ("heldout", "loss"); a bare `loss` -> ("target_val",
+        "loss")."""
+        evaluation, sep, metric = self.select_by.rpartition(":")
+        return (evaluation if sep else TARGET_VAL), metric
 
     def seeds(self) -> list[int]:
         """The seeds every protocol cell is fine-tuned under: seed and the next repeats - 1."""

@@ -4,6 +4,7 @@ target with its candidates."""
 from __future__ import annotations
 
 import importlib.util
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -15,6 +16,10 @@ from convalue.engine.config.paths import BUILTIN_EMBEDDINGS, is_explicit_path, i
 FILE_FORMATS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 GZIP_FORMATS = ("jsonl", "json", "csv")
 HF_EXTRA = "pip install 'convalue[hf]'"
+#: the evaluation every run has: the target's own validation split (data.eval names the others)
+TARGET_VAL = "target_val"
+#: an evaluation's name: finetune.select_by writes it before a colon, evaluation.parquet and the report show it
+EVAL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 def file_format(path: str | Path) -> tuple[str | None, bool]:
@@ -157,6 +162,19 @@ class DataConfig:
     preview_size: int = opt(8, "m: examples per candidate group used for its gradient (the preview).")
     target_preview_size: int | None = opt(None, "Examples of the target's train split used for g_tar (default: preview_size).")
     val_fraction: float = opt(0.3, "Share of the target held out for validation (never used for scoring).")
+    eval: dict[str, SourceConfig] | None = opt(
+        None, "Evaluations besides the target's validation split (always there, named `target_val`): {name: source}, "
+        "each a source as `target` takes (a built-in corpus, a file, a folder, hf), every group it resolves to pooled "
+        "into one evaluation set. Every fine-tune is measured on each (finetune.metrics) and finetune.select_by names "
+        "the one that decides best k, Borda and the verdict. A set distinct from the target's training data, e.g. "
+        "held-out topics of the target's language ({kind: chatterbot, group_by: language/topic, include: "
+        "[marathi/greetings]}) or fresh problems of a mathematics module (another `seed`), measures what a selection "
+        "is worth beyond the target's own distribution. An example equal to a target training example (after "
+        "casefolding, Unicode NFKC and collapsing whitespace) is dropped from it, and every candidate example equal "
+        "to one of its examples is dropped from the candidates. Names: letters, digits, `_`, `.`, `-`.")
+    eval_size: int | None = opt(
+        None, "Keep at most this many examples of each data.eval set (a seeded sample): each is measured after every "
+        "fine-tune, so a large set costs every run. null: all.")
     target_train_size: int | None = opt(
         None, "Keep only this many examples of the target's train split (a seeded sample; the validation split is "
               "unchanged): the small, precious target of the paper's premise, e.g. to measure when selection pays. "
@@ -183,3 +201,15 @@ class DataConfig:
             raise ConfigError("must be in (0, 1)", field="val_fraction", value=self.val_fraction)
         if self.target_train_size is not None and self.target_train_size <= 0:
             raise ConfigError("must be > 0", field="target_train_size", value=self.target_train_size)
+        if self.eval_size is not None and self.eval_size <= 0:
+            raise ConfigError("must be > 0", field="eval_size", value=self.eval_size)
+        for name, src in (self.eval or {}).items():
+            if name == TARGET_VAL:
+                raise ConfigError(f"`{TARGET_VAL}` is the target's validation split, always evaluated: give this "
+                                  "evaluation another name", field=f"eval.{name}")
+            if not EVAL_NAME.fullmatch(name):
+                raise ConfigError("must be a name of letters, digits, `_`, `.` or `-` (at most 64, no `:`)",
+                                  field=f"eval.{name}", value=name)
+            if src.clusters is not None:
+                raise ConfigError("applies to candidate sources only: an evaluation is one set", field=f"eval.{name}"
+                                  ".clusters", value=src.clusters)

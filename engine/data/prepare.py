@@ -8,8 +8,11 @@ from dataclasses import astuple, dataclass, field
 from typing import TYPE_CHECKING
 
 from convalue.engine.config import DataConfig
+from convalue.engine.config.sources import TARGET_VAL
 from convalue.engine.data.clustering import Embed
+from convalue.engine.data.evalsets import EvalSet, load_evaluations, target_val_set
 from convalue.engine.data.examples import DataError, Example, Group
+from convalue.engine.data.leakage import LeakageReport, ProtectedSet, drop_leaks
 from convalue.engine.data.sources import preview_indices, resolve_groups, sample_order, split_target
 from convalue.engine.data.tokenize import (
     TokenizedExample,
@@ -37,10 +40,18 @@ class PreparedData:
     items: list[WorkItem]
     warnings: list[str] = field(default_factory=list)
     resolved: list[Group] = field(default_factory=list)  # every candidate group, the skipped small ones too
+    evals: list[EvalSet] = field(default_factory=list)  # data.eval's sets (the target's validation split aside)
+    leakage: LeakageReport | None = None  # what the leakage check dropped from the candidates
 
     def names(self) -> list[str]:
         """Candidate names in run order."""
         return [it.name for it in self.items]
+
+    def summary_fields(self) -> dict:
+        """What summary.json's `data` records of the evaluations and the leakage check."""
+        sets = [{"name": TARGET_VAL, "source": f"the target's validation split ({self.target.name})",
+                 "examples": len(self.target_val)}] + [e.to_dict() for e in self.evals]
+        return {"evaluations": sets} | ({} if self.leakage is None else {"leakage": self.leakage.to_dict()})
 
 
 def examples_digest(examples: list) -> str:
@@ -95,8 +106,13 @@ def prepare(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, max_length: int
     target, candidates = resolve_groups(cfg, embed=embed)
     if any(g.name == TARGET_KEY for g in candidates):
         raise DataError(f"group name {TARGET_KEY!r} is reserved")
-    warnings: list[str] = []
     train, val = target_splits(target, cfg)
+    evals, warnings = load_evaluations(cfg, tokenizer, max_length, train)
+    # before any scoring: no candidate example may equal one the target trains or is evaluated on
+    protected = [ProtectedSet("target_train", split_target(target, cfg.val_fraction, cfg.seed)[0]),
+                 ProtectedSet(TARGET_VAL, val), *(ProtectedSet(e.name, e.examples) for e in evals)]
+    candidates, leakage = drop_leaks(candidates, protected)
+    warnings += [g.warning() for g in leakage.groups]
     train_tok = _usable(tokenize_examples(tokenizer, train, max_length))
     val_tok = _usable(tokenize_examples(tokenizer, val, max_length))
     if not train_tok or not val_tok:
@@ -158,10 +174,17 @@ def prepare(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, max_length: int
         items.append(WorkItem(g.name, tuple(usable)))
         kept.append(g)
     if not items:
-        raise DataError("no candidate group is left to value")
+        gone = f" (the leakage check dropped {len(leakage.removed)} whole)" if leakage.removed else ""
+        raise DataError(f"no candidate group is left to value{gone}")
     for w in warnings:
         log.warning(w)
-    return PreparedData(target, train_tok, val_tok, target_item, kept, items, warnings, candidates)
+    return PreparedData(target, train_tok, val_tok, target_item, kept, items, warnings, candidates, evals, leakage)
+
+
+def evaluation_sets(data: PreparedData, cfg: DataConfig) -> list[EvalSet]:
+    """Every evaluation a fine-tune is measured on: the target's validation split (`target_val`, as text for
+    accuracy and tokenised), then data.eval's sets in the config's order."""
+    return [target_val_set(data.target.name, target_splits(data.target, cfg)[1], data.target_val), *data.evals]
 
 
 def full_items(data: PreparedData, tokenizer: PreTrainedTokenizerBase, max_length: int) -> tuple[WorkItem,

@@ -4,6 +4,7 @@ folder does not hold it already. Run on a solver actor; the driver starts it and
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,7 +15,8 @@ import ray
 from convalue.actors.finetune_job import base_eval_task, finetune_task
 from convalue.actors.pool import windowed
 from convalue.engine.config import RunConfig
-from convalue.engine.data.prepare import PreparedData, target_splits
+from convalue.engine.config.sources import TARGET_VAL
+from convalue.engine.data.prepare import PreparedData, evaluation_sets, target_splits
 from convalue.engine.data.tokenize import tokenize_examples
 from convalue.engine.files.folder import RunFolder
 from convalue.engine.model.spec import ReplicaSpec
@@ -23,8 +25,10 @@ from convalue.engine.protocol.evaluate import (
     distinct_jobs,
     mix_runs,
     plan_runs,
-    summarise,
 )
+from convalue.engine.protocol.measures import Measure
+from convalue.engine.protocol.summaries import TARGET_LOSS, summarise, summarise_measure
+from convalue.engine.protocol.verdict import verdict_of
 from convalue.engine.store.finetunes import FinetuneStore, job_settings, train_job_settings
 
 log = logging.getLogger("convalue")
@@ -104,12 +108,63 @@ def effective_rho(run: PlannedRun, cfg: RunConfig) -> float:
 @dataclass
 class Trained:
     """The fine-tunes of a list of (job, seed) tasks: each one's record, which were trained now (not read back),
-    and the base model's validation loss."""
+    and the base model's values on every evaluation (`base_evaluations`, by name)."""
 
     results: list[dict]
     trained: set[int]
-    base: float | None
-    base_accuracy: float | None = None
+    base_evaluations: dict[str, dict] | None
+
+    def base(self, measure: Measure = TARGET_LOSS) -> float | None:
+        """The base model's value on `measure` (default: the target's validation loss)."""
+        return ((self.base_evaluations or {}).get(measure.evaluation) or {}).get(measure.metric)
+
+
+def finetune_store(req: EvaluationRequest) -> FinetuneStore:
+    """The run folder's fine-tune records as the protocol keys them: by the job's settings and data and, where
+    data.eval names evaluations, by their names and examples too (a record measured on other sets is another
+    fine-tune's); finetune.select_by only chooses among the measures, so only its metric is in the key (the
+    metric alone was select_by's whole value before evaluations had names)."""
+    spec = req.spec
+    metric = spec.finetune.select_by_parts()[1]
+    spec = dataclasses.replace(spec, finetune=dataclasses.replace(spec.finetune, select_by=metric))
+    settings = job_settings(spec) if req.train_spec is None else train_job_settings(req.train_spec, spec)
+    val = list(req.data.target_val)
+    if req.data.evals:
+        settings = settings | {"evaluations": [[e.name, len(e.tokens)] for e in req.data.evals]}
+        val += [t for e in req.data.evals for t in e.tokens]  # the evaluations' examples key it beside the split
+    return FinetuneStore(req.run_dir.sub("finetunes"), settings, req.data.target_train, val)
+
+
+def _measured(record: dict | None, names: list[str], key: str = "evaluations") -> dict | None:
+    """A stored record that measured every evaluation of `names` (else None: it is measured again)."""
+    if record is None or not names:
+        return record
+    held = record.get(key)
+    return record if isinstance(held, dict) and all(isinstance(held.get(n), dict) for n in names) else None
+
+
+def _stored_base(store: FinetuneStore, names: list[str]) -> dict[str, dict] | None:
+    """The base model's stored values on every evaluation (a record from before data.eval holds the validation
+    split's loss alone: enough where there is no other evaluation)."""
+    record = store.get(store.base_key(), {"base_val_loss": float})
+    if record is None:
+        return None
+    held = record.get("base_evaluations")
+    if isinstance(held, dict) and all(isinstance(held.get(n), dict) for n in [TARGET_VAL, *names]):
+        return held
+    return None if names else {TARGET_VAL: {"loss": record["base_val_loss"], "accuracy": None}}
+
+
+def _put_base(store: FinetuneStore, values: dict[str, dict]) -> None:
+    """Store the base model's values on every evaluation (base_val_loss: the validation split's, as before)."""
+    store.put(store.base_key(), {"base_val_loss": values[TARGET_VAL]["loss"], "base_evaluations": values})
+
+
+def _as_plain(values: Any) -> dict[str, dict] | None:
+    """{name: EvalScore} (a job's or the base task's) or a record's {name: {loss, accuracy}} as plain data."""
+    if values is None:
+        return None
+    return {n: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else dict(v) for n, v in values.items()}
 
 
 def train_jobs(req: EvaluationRequest, jobs: list[PlannedRun], tasks: list[tuple[int, int]], progress: Any,
@@ -119,35 +174,35 @@ def train_jobs(req: EvaluationRequest, jobs: list[PlannedRun], tasks: list[tuple
     one fails."""
     cfg, spec, data = req.cfg, req.spec, req.data
     usable = req.usable
-    settings = job_settings(spec) if req.train_spec is None else train_job_settings(req.train_spec, spec)
-    store = FinetuneStore(req.run_dir.sub("finetunes"), settings, data.target_train, data.target_val)
+    names = [e.name for e in data.evals]
+    store = finetune_store(req)
     auxes = [{n: usable(n) for n in job.groups} for job in jobs]
     keys = [store.job_key(auxes[j], seed, jobs[j].weight_map(), jobs[j].rho) for j, seed in tasks]
-    results: list[dict | None] = [store.get(k) for k in keys]
-    base = store.get_base()
+    results: list[dict | None] = [_measured(store.get(k), names) for k in keys]
+    base = _stored_base(store, names)
     todo = [i for i, r in enumerate(results) if r is None]
     trained = set(todo)
     progress.total.remote(stage, len(tasks))
     progress.advance.remote(stage, len(tasks) - len(todo))
     log.info("%d fine-tunes (%s), %d stored in %s", len(tasks), stage, len(tasks) - len(todo), store.root)
     first = todo[0] if todo else None
-    base_accuracy = None
     if req.train_spec is None:
         opts = {"num_cpus": cfg.ray.cpus_per_worker, "num_gpus": cfg.ray.gpus_per_worker}
-        train, val = ray.put(data.target_train), ray.put(data.target_val)
+        train, val, evals = ray.put(data.target_train), ray.put(data.target_val), ray.put(data.evals)
         val_raw = ray.put(target_splits(data.target, cfg.data)[1]
                           if "accuracy" in cfg.finetune.metrics else None)
 
         def submit(_: object, task: FinetuneTask):
             if task.index < 0:
-                return req.runners.base().options(**opts).remote(spec, val)
+                return req.runners.base().options(**opts).remote(spec, val, val_raw, evals)
             j, seed = tasks[task.index]
             return req.runners.task().options(**opts).remote(
                 spec.for_job(seed, jobs[j].rho), jobs[j].label, train, auxes[j], val,
-                base is None and task.index == first, jobs[j].weight_map(), progress, val_raw)
+                base is None and task.index == first, jobs[j].weight_map(), progress, val_raw, evals)
         window = max(1, cfg.ray.workers * cfg.ray.max_in_flight)
     else:
-        submit = _deepspeed_submit(req, jobs, tasks, base, first, progress)
+        submit = _deepspeed_submit(req, jobs, tasks, None if base is None else base[TARGET_VAL]["loss"], first,
+                                   progress)
         window = max(1, cfg.ray.max_in_flight)
 
     payloads = [FinetuneTask(i, jobs[tasks[i][0]].label, tasks[i][1]) for i in todo]
@@ -156,17 +211,18 @@ def train_jobs(req: EvaluationRequest, jobs: list[PlannedRun], tasks: list[tuple
     try:
         for done, (task, result) in enumerate(windowed([None], payloads, submit, window), start=1):
             if task.index < 0:
-                base = result
-                store.put_base(base)
+                base = _as_plain(result) if isinstance(result, dict) else {TARGET_VAL: {"loss": result,
+                                                                                         "accuracy": None}}
+                _put_base(store, base)
                 continue
             i = task.index
             results[i] = result.to_dict()
             store.put(keys[i], results[i])
             progress.advance.remote(stage)
             if results[i]["base_val_loss"] is not None:
-                base = results[i]["base_val_loss"]
-                store.put_base(base)
-                base_accuracy = results[i].get("base_val_accuracy")
+                base = _as_plain(results[i].get("base_evaluations")) or {TARGET_VAL: {
+                    "loss": results[i]["base_val_loss"], "accuracy": results[i].get("base_val_accuracy")}}
+                _put_base(store, base)
             log.info("fine-tune %d/%d done: %s (seed %d), validation loss %.4f", done, len(todo), task.label,
                      task.seed, results[i]["val_loss"])
     finally:  # on a failure (or Ctrl-C) the fine-tunes are incomplete: say what there is
@@ -174,10 +230,11 @@ def train_jobs(req: EvaluationRequest, jobs: list[PlannedRun], tasks: list[tuple
                              "rho": effective_rho(jobs[j], cfg), "seed": seed, "val_loss": results[i]["val_loss"],
                              "reused": i not in trained}
                             for i, (j, seed) in enumerate(tasks) if results[i] is not None]
-    if base_accuracy is None:  # read back from a stored record that measured it
-        base_accuracy = next((r.get("base_val_accuracy") for r in results if r and r.get("base_val_accuracy")
-                              is not None), None)
-    return Trained(results=results, trained=trained, base=base, base_accuracy=base_accuracy)
+    if base is not None and base[TARGET_VAL].get("accuracy") is None:  # read back from a record that measured it
+        accuracy = next((r.get("base_val_accuracy") for r in results if r and r.get("base_val_accuracy")
+                         is not None), None)
+        base = base | {TARGET_VAL: base[TARGET_VAL] | {"accuracy": accuracy}}
+    return Trained(results=results, trained=trained, base_evaluations=base)
 
 
 def run_protocol(req: EvaluationRequest, progress: Any, outcome: FinetuneOutcome) -> FinetuneOutcome:
@@ -196,39 +253,50 @@ def run_protocol(req: EvaluationRequest, progress: Any, outcome: FinetuneOutcome
     jobs, served_by = distinct_jobs([plans[s][i] for s, i in cells])
     job_of = dict(zip(cells, served_by))
     tasks = list(dict.fromkeys((job_of[c], c[0]) for c in cells))  # seed-major: every cell has a loss early
-    log.info("%d protocol runs (%d methods x k in %s) x %d seed(s)", len(plans[seeds[0]]), len(scores[seeds[0]]),
-             ks, len(seeds))
+    log.info("%d protocol runs (%d methods x k in %s) x %d seed(s), measured on %s", len(plans[seeds[0]]),
+             len(scores[seeds[0]]), ks, len(seeds), ", ".join([TARGET_VAL, *(e.name for e in req.data.evals)]))
     done = train_jobs(req, jobs, tasks, progress, outcome)
     index = {task: i for i, task in enumerate(tasks)}
+    base = done.base_evaluations or {}
     rows = []
     for i in range(len(plans[seeds[0]])):  # cell by cell, each with its seeds
         for s in seeds:
             run, t = plans[s][i], index[job_of[s, i], s]
             rows.append(done.results[t] | {"label": run.label, "method": run.method, "k": run.k, "seed": s,
                                            "weights": run.weight_map(), "rho": effective_rho(run, cfg),
-                                           "base_val_loss": done.base, "base_val_accuracy": done.base_accuracy,
-                                           "reused": t not in done.trained})
+                                           "base_val_loss": done.base(),
+                                           "base_val_accuracy": done.base(Measure(TARGET_VAL, "accuracy")),
+                                           "base_evaluations": base, "reused": t not in done.trained})
     outcome.rows = rows
-    trained_now = len(done.trained)
-    outcome.evaluation = summarise(rows, ks, cfg.finetune.select_by) | {
-        "fine_tunes": {"trained": trained_now, "reused": len(tasks) - trained_now}}
-    if "accuracy" in cfg.finetune.metrics:  # best k and Borda on the other metric too
-        other = "loss" if cfg.finetune.select_by == "accuracy" else "accuracy"
-        outcome.evaluation[f"by_{other}"] = {k: v for k, v in summarise([dict(r) for r in rows], ks, other).items()
-                                             if k in ("best_k", "borda", "kmm_minus", "target_only_val_accuracy",
-                                                      "base_val_accuracy")}
+    outcome.evaluation = evaluation_record(req, rows, ks, len(tasks) - len(done.trained), len(done.trained))
     return outcome
+
+
+def evaluation_record(req: EvaluationRequest, rows: list[dict], ks: list[int], reused: int, trained: int) -> dict:
+    """summary.json's `evaluation`: best k, Borda and KMM's paired differences on finetune.select_by, the same on
+    every evaluation and metric (`evaluations`), and the run's one verdict."""
+    cfg = req.cfg
+    main = Measure.parse(cfg.finetune.select_by)
+    out = summarise(rows, ks, main) | {"fine_tunes": {"trained": trained, "reused": reused}}
+    sets = evaluation_sets(req.data, cfg.data)
+    out["evaluations"] = [summarise_measure(rows, ks, Measure(e.name, m)).to_dict()
+                          | {"source": e.source, "examples": len(e.tokens)}
+                          for e in sets for m in cfg.finetune.metrics]
+    out["verdict"] = verdict_of(summarise_measure(rows, ks, main)).to_dict()
+    return out
 
 
 def run_subsets(req: EvaluationRequest, subsets: list[tuple[str, ...]], progress: Any, outcome: FinetuneOutcome,
                 stage: str = "subsets") -> tuple[dict[tuple[str, ...], float], float, float | None]:
-    """The validation loss of target + S for every subset S (once per finetune.seed; the empty subset is the
-    target alone), for fitted baselines and the faithfulness study: ({S: loss}, the target-only loss, base loss)."""
+    """The loss of target + S for every subset S (once per finetune.seed; the empty subset is the target alone) on
+    finetune.select_by's evaluation (the target's validation split unless it names one of data.eval), for fitted
+    baselines and the faithfulness study: ({S: loss}, the target-only loss, base loss)."""
     seed = req.cfg.finetune.seed
     jobs = [PlannedRun("subset", None, tuple(sorted(s)), rho=None) for s in dict.fromkeys([(), *subsets])]
     done = train_jobs(req, jobs, [(j, seed) for j in range(len(jobs))], progress, outcome, stage)
-    losses = {job.groups: r["val_loss"] for job, r in zip(jobs, done.results)}
-    return {tuple(sorted(s)): losses[tuple(sorted(s))] for s in subsets}, losses[()], done.base
+    measure = Measure(Measure.parse(req.cfg.finetune.select_by).evaluation, "loss")
+    losses = {job.groups: measure.value(r) for job, r in zip(jobs, done.results)}
+    return {tuple(sorted(s)): losses[tuple(sorted(s))] for s in subsets}, losses[()], done.base(measure)
 
 
 def _deepspeed_submit(req: EvaluationRequest, jobs: list[PlannedRun], tasks: list[tuple[int, int]],

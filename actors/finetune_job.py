@@ -1,5 +1,5 @@
-"""Fine-tune jobs as Ray tasks: one fresh replica per job, LoRA (SFT or GRPO) on target + selection, validation
-loss."""
+"""Fine-tune jobs as Ray tasks: one fresh replica per job, LoRA (SFT or GRPO) on target + selection, measured on
+every evaluation (the target's validation split and data.eval's sets)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,13 @@ import numpy as np
 import ray
 
 from convalue.actors.progress import report_attempt
+from convalue.engine.config.sources import TARGET_VAL
+from convalue.engine.data.evalsets import EvalSet
 from convalue.engine.data.examples import Example
 from convalue.engine.data.tokenize import TokenizedExample
 from convalue.engine.model.spec import ReplicaSpec
 from convalue.engine.protocol.finetune import FinetuneResult, evaluate_loss, finetune
+from convalue.engine.protocol.measures import EvalScore
 
 
 def _replica(spec: ReplicaSpec):
@@ -25,7 +28,7 @@ def _replica(spec: ReplicaSpec):
             autocast_dtype(spec.device, spec.model.dtype))
 
 
-def _accuracy(spec: ReplicaSpec, val_raw: list[Example] | None, device: str, amp_dtype):
+def _accuracy(spec: ReplicaSpec, val_raw: list[Example] | tuple[Example, ...] | None, device: str, amp_dtype):
     """finetune.metrics `accuracy`: a function of a model giving its exact-match accuracy on the raw validation
     examples (None when accuracy is not measured)."""
     if "accuracy" not in spec.finetune.metrics or not val_raw:
@@ -36,23 +39,42 @@ def _accuracy(spec: ReplicaSpec, val_raw: list[Example] | None, device: str, amp
 
     tokenizer, reward = load_tokenizer(spec.model_dir), load_reward(spec.finetune.accuracy_reward)
     return lambda model: exact_match_accuracy(
-        model, tokenizer, val_raw, match=reward, max_new_tokens=spec.finetune.accuracy_max_new_tokens,
+        model, tokenizer, list(val_raw), match=reward, max_new_tokens=spec.finetune.accuracy_max_new_tokens,
         batch_size=spec.finetune.eval_batch_size, device=device, autocast_dtype=amp_dtype).mean
+
+
+def _measure(spec: ReplicaSpec, evals: list[EvalSet], device: str, amp_dtype):
+    """A function of a model giving its values (loss, and accuracy where measured) on each of `evals`."""
+    accuracies = {e.name: _accuracy(spec, e.examples, device, amp_dtype) for e in evals}
+
+    def measure(model) -> dict[str, EvalScore]:
+        out = {}
+        for e in evals:
+            loss = evaluate_loss(model, list(e.tokens), spec.finetune.eval_batch_size, spec.pad_id, device, amp_dtype)
+            accuracy = accuracies[e.name]
+            out[e.name] = EvalScore(loss, None if accuracy is None else accuracy(model))
+        return out
+    return measure
 
 
 def run_finetune_job(spec: ReplicaSpec, label: str, target: list[TokenizedExample],
                      aux: dict[str, list[TokenizedExample]], val: list[TokenizedExample],
                      with_base: bool, weights: dict[str, float] | None = None,
-                     progress: object | None = None, val_raw: list[Example] | None = None) -> FinetuneResult:
+                     progress: object | None = None, val_raw: list[Example] | None = None,
+                     evals: list[EvalSet] | None = None) -> FinetuneResult:
     """Load theta_0, optionally evaluate it, then fine-tune (aux groups drawn by `weights`, else uniformly; SFT, or
     GRPO under finetune.objective `grpo`) and evaluate (one job); progress: the run's progress actor, told where the
-    job runs (retries are counted there); val_raw: the validation examples as text, for finetune.metrics `accuracy`."""
+    job runs (retries are counted there); val_raw: the validation examples as text, for finetune.metrics `accuracy`;
+    evals: data.eval's sets, each measured after training (and on theta_0 with the base) beside the validation split."""
     report_attempt(progress, "finetune", f"{label} (seed {spec.finetune.seed})")
     model, device, amp_dtype = _replica(spec)
     cfg = spec.finetune
     accuracy = _accuracy(spec, val_raw, device, amp_dtype)
+    measure = _measure(spec, evals or [], device, amp_dtype)
     base = evaluate_loss(model, val, cfg.eval_batch_size, spec.pad_id, device, amp_dtype) if with_base else None
     base_accuracy = accuracy(model) if with_base and accuracy is not None else None
+    base_evals = measure(model) if with_base else None
+    measured: dict[str, EvalScore] = {}
     if cfg.objective == "grpo":
         from convalue.engine.model.loading import load_tokenizer
         from convalue.engine.protocol.grpo_train import grpo_finetune
@@ -60,19 +82,27 @@ def run_finetune_job(spec: ReplicaSpec, label: str, target: list[TokenizedExampl
         result = grpo_finetune(model, load_tokenizer(spec.model_dir), spec.pad_id, cfg, spec.lora, label=label,
                                target=target, aux=aux, val=val, max_length=spec.model.max_length,
                                base_val_loss=base, device=device, autocast_dtype=amp_dtype, weights=weights,
-                               accuracy=accuracy)
+                               accuracy=accuracy, keep=lambda m: measured.update(measure(m)))
     else:
         result = finetune(model, spec.pad_id, cfg, spec.lora, label=label, target=target, aux=aux, val=val,
                           base_val_loss=base, device=device, autocast_dtype=amp_dtype, weights=weights,
-                          accuracy=accuracy)
+                          accuracy=accuracy, keep=lambda m: measured.update(measure(m)))
     result.base_val_accuracy = base_accuracy
+    result.evaluations = {TARGET_VAL: EvalScore(result.val_loss, result.val_accuracy)} | measured
+    if with_base:
+        result.base_evaluations = {TARGET_VAL: EvalScore(base, base_accuracy)} | base_evals
     return result
 
 
-def run_base_eval(spec: ReplicaSpec, val: list[TokenizedExample]) -> float:
-    """The base model's validation loss alone (when every fine-tune was already stored)."""
+def run_base_eval(spec: ReplicaSpec, val: list[TokenizedExample], val_raw: list[Example] | None = None,
+                  evals: list[EvalSet] | None = None) -> dict[str, EvalScore]:
+    """The base model's values alone (when every fine-tune was already stored): the validation split's loss (and
+    accuracy where measured) as `target_val`, and each of data.eval's sets."""
     model, device, amp_dtype = _replica(spec)
-    return evaluate_loss(model, val, spec.finetune.eval_batch_size, spec.pad_id, device, amp_dtype)
+    accuracy = _accuracy(spec, val_raw, device, amp_dtype)
+    loss = evaluate_loss(model, val, spec.finetune.eval_batch_size, spec.pad_id, device, amp_dtype)
+    return {TARGET_VAL: EvalScore(loss, None if accuracy is None else accuracy(model))} | _measure(
+        spec, evals or [], device, amp_dtype)(model)
 
 
 def run_theta_star_job(spec: ReplicaSpec, target: list[TokenizedExample], aux: dict[str, list[TokenizedExample]],

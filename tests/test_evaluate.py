@@ -363,7 +363,8 @@ def test_the_verdict_states_the_regime_and_reads_the_paired_interval(kmm, target
     mean = np.mean(np.subtract(kmm, target))
     assert f"k=1 {mean:+.4f}" in text and word in text
     assert ("95% CI" in text) == (len(kmm) > 1)
-    assert format_verdict([], None, 35) == ""
+    assert format_verdict([], None, 35).startswith("verdict: not evaluated — no fine-tune ran")
+    assert text.splitlines()[-1].startswith("verdict: ")  # the run's one verdict, after the regime
 
 
 def test_the_printed_table_follows_the_selection_metric_and_shows_the_other():

@@ -116,7 +116,9 @@ def test_accuracy_on_a_mathematics_task_ranks_the_methods(pipeline_config):
                                                   "accuracy_max_new_tokens": 8}}
     summary = run(config_from_dict(cfg))
     ev = summary.evaluation
-    assert ev["metric"] == "accuracy" and set(ev["by_loss"]) >= {"best_k", "borda"}
+    by = {(e["evaluation"], e["metric"]): e for e in ev["evaluations"]}
+    assert ev["metric"] == "accuracy" and set(by) == {("target_val", "loss"), ("target_val", "accuracy")}
+    assert set(by["target_val", "loss"]) >= {"best_k", "borda", "kmm_minus"}
     assert all(0.0 <= r["val_accuracy"] <= 1.0 for r in summary.finetune)
     assert summary.finetune[0]["base_val_accuracy"] is not None
     assert ev["best_k"]["kmm"]["val_accuracy"] == next(r["val_accuracy"] for r in summary.finetune

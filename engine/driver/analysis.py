@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from convalue.actors.evaluation import EvaluationRequest
+from convalue.actors.evaluation import EvaluationRequest, finetune_store
 from convalue.actors.solver import subsets_on_actor
 from convalue.engine.config import ConfigError, RunConfig
 from convalue.engine.data.examples import DataError
@@ -20,7 +20,6 @@ from convalue.engine.data.tokenize import tokenize_examples
 from convalue.engine.driver.command import RunContext
 from convalue.engine.driver.featurize import FeaturizeResult
 from convalue.engine.driver.stages import solver_space
-from convalue.engine.store.finetunes import FinetuneStore, job_settings, train_job_settings
 
 
 @dataclass
@@ -68,10 +67,7 @@ def _records(ctx: RunContext, request: EvaluationRequest,
              subsets: list[tuple[str, ...]]) -> dict[tuple, dict | None]:
     """The stored record of each subset's fine-tune, as actors.evaluation.run_subsets keys it (finetune.seed,
     uniform draws, finetune.rho), or None where the run folder does not hold it."""
-    spec = request.spec
-    settings = job_settings(spec) if request.train_spec is None else train_job_settings(request.train_spec, spec)
-    store = FinetuneStore(ctx.run_dir.sub("finetunes"), settings, request.data.target_train,
-                          request.data.target_val)
+    store = finetune_store(request)
     seed = ctx.cfg.finetune.seed
     return {s: store.get(store.job_key({n: request.usable(n) for n in s}, seed, None, None)) for s in subsets}
 

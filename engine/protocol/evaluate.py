@@ -1,12 +1,9 @@
-"""The evaluation protocol over budgets (paper Sec. 5 and Alg. 1): what each method buys at every k, which
-fine-tunes that takes, and each method's best k and Borda count over the fine-tunes' validation losses (means
-over seeds, with their spread, where each cell is trained under several: paper App., multi-seed results)."""
+"""The evaluation protocol over budgets (paper Sec. 5 and Alg. 1): what each method buys at every k and which
+fine-tunes that takes; engine.protocol.summaries turns their results into best k, Borda and paired intervals."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import statistics
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,7 +11,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from convalue.engine.config import ConfigError, FinetuneConfig
+from convalue.engine.protocol.summaries import (  # the summaries were first defined here: their import path stays
+    CellLoss,
+    borda_points,
+    cell_losses,
+    mean_sd,
+    paired_differences,
+    paired_interval,
+    summarise,
+)
 from convalue.engine.selection.select import select_top_k
+
+__all__ = ["BASELINE_METHODS", "LABELS", "MIXTURES", "CellLoss", "PlannedRun", "borda_points", "cell_losses",
+           "distinct_jobs", "given_weights", "label_of", "mean_sd", "method_scores", "mix_runs",
+           "paired_differences", "paired_interval", "plan_runs", "summarise"]
 
 BASELINE_METHODS = ("alignment", "cosine", "random")  # ranked like KMM, at every k
 LABELS = {"kmm": "KMM", "alignment": "alignment", "cosine": "one-step cosine", "random": "random",
@@ -148,106 +158,3 @@ def distinct_jobs(runs: list[PlannedRun]) -> tuple[list[PlannedRun], list[int]]:
             jobs.append(r)
         served_by.append(first[r.groups, r.weights, r.rho])
     return jobs, served_by
-
-
-def borda_points(losses: dict[str, float]) -> dict[str, float]:
-    """Borda points at one k: one per method with a strictly higher loss, half per tie (the paper's fractional
-    counts)."""
-    return {m: sum(1.0 if v < u else 0.5 if v == u else 0.0 for n, u in losses.items() if n != m)
-            for m, v in losses.items()}
-
-
-@dataclass(frozen=True)
-class CellLoss:
-    """A protocol cell's validation loss over its seeds: mean, sample standard deviation (None for one seed)."""
-
-    mean: float
-    sd: float | None
-
-
-def mean_sd(values: list[float]) -> tuple[float, float | None]:
-    """The mean and sample standard deviation of `values` (None for one value)."""
-    return sum(values) / len(values), statistics.stdev(values) if len(values) > 1 else None
-
-
-#: what a protocol can be judged on: the row field, and whether lower is better
-METRICS = {"loss": ("val_loss", True), "accuracy": ("val_accuracy", False)}
-
-
-def cell_losses(rows: list[dict], field: str = "val_loss") -> dict[tuple[str, int | None], CellLoss]:
-    """Each (method, k) cell's value of `field` (validation loss, or accuracy) over the rows of its seeds."""
-    losses: dict[tuple[str, int | None], list[float]] = {}
-    for r in rows:
-        losses.setdefault((r["method"], r["k"]), []).append(r[field])
-    return {c: CellLoss(*mean_sd(v)) for c, v in losses.items()}
-
-
-def paired_differences(rows: list[dict], ks: list[int], reference: str = "kmm",
-                       field: str = "val_loss") -> list[dict]:
-    """For every other method (and target only) at every k: the reference's loss minus the method's, seed by seed
-    (each seed's draws are shared by all methods, so the pairs cancel their noise); the mean, the sample sd and
-    its 95 % t-interval (None for one seed) and in how many seeds the reference is lower."""
-    by_cell: dict[tuple[str, int | None], dict] = {}
-    for r in rows:
-        by_cell.setdefault((r["method"], r["k"]), {})[r.get("seed")] = r[field]
-    others = [m for m in dict.fromkeys(m for m, _ in by_cell) if m != reference]
-    out = []
-    for m in others:
-        for k in ks:
-            mine, theirs = by_cell[reference, k], by_cell[m, None if m == "target_only" else k]
-            d = [mine[s] - theirs[s] for s in mine]
-            mean, sd = mean_sd(d)
-            out.append({"method": m, "k": k, "mean": mean, "sd": sd, "ci95": paired_interval(mean, sd, len(d)),
-                        "reference_lower": sum(x < 0 for x in d), "seeds": len(d)})
-    return out
-
-
-def paired_interval(mean: float, sd: float | None, n: int) -> list[float] | None:
-    """The 95 % Student-t interval of a mean paired difference over n seeds (None for one seed); an interval
-    that excludes 0 is a difference the paired t-test finds at the 5 % level."""
-    if sd is None or n < 2:
-        return None
-    import scipy.stats  # about 0.7 s to import; only a multi-seed summary needs it
-
-    half = float(scipy.stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
-    return [mean - half, mean + half]
-
-
-def summarise(rows: list[dict], ks: list[int], metric: str = "loss") -> dict:
-    """Best-k and Borda count per method from the fine-tune rows on `metric` (validation loss: lower is better;
-    accuracy: higher is better), on each cell's mean over its seeds; every row gains its cell's `points` and
-    `best` (the method's best-k cell). The loss's own fields (val_loss, target_only_val_loss) are always there."""
-    field, lower = METRICS[metric]
-    sign = 1.0 if lower else -1.0
-    methods = list(dict.fromkeys(r["method"] for r in rows if r["k"] is not None))
-    cell = cell_losses(rows, field)
-    loss = cell_losses(rows) if field != "val_loss" else cell
-    borda = dict.fromkeys(methods, 0.0)
-    points = {}
-    for k in ks:
-        for m, p in borda_points({m: sign * cell[m, k].mean for m in methods}).items():
-            borda[m] += p
-            points[m, k] = p
-    best_k = {}
-    for m in methods:
-        k = min(ks, key=lambda k: (sign * cell[m, k].mean, k))  # the smallest k reaching the best value
-        groups = next(r["groups"] for r in rows if (r["method"], r["k"]) == (m, k))  # the first seed's (random: per seed)
-        best_k[m] = {"k": k, "val_loss": loss[m, k].mean, "val_loss_sd": loss[m, k].sd, "groups": groups}
-        if field != "val_loss":
-            best_k[m] |= {field: cell[m, k].mean, f"{field}_sd": cell[m, k].sd}
-    for r in rows:
-        r["points"] = points.get((r["method"], r["k"]))
-        r["best"] = r["k"] is not None and best_k[r["method"]]["k"] == r["k"]
-    base = next((r["base_val_loss"] for r in rows if r.get("base_val_loss") is not None), None)
-    target = loss.get(("target_only", None))
-    paired = paired_differences(rows, ks, field=field) if "kmm" in methods else []
-    out = {"ks": list(ks), "methods": methods, "seeds": sorted({r.get("seed") for r in rows} - {None}),
-           "metric": metric, "kmm_minus": paired, "best_k": best_k, "borda": borda,
-           "target_only_val_loss": None if target is None else target.mean,
-           "target_only_val_loss_sd": None if target is None else target.sd, "base_val_loss": base}
-    if field != "val_loss":
-        mine = cell.get(("target_only", None))
-        out |= {f"target_only_{field}": None if mine is None else mine.mean,
-                f"base_{field}": next((r.get(f"base_{field}") for r in rows if r.get(f"base_{field}") is not None),
-                                      None)}
-    return out

@@ -15,11 +15,13 @@ from convalue.engine.data.tokenize import TokenizedExample
 from convalue.engine.features.batching import pad_batch
 from convalue.engine.features.losses import per_example_loss
 from convalue.engine.model.loading import attach_lora, autocast
+from convalue.engine.protocol.measures import EvalScore
 
 
 @dataclass
 class FinetuneResult:
-    """What one fine-tune run achieved on the target's validation split."""
+    """What one fine-tune run achieved on the target's validation split (val_loss, val_accuracy) and on every
+    evaluation (evaluations)."""
 
     label: str
     groups: list[str]
@@ -37,6 +39,8 @@ class FinetuneResult:
     train_reward_first: float | None = None  # objective `grpo`: mean reward of the first quarter of the steps
     train_reward_last: float | None = None  # ... and of the last quarter
     train_rewards: list[float] | None = None  # objective `grpo`: each step's mean reward
+    evaluations: dict[str, EvalScore] | None = None  # every evaluation's values (target_val and data.eval's)
+    base_evaluations: dict[str, EvalScore] | None = None  # ... of theta_0, where this job measured it
 
     def to_dict(self) -> dict:
         """JSON-ready fields."""

@@ -8,6 +8,10 @@ import statistics
 from typing import Any
 
 from convalue.engine.protocol.evaluate import label_of
+from convalue.engine.protocol.measures import Measure
+from convalue.engine.protocol.summaries import TARGET_LOSS
+from convalue.engine.protocol.verdict import BUY, DO_NOT_BUY, NO_DIFFERENCE, verdict_from_evaluation
+from convalue.engine.report.fonts import lang_of
 from convalue.engine.report.html_markup import (
     Html,
     el,
@@ -139,11 +143,15 @@ def _cut(text: Any) -> str:
 
 
 def examples_block(rows: list[dict]) -> Html:
-    """A few prompt/response pairs."""
-    return join(*(el("div", el("div", "prompt" + (f" (from {r['source_group']})" if r.get("source_group") else ""),
-                                class_="role"), el("div", _cut(r.get("prompt")), class_="txt"),
-                     el("div", "response", class_="role"), el("div", _cut(r.get("response")), class_="txt"),
-                     class_="ex") for r in rows[:EXAMPLES_SHOWN]))
+    """A few prompt/response pairs (their text marked with the language of a group named after one)."""
+    def one(r: dict) -> Html:
+        lang = lang_of(r.get("source_group") or r.get("group"))
+        return el("div", el("div", "prompt" + (f" (from {r['source_group']})" if r.get("source_group") else ""),
+                            class_="role"), el("div", _cut(r.get("prompt")), class_="txt", lang=lang),
+                  el("div", "response", class_="role"), el("div", _cut(r.get("response")), class_="txt", lang=lang),
+                  class_="ex")
+
+    return join(*(one(r) for r in rows[:EXAMPLES_SHOWN]))
 
 
 def group_examples(run: RunFiles, groups: list[str]) -> dict[str, Html]:
@@ -176,6 +184,27 @@ def group_examples(run: RunFiles, groups: list[str]) -> dict[str, Html]:
     return out
 
 
+def answer_text(run: RunFiles) -> str | None:
+    """report.html's opening line: what to train on, as the run's verdict (engine.protocol.verdict) has it, so the
+    page never recommends a purchase its own evaluation contradicts (None before there is a selection)."""
+    selected = run.field("selected")
+    if not isinstance(selected, list):
+        return None
+    target = mapping(run.field("data")).get("target") or "the target task"
+    picks = ", ".join(map(str, selected))
+    verdict = verdict_from_evaluation(run.field("evaluation"))
+    if verdict.kind == BUY:
+        return f"Train on {', '.join(verdict.groups)} together with {target}'s own data: {verdict.sentence}"
+    if verdict.kind == DO_NOT_BUY:
+        return f"Train on {target}'s own data alone: {verdict.sentence}"
+    if verdict.kind == NO_DIFFERENCE:
+        return (f"No resolvable difference: {verdict.sentence} KMM's ranking, taken alone, puts "
+                f"{picks or 'no candidate'} first.")
+    if not selected:
+        return f"No candidate scored positive: train on {target}'s own data alone. Not evaluated: {verdict.sentence}"
+    return f"KMM would buy {picks} for {target}. Not evaluated: {verdict.sentence}"
+
+
 def selection_section(run: RunFiles) -> Html:
     selected = run.field("selected")
     scores = {r.get("group"): r for r in run.rows("scores") or []}
@@ -198,18 +227,37 @@ def selection_section(run: RunFiles) -> Html:
         r = scores.get(g, {})
         facts = f" (score w {num(r.get('score'), '+.4f')}, {num(r.get('n_examples'), 'd')} examples)" if r else ""
         parts += [el("h3", g, facts, class_="group"), examples[g]]
-    parts += target_part
+    parts += [leakage_line(run), *target_part]
     return section("selection", "The selection", *parts)
 
 
-def _cells(rows: list[dict]) -> dict[tuple[Any, Any], tuple[float, float | None]]:
-    """Each (method, k) cell's validation loss over its seeds: (mean, sd or None)."""
-    losses: dict[tuple[Any, Any], list[float]] = {}
+def leakage_line(run: RunFiles) -> Html:
+    """What the leakage check dropped from the candidates before valuation (summary.json's data.leakage)."""
+    leak = mapping(mapping(run.field("data")).get("leakage"))
+    if not leak:
+        return para("No leakage check is recorded for this run (candidate examples equal to target or evaluation "
+                    "examples were not looked for).", class_="missing")
+    against = ", ".join(map(str, leak.get("against") or [])) or "?"
+    groups = [mapping(g) for g in leak.get("groups") or []]
+    if not groups:
+        return el("p", f"Leakage check: none of the {leak.get('checked', '?')} candidate examples equals an example "
+                  f"of {against} (compared casefolded, Unicode NFKC, whitespace collapsed).", id="leakage")
+    each = ", ".join(f"{g.get('group')} {g.get('dropped')} of {g.get('examples')}" + (" (dropped whole)"
+                                                                                    if g.get("removed") else "")
+                     for g in groups[:20]) + (f", and {len(groups) - 20} more" if len(groups) > 20 else "")
+    return el("p", el("strong", "Leakage check: "), f"{leak.get('dropped', '?')} of the {leak.get('checked', '?')} "
+              f"candidate examples equal an example of {against} (casefolded, NFKC, whitespace collapsed) and were "
+              f"dropped before valuation: {each}.", class_="warn", id="leakage")
+
+
+def _cells(rows: list[dict], measure: Measure = TARGET_LOSS) -> dict[tuple[Any, Any], tuple[float, float | None]]:
+    """Each (method, k) cell's value on `measure` over its seeds: (mean, sd or None)."""
+    values: dict[tuple[Any, Any], list[float]] = {}
     for r in rows:
-        if not math.isnan(v := _f(r.get("val_loss"))):
+        if not math.isnan(v := _f(measure.value(r))):
             k = r.get("k")
-            losses.setdefault((r.get("method"), None if k is None or _f(k) != _f(k) else int(k)), []).append(v)
-    return {c: (sum(v) / len(v), statistics.stdev(v) if len(v) > 1 else None) for c, v in losses.items()}
+            values.setdefault((r.get("method"), None if k is None or _f(k) != _f(k) else int(k)), []).append(v)
+    return {c: (sum(v) / len(v), statistics.stdev(v) if len(v) > 1 else None) for c, v in values.items()}
 
 
 def _why_no_evaluation(run: RunFiles) -> str:
@@ -240,50 +288,103 @@ def evaluation_section(run: RunFiles) -> Html:
                         id="finished-table") if done else None
         return section("evaluation", "The evaluation", para(f"No evaluation: {_why_no_evaluation(run)}.",
                                                              class_="missing"), partial)
-    ks = [k for k in ev.get("ks") or [] if isinstance(k, int)]
-    methods = [m for m in ev.get("methods") or [] if isinstance(m, str)]
-    cells, borda = _cells(rows), mapping(ev.get("borda"))
-    best_k = {m: mapping(b) for m, b in mapping(ev.get("best_k")).items()}
-    seeds = ev.get("seeds") or []
+    main = _main_measure(ev)
     steps = next((r.get("steps") for r in rows if r.get("steps") is not None), None)
-    body = []
-    for m in methods:
-        star = best_k.get(m, {}).get("k")
-        cell = [join(pm(*cells[m, k]), " ★" if star == k else "") if (m, k) in cells else "–" for k in ks]
-        body.append([label_of(m), *cell, num(borda.get(m), "g")])
-    target = cells.get(("target_only", None)) or ((ev["target_only_val_loss"], ev.get("target_only_val_loss_sd"))
-                                                  if ev.get("target_only_val_loss") is not None else None)
-    if target is not None:
-        body.append(join(el("td", "target only"), el("td", pm(*target),
-                                                      " (the same at every k)", colspan=max(len(ks), 1)), el("td", "")))
-    if ev.get("base_val_loss") is not None:
-        body.append(join(el("td", "base model (no fine-tune)"), el("td", num(ev.get("base_val_loss")),
-                                                                    colspan=max(len(ks), 1)), el("td", "")))
+    seeds = ev.get("seeds") or []
     over = f"; mean ± sd over the seeds {seeds}" if len(seeds) > 1 else ""
+    verdict = verdict_from_evaluation(ev)
     parts: list[Any] = [
-        para(f"Target validation loss after {steps if steps is not None else '?'} steps per fine-tune (lower is "
-             f"better){over}; ★ each method's best k; Borda count over k (higher is better)."),
-        table(["method", *(f"k = {k}" for k in ks), "Borda"], body, id="evaluation-table"),
-        table(["method", "best k", "validation loss", "groups bought"],
-              [[label_of(m), num(b.get("k"), "d"), pm(b.get("val_loss"), b.get("val_loss_sd")),
-                ", ".join(map(str, b.get("groups") or [])) or "–"] for m, b in best_k.items()],
-              id="best-k-table")]
-    parts.append(_kmm_minus(ev))
+        el("p", el("strong", f"Verdict: {verdict.kind}"), f" — {verdict.sentence}", class_="answer", id="verdict"),
+        _evaluations_line(run, main),
+        para(f"Each table: the value after {steps if steps is not None else '?'} steps per fine-tune{over}; ★ each "
+             "method's best k; Borda count over k (higher is better)."),
+        el("h3", f"{_heading(main)} (finetune.select_by: best k, Borda and the verdict)"),
+        *_measure_tables(rows, ev, main, main_keys=True)]
+    for record in ev.get("evaluations") or []:
+        record = mapping(record)
+        try:
+            measure = Measure(str(record.get("evaluation")), str(record.get("metric")))
+        except ValueError:
+            continue
+        if measure != main:
+            parts += [el("h3", _heading(measure)), *_measure_tables(rows, record, measure, main_keys=False)]
     tunes = mapping(ev.get("fine_tunes"))
     if tunes:
         parts.append(para(f"Fine-tunes trained: {tunes.get('trained', '?')}; read back from earlier runs: "
                           f"{tunes.get('reused', '?')}."))
     if run.field("finetune_stale"):
         parts.append(para(f"Stale: {run.field('finetune_stale')}", class_="warn"))
-    parts.append(run.image("evaluation.png", "validation loss against k"))
+    parts.append(run.image("evaluation.png", "each evaluation's value against k"))
     return section("evaluation", "The evaluation", *parts)
 
 
-def _kmm_minus(ev: dict) -> Html:
-    """KMM's loss minus each method's, with its paired 95 % interval."""
+def _main_measure(ev: dict) -> Measure:
+    """finetune.select_by's measure as the evaluation records it (older summaries: their metric on target_val)."""
+    try:
+        return Measure.parse(str(ev.get("select_by") or ev.get("metric") or "loss"))
+    except ValueError:
+        return TARGET_LOSS
+
+
+def _heading(measure: Measure) -> str:
+    """A measure as a table's heading names it, with its evaluation."""
+    where = "the target's validation split" if measure.evaluation == TARGET_LOSS.evaluation else \
+        f"evaluation {measure.evaluation}"
+    return f"{measure.metric.capitalize()} on {where} ({measure.evaluation}; " \
+           f"{'lower' if measure.lower_is_better else 'higher'} is better)"
+
+
+def _evaluations_line(run: RunFiles, main: Measure) -> Html:
+    """Which evaluations every fine-tune was measured on, and which one decides."""
+    sets = [mapping(e) for e in mapping(run.field("data")).get("evaluations") or [] if isinstance(e, dict)]
+    listed = "; ".join(f"{e.get('name')} ({e.get('source')}, {e.get('examples')} examples)" for e in sets)
+    return para(f"Every fine-tune was measured on {listed or 'the target validation split (target_val)'}. "
+                f"finetune.select_by {main.name} decides each method's best k, the Borda count and the verdict.")
+
+
+def _measure_tables(rows: list[dict], ev: dict, measure: Measure, main_keys: bool) -> list[Html]:
+    """One measure's tables: value per method and k with Borda, each method's best k, KMM's paired differences.
+    main_keys: `ev` is the evaluation itself (the select_by measure: ids `evaluation-table`, `best-k-table`,
+    `kmm-minus-table`), else one record of its `evaluations` (ids suffixed with the measure)."""
+    suffix = "" if main_keys else f"-{measure.evaluation}-{measure.metric}"
+    ks = [k for k in ev.get("ks") or [] if isinstance(k, int)]
+    methods = [m for m in ev.get("methods") or [] if isinstance(m, str)]
+    cells, borda = _cells(rows, measure), mapping(ev.get("borda"))
+    best_k = {m: mapping(b) for m, b in mapping(ev.get("best_k")).items()}
+    body = []
+    for m in methods:
+        star = best_k.get(m, {}).get("k")
+        cell = [join(pm(*cells[m, k]), " ★" if star == k else "") if (m, k) in cells else "–" for k in ks]
+        body.append([label_of(m), *cell, num(borda.get(m), "g")])
+    target, base = cells.get(("target_only", None)), None
+    if main_keys:
+        if target is None and ev.get("target_only_value") is not None:
+            target = (ev["target_only_value"], ev.get("target_only_value_sd"))
+        base = ev.get("base_value", ev.get("base_val_loss") if measure == TARGET_LOSS else None)
+    else:
+        base = ev.get("base")
+    if target is not None:
+        body.append(join(el("td", "target only"), el("td", pm(*target), " (the same at every k)",
+                                                      colspan=max(len(ks), 1)), el("td", "")))
+    if base is not None:
+        body.append(join(el("td", "base model (no fine-tune)"), el("td", num(base), colspan=max(len(ks), 1)),
+                         el("td", "")))
+    what = f"{measure.metric} on {measure.evaluation}"
+    return [table(["method", *(f"k = {k}" for k in ks), "Borda"], body, id=f"evaluation-table{suffix}"),
+            table(["method", "best k", what, "groups bought"],
+                  [[label_of(m), num(b.get("k"), "d"), pm(b.get("value", b.get("val_loss")),
+                                                          b.get("value_sd", b.get("val_loss_sd"))),
+                    ", ".join(map(str, b.get("groups") or [])) or "–"] for m, b in best_k.items()],
+                  id=f"best-k-table{suffix}"),
+            _kmm_minus(ev, measure, suffix)]
+
+
+def _kmm_minus(ev: dict, measure: Measure = TARGET_LOSS, suffix: str = "") -> Html:
+    """KMM's value minus each method's on `measure`, with its paired 95 % interval."""
     diffs = [d for d in ev.get("kmm_minus") or [] if isinstance(d, dict)]
     if not diffs:
         return para("No paired differences (KMM was not among the methods evaluated).", class_="missing")
+    lower = measure.lower_is_better
     body, classes = [], []
     for d in diffs:
         ci, mean = d.get("ci95"), _f(d.get("mean"))
@@ -294,11 +395,14 @@ def _kmm_minus(ev: dict) -> Html:
         else:
             verdict = "one seed: no interval" if mean == mean else "–"
             interval = "–"
+        good = "KMM lower" if lower else "KMM higher"
+        bad = "KMM higher" if lower else "KMM lower"
         body.append([label_of(d.get("method")), num(d.get("k"), "d"), pm(mean, d.get("sd"), "+.4f"),
                      interval, f"{d.get('reference_lower', '?')} of {d.get('seeds', '?')}", verdict])
-        classes.append("good" if verdict == "KMM lower" else "bad" if verdict == "KMM higher" else None)
-    return join(para("KMM's validation loss minus each method's at each k, seed by seed (the seeds' draws are "
-                     "shared, so the pairs cancel their noise): negative means KMM's selection did better; an "
-                     "interval without 0 is a difference at the 5% level of the paired t-test."),
+        classes.append("good" if verdict == good else "bad" if verdict == bad else None)
+    return join(para(f"KMM's {measure.metric} on {measure.evaluation} minus each method's at each k, seed by seed "
+                     "(the seeds' draws are shared, so the pairs cancel their noise): "
+                     f"{'negative' if lower else 'positive'} means KMM's selection did better; an interval without 0 "
+                     "is a difference at the 5% level of the paired t-test."),
                 table(["method", "k", "KMM − method (mean ± sd)", "paired 95% interval", "seeds with KMM lower",
-                       "verdict"], body, classes, id="kmm-minus-table"))
+                       "verdict"], body, classes, id=f"kmm-minus-table{suffix}"))

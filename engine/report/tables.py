@@ -7,7 +7,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from convalue.engine.data.examples import Group
-from convalue.engine.protocol.evaluate import CellLoss, cell_losses, label_of
+from convalue.engine.protocol.evaluate import CellLoss, label_of
+from convalue.engine.protocol.measures import Measure
+from convalue.engine.protocol.summaries import summarise_measure
+from convalue.engine.protocol.verdict import verdict_from_evaluation
 from convalue.engine.selection.select import ranks
 
 
@@ -66,20 +69,6 @@ def clusters_table(groups: list[Group], valued: set[str]) -> pa.Table | None:
     })
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 def format_ranking(table: pa.Table, limit: int | None = None) -> str:
     """The ranked table as aligned text."""
     rows = table.to_pylist()[:limit]
@@ -109,8 +98,9 @@ def format_cluster_samples(table: pa.Table, groups: list[str], n: int = 2, width
 
 def evaluation_table(rows: list[dict]) -> pa.Table:
     """One row per fine-tune of the evaluation protocol (method, k, seed), as summary.json's `finetune` lists them;
-    `points` and `best` are their cell's (on the mean over seeds); accuracy and GRPO's training rewards where
-    measured."""
+    `points` and `best` are their cell's on finetune.select_by (on the mean over seeds); `val_loss` is the target's
+    validation loss, `evaluations` every evaluation's loss (and accuracy) where data.eval names more; accuracy and
+    GRPO's training rewards where measured."""
     table = pa.table({
         "method": pa.array([r["method"] for r in rows], pa.string()),
         "k": pa.array([r["k"] for r in rows], pa.int64()),
@@ -132,7 +122,16 @@ def evaluation_table(rows: list[dict]) -> pa.Table:
                        ("train_rewards", pa.list_(pa.float64()))):
         if any(r.get(name) is not None and r.get(name) != "sft" for r in rows):
             table = table.append_column(name, pa.array([r.get(name) for r in rows], kind))
+    if any(len(r.get("evaluations") or {}) > 1 for r in rows):  # data.eval: every evaluation's values, by name
+        table = table.append_column("evaluations", pa.array(
+            [[{"evaluation": n, "loss": v.get("loss"), "accuracy": v.get("accuracy")}
+              for n, v in (r.get("evaluations") or {}).items()] for r in rows], EVALUATIONS_TYPE))
     return table
+
+
+#: evaluation.parquet's `evaluations`: each fine-tune's values on every evaluation
+EVALUATIONS_TYPE = pa.list_(pa.struct([("evaluation", pa.string()), ("loss", pa.float64()),
+                                       ("accuracy", pa.float64())]))
 
 
 def format_bootstrap(stats: dict) -> str:
@@ -153,49 +152,78 @@ def _interval(ci: list[float] | None) -> str:
     return "" if ci is None else f" [95% CI {ci[0]:+.4f}, {ci[1]:+.4f}]"
 
 
+def shown_measures(evaluation: dict) -> list[tuple[Measure, str]]:
+    """The measures the evaluation reports, finetune.select_by's first, each with its evaluation's description
+    (summaries written before data.eval existed: select_by's metric on the target's validation split, then the
+    other metric where it was measured)."""
+    main = Measure.parse(str(evaluation.get("select_by") or evaluation.get("metric") or "loss"))
+    records = [r for r in evaluation.get("evaluations") or [] if isinstance(r, dict)]
+    if records:
+        shown = [(Measure(r["evaluation"], r["metric"]), _described(r)) for r in records]
+    else:
+        shown = [(main, "")] + [(Measure(main.evaluation, m), "") for m in ("loss", "accuracy")
+                                if m != main.metric and f"by_{m}" in evaluation]
+    shown.sort(key=lambda x: x[0] != main)  # stable: the select_by measure first, the rest in their order
+    return shown
+
+
+def _described(record: dict) -> str:
+    """An evaluation's source and size, as a table's heading names it."""
+    source, n = record.get("source"), record.get("examples")
+    return "" if source is None else f"{source}, {n} examples" if n is not None else str(source)
+
+
+def measure_heading(measure: Measure) -> str:
+    """What a table shows, naming its evaluation: `target validation loss`, `loss on evaluation 'heldout'`."""
+    if measure.evaluation == Measure().evaluation:
+        return f"target validation {measure.metric} (target_val)"
+    return f"{measure.metric} on evaluation {measure.evaluation!r}"
+
+
 def format_evaluation(rows: list[dict], evaluation: dict | None) -> str:
-    """The protocol's table (validation loss per method and k, mean ± sd over seeds where there are several; best
-    k starred; Borda count) and what each run bought."""
+    """The protocol's tables, one per evaluation and metric, finetune.select_by's first (value per method and k, mean
+    ± sd over seeds where there are several; best k starred; Borda count; KMM's paired differences), and what each
+    run bought."""
     if not rows or evaluation is None:
         return "fine-tune: disabled"
-    metric = evaluation.get("metric", "loss")
-    lines = _metric_table(rows, evaluation, metric)
-    other = "loss" if metric == "accuracy" else "accuracy"
-    if f"by_{other}" in evaluation:  # finetune.metrics measured both: the other one's table too
-        lines += _metric_table(rows, {**evaluation, **evaluation[f"by_{other}"]}, other)
+    main = Measure.parse(str(evaluation.get("select_by") or evaluation.get("metric") or "loss"))
+    lines: list[str] = []
+    for measure, about in shown_measures(evaluation):
+        lines += _metric_table(rows, evaluation, measure, about, measure == main)
     return "\n".join(lines + _bought_lines(rows, bool(len(evaluation.get("seeds") or []) > 1)))
 
 
-def _metric_table(rows: list[dict], evaluation: dict, metric: str) -> list[str]:
-    """One metric's table: the cells (mean ± sd), best k starred, Borda, target only, base, KMM's paired
+def _metric_table(rows: list[dict], evaluation: dict, measure: Measure, about: str, selects: bool) -> list[str]:
+    """One measure's table: the cells (mean ± sd), best k starred, Borda, target only, base, KMM's paired
     differences."""
-    ks, methods = evaluation["ks"], evaluation["methods"]
-    field, what, better = (("val_accuracy", "accuracy", "higher") if metric == "accuracy"
-                           else ("val_loss", "loss", "lower"))
-    cell = cell_losses(rows, field)
+    ks = evaluation["ks"]
+    summary = summarise_measure(rows, ks, measure)
+    methods = [m for m in evaluation["methods"] if m in summary.methods]
+    cell, what = summary.cells, measure.metric
+    better = "lower" if measure.lower_is_better else "higher"
     seeds = evaluation.get("seeds") or []
     over = f"; mean ± sd over seeds {seeds}" if len(seeds) > 1 else ""
-    best = {(m, b["k"]) for m, b in evaluation["best_k"].items()}
+    best = {(m, b.k) for m, b in summary.best_k.items()}
     col = max([8] + [len(_loss(c)) for c in cell.values()]) + 1
     width = max([len("base model (theta_0)")] + [len(label_of(m)) for m in methods])
-    lines = [f"target validation {what} after {rows[0]['steps']} steps ({better} is better; * the method's best "
-             f"k{over}), Borda count over k (higher is better):",
+    role = "; finetune.select_by: it decides best k, Borda and the verdict" if selects else ""
+    lines = [f"{measure_heading(measure)}{f' [{about}]' if about else ''} after {rows[0]['steps']} steps ({better} is "
+             f"better; * the method's best k{over}{role}), Borda count over k (higher is better):",
              f"  {'method':<{width}} " + " ".join(f"{'k=' + str(k):>{col}}" for k in ks) + f" {'Borda':>7}"]
     for m in methods:
-        losses = " ".join(f"{_loss(cell[m, k]):>{col - 1}}{'*' if (m, k) in best else ' '}" for k in ks)
-        lines.append(f"  {label_of(m):<{width}} {losses} {evaluation['borda'][m]:>7.1f}")
-    if ("target_only", None) in cell:
-        lines.append(f"  {label_of('target_only'):<{width}} {_loss(cell['target_only', None]):>{col - 1}}  (every k)")
-    base = evaluation.get("base_val_accuracy" if metric == "accuracy" else "base_val_loss")
-    if base is not None:
-        lines.append(f"  {'base model (theta_0)':<{width}} {base:>{col - 1}.4f}")
-    if over and evaluation.get("kmm_minus"):
+        values = " ".join(f"{_loss(cell[m, k]):>{col - 1}}{'*' if (m, k) in best else ' '}" for k in ks)
+        lines.append(f"  {label_of(m):<{width}} {values} {summary.borda[m]:>7.1f}")
+    if summary.target_only is not None:
+        lines.append(f"  {label_of('target_only'):<{width}} {_loss(summary.target_only):>{col - 1}}  (every k)")
+    if summary.base is not None:
+        lines.append(f"  {'base model (theta_0)':<{width}} {summary.base:>{col - 1}.4f}")
+    if over and summary.kmm_minus:
         lines.append(f"KMM's {what} minus each method's at each k, seed by seed (the seeds' draws are shared, so the "
                      "pairs cancel their noise; negative: KMM lower; an interval without 0: the paired t-test's "
                      "5 % level):")
-        for m in dict.fromkeys(d["method"] for d in evaluation["kmm_minus"]):
-            cells = [f"k={d['k']} {d['mean']:+.4f}±{d['sd']:.4f}{_interval(d.get('ci95'))} (KMM lower in "
-                     f"{d['reference_lower']} of {d['seeds']})" for d in evaluation["kmm_minus"] if d["method"] == m]
+        for m in dict.fromkeys(d.method for d in summary.kmm_minus):
+            cells = [f"k={d.k} {d.mean:+.4f}±{d.sd:.4f}{_interval(d.ci95)} (KMM lower in "
+                     f"{d.reference_lower} of {d.seeds})" for d in summary.kmm_minus if d.method == m]
             lines.append(f"  {label_of(m)}: " + ", ".join(cells))
     return lines
 
@@ -231,16 +259,19 @@ def _bought(label: str, runs: list[dict], per_k: bool) -> str:
 
 
 def format_verdict(rows: list[dict], evaluation: dict | None, target_train: int | None) -> str:
-    """One line on the regime (target size, steps, seeds) and, from the paired intervals, whether KMM's selection
-    beat training on the target alone at each k; empty without an evaluation."""
+    """The regime (target size, steps, seeds) with KMM's selection against the target alone at each k on
+    finetune.select_by's measure, then the run's one verdict (engine.protocol.verdict); without an evaluation, the
+    verdict alone (`not evaluated`)."""
+    verdict = verdict_from_evaluation(evaluation).line()
     if not rows or evaluation is None:
-        return ""
+        return verdict
     seeds = len(evaluation.get("seeds") or []) or 1
     regime = f"regime: a target of {target_train} train examples, {rows[0]['steps']} steps, {seeds} seed(s)"
     diffs = [d for d in evaluation.get("kmm_minus") or [] if d["method"] == "target_only"]
     if not diffs:
-        return regime
-    higher = evaluation.get("metric") == "accuracy"  # kmm_minus is on the selection metric
+        return f"{regime}\n{verdict}"
+    main = Measure.parse(str(evaluation.get("select_by") or evaluation.get("metric") or "loss"))
+    higher = not main.lower_is_better  # kmm_minus is on the select_by measure
     parts = []
     for d in diffs:
         ci = d.get("ci95")
@@ -253,4 +284,4 @@ def format_verdict(rows: list[dict], evaluation: dict | None, target_train: int 
         else:
             word = "no difference the seeds can resolve"
         parts.append(f"k={d['k']} {d['mean']:+.4f}{_interval(ci)}: {word}")
-    return f"{regime}; KMM minus target alone: " + "; ".join(parts)
+    return f"{regime}; KMM minus target alone ({main.words}): " + "; ".join(parts) + f"\n{verdict}"

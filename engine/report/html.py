@@ -22,6 +22,7 @@ from convalue.engine.report.html_markup import (
     table,
 )
 from convalue.engine.report.html_sections import (
+    answer_text,
     evaluation_section,
     ranking_section,
     selection_section,
@@ -184,21 +185,9 @@ def _live(folder: RunFolder) -> bool | None:
 
 
 def answer(run: RunFiles) -> Html | None:
-    """The answer in one paragraph: what to train on."""
-    selected = run.field("selected")
-    if not isinstance(selected, list):
-        return None
-    target = mapping(run.field("data")).get("target") or "the target task"
-    text = (f"Train on {', '.join(map(str, selected))} together with {target}'s own data."
-            if selected else f"No candidate scored positive: train on {target}'s own data alone.")
-    ev = mapping(run.field("evaluation"))
-    best = mapping(mapping(ev.get("best_k")).get("kmm"))
-    if best:
-        alone = ev.get("target_only_val_loss")
-        text += (f" In the evaluation, KMM did best buying k = {best.get('k')} group(s) (validation loss "
-                 f"{num(best.get('val_loss'))}" + ("" if alone is None else f"; the target alone: {num(alone)}")
-                 + "; lower is better).")
-    return el("div", el("strong", "In short: "), text, class_="answer", id="answer")
+    """The answer in one paragraph: what to train on, as the run's verdict says (html_sections.answer_text)."""
+    text = answer_text(run)
+    return None if text is None else el("div", el("strong", "In short: "), text, class_="answer", id="answer")
 
 
 def _solver_form(run: RunFiles) -> str:

@@ -1,4 +1,4 @@
-"""The run's figures: scores.png (signed KMM scores by rank) and evaluation.png (validation loss against k)."""
+"""The run's figures: scores.png (signed KMM scores by rank) and evaluation.png (each evaluation's loss against k)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ import io
 import numpy as np
 import pyarrow as pa
 
-from convalue.engine.protocol.evaluate import cell_losses, label_of
+from convalue.engine.protocol.evaluate import label_of
+from convalue.engine.protocol.measures import Measure
+from convalue.engine.protocol.summaries import summarise_measure
+from convalue.engine.report.tables import measure_heading, shown_measures
 
 SCORES_SHOWN = 40  # most bars in scores.png; the whole ranking is in scores.parquet
 COLOURS = {"positive": "#2a9d8f", "negative": "#e76f51"}
@@ -57,33 +60,46 @@ def plot_scores(table: pa.Table, limit: int = SCORES_SHOWN) -> bytes:
 
 
 def plot_evaluation(rows: list[dict], evaluation: dict) -> bytes:
-    """Validation loss against k for each method (mean over seeds, ± sd bars where there are several; its best k
-    starred), with target-only and base-model lines."""
-    ks = evaluation["ks"]
-    cell = cell_losses(rows)
+    """One panel per evaluation and metric (finetune.select_by's first), each titled with the evaluation it shows:
+    the value against k for each method (mean over seeds, ± sd bars where there are several; its best k starred),
+    with target-only and base-model lines."""
+    shown = shown_measures(evaluation)
+    main = shown[0][0]
+    cols = min(len(shown), 2)
+    nrows = -(-len(shown) // cols)
+    fig = _figure(6.5 * cols, 4.0 * nrows)
+    axes = fig.subplots(nrows, cols, squeeze=False).ravel()
     seeds = evaluation.get("seeds") or []
-    fig = _figure(6.5, 4.0)
-    ax = fig.add_subplot()
-    for m in evaluation["methods"]:
-        means, sds = [cell[m, k].mean for k in ks], [cell[m, k].sd or 0.0 for k in ks]
-        line = ax.errorbar(ks, means, yerr=sds if len(seeds) > 1 else None, marker="o", capsize=3,
-                           label=f"{label_of(m)} (Borda {evaluation['borda'][m]:g})").lines[0]
-        best = evaluation["best_k"][m]
-        ax.plot([best["k"]], [best["val_loss"]], marker="*", markersize=14, color=line.get_color())
-    if ("target_only", None) in cell:
-        target = cell["target_only", None]
+    for ax, (measure, _) in zip(axes, shown):
+        _evaluation_panel(ax, rows, evaluation, measure, len(seeds), measure == main)
+    for ax in axes[len(shown):]:
+        ax.set_visible(False)
+    over = f"; mean ± sd over {len(seeds)} seeds" if len(seeds) > 1 else ""
+    fig.suptitle(f"Fixed compute: {rows[0]['steps']} steps per run (star: the method's best k{over})", fontsize=10)
+    return png_bytes(fig)
+
+
+def _evaluation_panel(ax, rows: list[dict], evaluation: dict, measure: Measure, n_seeds: int, selects: bool) -> None:
+    """One measure's panel: each method's line over k, the target alone and the base model."""
+    ks = evaluation["ks"]
+    summary = summarise_measure(rows, ks, measure)
+    for m in [m for m in evaluation["methods"] if m in summary.methods]:
+        means, sds = [summary.cells[m, k].mean for k in ks], [summary.cells[m, k].sd or 0.0 for k in ks]
+        line = ax.errorbar(ks, means, yerr=sds if n_seeds > 1 else None, marker="o", capsize=3,
+                           label=f"{label_of(m)} (Borda {summary.borda[m]:g})").lines[0]
+        best = summary.best_k[m]
+        ax.plot([best.k], [best.value.mean], marker="*", markersize=14, color=line.get_color())
+    if (target := summary.target_only) is not None:
         ax.axhline(target.mean, color="black", linestyle="--", linewidth=1, label=label_of("target_only"))
         if target.sd is not None:
             ax.axhspan(target.mean - target.sd, target.mean + target.sd, color="black", alpha=0.08, linewidth=0)
-    if evaluation.get("base_val_loss") is not None:
-        ax.axhline(evaluation["base_val_loss"], color="grey", linestyle=":", linewidth=1, label="base model")
+    if summary.base is not None:
+        ax.axhline(summary.base, color="grey", linestyle=":", linewidth=1, label="base model")
     ax.set_xticks(ks)
     ax.set_xlabel("k: groups bought (top-k with a positive score)")
-    ax.set_ylabel("target validation loss (lower is better)")
-    over = f"; mean ± sd over {len(seeds)} seeds" if len(seeds) > 1 else ""
-    ax.set_title(f"Fixed compute: {rows[0]['steps']} steps per run (star: the method's best k{over})", fontsize=10)
-    ax.legend(fontsize=8)
-    return png_bytes(fig)
+    ax.set_ylabel(f"{measure.metric} ({'lower' if measure.lower_is_better else 'higher'} is better)")
+    ax.set_title(measure_heading(measure) + (" — select_by" if selects else ""), fontsize=9)
+    ax.legend(fontsize=7)
 
 
 def plot_path(gammas: np.ndarray, W: np.ndarray, names: list[str], shown: int = 12) -> bytes:

@@ -131,10 +131,12 @@ def apply_overrides(data: dict, overrides: list[str], file: str | None = None) -
         if not sep or not all(parts):
             raise ConfigError("--set takes key.path=value, e.g. solver.gamma=0.1", file=file, value=item)
         try:
-            value = yaml.safe_load(raw)
+            value = load_yaml(raw)
         except yaml.YAMLError as exc:
             raise ConfigError(f"--set {key}: the value is not YAML ({_yaml_problem(exc)})", file=file,
                               value=raw) from None
+        except ConfigError as exc:  # a key given twice inside the value
+            raise ConfigError(f"--set {key}: {exc.field} {exc.reason}", file=file, value=raw) from None
         node = data
         for i, part in enumerate(parts):
             if isinstance(node, list):  # a list's item by its index: data.candidates.0.clusters
@@ -153,6 +155,51 @@ def apply_overrides(data: dict, overrides: list[str], file: str | None = None) -
     return data
 
 
+def load_yaml(text: str) -> Any:
+    """The plain data of a YAML document, as yaml.safe_load reads it, but a key given twice in one mapping is a
+    ConfigError naming the key's path (field) and both lines: PyYAML would silently keep the last."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _refuse_duplicate_keys(loader, node, "", set())
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _refuse_duplicate_keys(loader: yaml.SafeLoader, node: yaml.Node, path: str, walked: set[int]) -> None:
+    """Walk a composed YAML node: each mapping's keys must differ (`<<` merge keys aside, which YAML lets the
+    mapping's own keys override); path is the node's key path, list items by index (as --set names them); walked:
+    the nodes seen (an alias repeats a node, and may hold itself)."""
+    if id(node) in walked:
+        return
+    walked.add(id(node))
+    if isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _refuse_duplicate_keys(loader, item, f"{path}.{i}" if path else str(i), walked)
+    if not isinstance(node, yaml.MappingNode):
+        return
+    seen: dict[Any, yaml.Node] = {}
+    for key_node, value_node in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        if not isinstance(key_node, yaml.ScalarNode):  # a complex key (`? [a, b]`): no config field has one
+            _refuse_duplicate_keys(loader, value_node, path, walked)
+            continue
+        key = loader.construct_object(key_node)
+        sub = f"{path}.{key}" if path else str(key)
+        if key in seen:
+            a, b = seen[key].start_mark, key_node.start_mark
+            where = f"lines {a.line + 1} and {b.line + 1}" if a.line != b.line else \
+                f"line {a.line + 1}, columns {a.column + 1} and {b.column + 1}"
+            raise ConfigError(f"is given twice in one mapping ({where}); YAML would keep only the last, so merge "
+                              "the two into one", field=sub)
+        seen[key] = key_node
+        _refuse_duplicate_keys(loader, value_node, sub, walked)
+
+
 def _yaml_problem(exc: yaml.YAMLError) -> str:
     """PyYAML's error in one line: what, and where (line and column, from 1)."""
     mark = getattr(exc, "problem_mark", None)
@@ -168,9 +215,11 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
     if not path.is_file():
         raise ConfigError("config file not found", file=str(path))
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise ConfigError(f"malformed YAML: {_yaml_problem(exc)}", file=str(path)) from None
+    except ConfigError as exc:  # a key given twice
+        raise ConfigError(exc.reason, file=str(path), field=exc.field) from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
                           "save the file as UTF-8", file=str(path)) from None

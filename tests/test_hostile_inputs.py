@@ -5,9 +5,12 @@ only by a run about to call it."""
 from __future__ import annotations
 
 import pytest
+import yaml
+from conftest import tiny_run_config
 
 from convalue.engine.config import ConfigError, load_config
 from convalue.engine.driver.cli import main
+from convalue.engine.features.rewards import RewardError, check_rewards, load_reward
 
 
 def _refused(capsys, argv: list[str]) -> str:
@@ -16,6 +19,12 @@ def _refused(capsys, argv: list[str]) -> str:
     err = capsys.readouterr().err.strip()
     assert err.startswith("convalue: error: ") and "\n" not in err and "Traceback" not in err, err
     return err
+
+
+def _write(tmp_path, data: dict, name: str = "run.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(path)
 
 
 # --- duplicate keys in YAML ---------------------------------------------------------------------------------
@@ -56,3 +65,61 @@ def test_merge_keys_and_aliases_are_still_read(tmp_path):
                                          " candidates: [{kind: chatterbot}]}\n")
     cfg = load_config(tmp_path / "merge.yaml")
     assert (cfg.projection.dim, cfg.solver.normalize) == (128, "cosine")
+
+
+# --- user reward code ---------------------------------------------------------------------------------------
+
+
+def _reward_file(tmp_path) -> tuple[str, object]:
+    """A reward file whose import leaves a marker file: (its path, the marker)."""
+    marker = tmp_path / "imported.marker"
+    (tmp_path / "my_reward.py").write_text(
+        "from pathlib import Path\n"
+        "Path(__file__).with_name('imported.marker').write_text('imported')\n\n"
+        "def acc(completion, reference):\n    return 1.0\n")
+    return "my_reward.py:acc", marker
+
+
+def test_a_reward_file_is_not_imported_by_validation_or_the_dry_run(capsys, tiny_model_dir, pool_jsonl,
+                                                                     target_jsonl, tmp_path):
+    spec, marker = _reward_file(tmp_path)
+    data = tiny_run_config(tmp_path, tiny_model_dir, target_jsonl, pool_jsonl,
+                           features={"grpo_reward": spec},
+                           finetune={"enabled": False, "steps": 3, "batch_size": 2, "metrics": ["loss", "accuracy"],
+                                     "accuracy_reward": spec, "objective": "grpo", "grpo_reward": spec})
+    cfg = _write(tmp_path, data)
+    loaded = load_config(cfg)
+    assert main(["run", cfg, "--dry-run"]) == 0
+    assert main(["run", cfg, "--dry-run", "--set", "finetune.enabled=true"]) == 0
+    assert not marker.exists()
+    assert not (tmp_path / "runs").exists()
+    # a run about to fine-tune loads it (the marker shows the test would see an import)
+    enabled = load_config(cfg, ["finetune.enabled=true"])
+    check_rewards(loaded)
+    assert not marker.exists()  # fine-tuning disabled, a one_step representation: no reward is called
+    check_rewards(enabled)
+    assert marker.exists()
+
+
+def test_a_reward_must_be_a_function_of_the_users_own_module_or_file(tmp_path):
+    (tmp_path / "reexport.py").write_text("from os.path import join as acc\n")
+    for spec, says in [("os:system", "'os' is a module of Python's standard library, not a reward"),
+                       ("os:getenv", "'os' is a module of Python's standard library, not a reward"),
+                       (f"{tmp_path / 'reexport.py'}:acc", "names posixpath.join, not a function defined in")]:
+        try:
+            load_reward(spec)
+        except RewardError as exc:
+            assert says in str(exc), exc
+        else:
+            raise AssertionError(f"{spec} was accepted as a reward")
+
+
+def test_a_run_refuses_a_bad_reward_before_featurising(capsys, tiny_model_dir, pool_jsonl, target_jsonl, tmp_path):
+    data = tiny_run_config(tmp_path, tiny_model_dir, target_jsonl, pool_jsonl,
+                           finetune={"enabled": True, "steps": 3, "batch_size": 2, "metrics": ["loss", "accuracy"],
+                                     "accuracy_reward": "os:system"})
+    cfg = _write(tmp_path, data)
+    err = _refused(capsys, ["run", cfg])
+    assert err == (f"convalue: error: {cfg}: finetune.accuracy_reward: 'os' is a module of Python's standard "
+                   "library, not a reward: name a function defined in your own module or file")
+    assert not (tmp_path / "runs").exists()  # refused before the run folder, Ray or featurisation

@@ -34,6 +34,7 @@ from convalue.engine.driver.stages import (
     vector_folder,
 )
 from convalue.engine.driver.views import write_view
+from convalue.engine.features.rewards import check_rewards
 from convalue.engine.files.folder import RunFolder
 from convalue.engine.files.locks import run_folder_lock
 from convalue.engine.model.digest import model_digest
@@ -251,6 +252,7 @@ def _execute(cfg: RunConfig, command: str, check: Callable[[RunConfig, PreparedD
         data = prepare(cfg.data, tokenizer, cfg.model.max_length, grpo=cfg.features.representation == "grpo",
                        embed=embed)
         check(cfg, data)
+        check_rewards(ft_cfg)  # user code imported as the run is about to call it, refused before featurisation
         costs = load_costs(cfg.solver.costs_file, data.names()) if cfg.solver.costs_file else None
     make_run_folder(run_dir, "out", cfg.out)
     with run_folder_lock(run_dir):  # no other run or re-solve writes here meanwhile

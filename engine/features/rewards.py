@@ -7,10 +7,13 @@ import importlib.util
 import inspect
 import math
 import re
+import sys
 from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
 
+from convalue.engine.config import RunConfig
+from convalue.engine.config.fields import ConfigError
 from convalue.engine.config.rewards import BUILTIN_REWARDS
 
 RewardFn = Callable[[str, str], float]
@@ -83,17 +86,46 @@ def load_reward(spec: str) -> RewardFn:
         except Exception as exc:  # any import-time failure of user code is reported the same way
             raise RewardError(f"reward file {where!r} failed to import: {type(exc).__name__}: {exc}") from exc
     else:
+        if where.split(".")[0] in sys.stdlib_module_names:  # `os:system`, `os:getenv`: never a user's reward
+            raise RewardError(f"{where!r} is a module of Python's standard library, not a reward: name a function "
+                              "defined in your own module or file")
         try:
             module = importlib.import_module(where)
         except Exception as exc:  # not found, or user code failing at import time
             raise RewardError(f"reward module {where!r} cannot be imported: {type(exc).__name__}: {exc}") from exc
     fn = getattr(module, name, None)
-    if not inspect.isfunction(fn):
+    if not callable(fn):
         raise RewardError(f"{where!r} has no function {name!r}")
-    if fn.__module__ != module.__name__:  # `os:system` and other imported callables are not the user's reward
-        raise RewardError(f"{spec!r} names {fn.__module__}.{fn.__name__}, which {where!r} imports: name a function "
-                          "defined in the module or file itself")
+    if not inspect.isfunction(fn) or fn.__module__ != module.__name__:  # an imported or built-in callable
+        what = f"{getattr(fn, '__module__', None) or '?'}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+        raise RewardError(f"{spec!r} names {what}, not a function defined in {where!r} itself: name a function "
+                          "the module or file defines")
     return fn
+
+
+def rewards_in_use(cfg: RunConfig) -> list[tuple[str, str]]:
+    """(field, reward spec) of each reward a run of cfg calls: features.grpo_reward for a `grpo` representation,
+    finetune.accuracy_reward for the `accuracy` metric, finetune.grpo_reward for the `grpo` objective (the last two
+    when it fine-tunes)."""
+    out = []
+    if "grpo" in (cfg.features.representations or [cfg.features.representation]):
+        out.append(("features.grpo_reward", cfg.features.grpo_reward))
+    if cfg.finetune.enabled and "accuracy" in cfg.finetune.metrics:
+        out.append(("finetune.accuracy_reward", cfg.finetune.accuracy_reward))
+    if cfg.finetune.enabled and cfg.finetune.objective == "grpo":
+        out.append(("finetune.grpo_reward", cfg.finetune.grpo_reward))
+    return out
+
+
+def check_rewards(cfg: RunConfig) -> None:
+    """Load each reward a run of cfg calls (rewards_in_use) before the work that calls it starts: one that cannot
+    be loaded is a ConfigError naming its field now, not a failed stage hours later. Never called while a config is
+    validated or a run planned (--dry-run): user code is imported only by a run that is about to call it."""
+    for where, spec in rewards_in_use(cfg):
+        try:
+            load_reward(spec)
+        except RewardError as exc:
+            raise ConfigError(str(exc), field=where) from None
 
 
 def score(fn: RewardFn, completion: str, reference: str, where: str) -> float:

@@ -123,3 +123,52 @@ def test_a_run_refuses_a_bad_reward_before_featurising(capsys, tiny_model_dir, p
     assert err == (f"convalue: error: {cfg}: finetune.accuracy_reward: 'os' is a module of Python's standard "
                    "library, not a reward: name a function defined in your own module or file")
     assert not (tmp_path / "runs").exists()  # refused before the run folder, Ray or featurisation
+
+
+# --- a 50 MB line ---------------------------------------------------------------------------------------------
+
+_READ_AND_TOKENIZE = """
+import json, resource, sys
+import psutil
+from convalue.engine.config import SourceConfig
+from convalue.engine.data.sources import load_source
+from convalue.engine.data.tokenize import tokenize_examples
+from convalue.engine.model.loading import load_tokenizer
+tokenizer = load_tokenizer(sys.argv[1])
+before = psutil.Process().memory_info().rss  # now, not the peak: loading the tokenizer peaked higher
+(group,) = load_source(SourceConfig(kind="jsonl", path=sys.argv[2])).values()
+(tok,) = tokenize_examples(tokenizer, group.examples, 128)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+print(json.dumps({"grown": peak - before, "ids": tok.input_ids, "labels": tok.labels}))
+"""
+
+
+def test_a_50_mb_line_is_tokenised_in_bounded_memory(tiny_model_dir, tmp_path):
+    """The text is cut before it is tokenised: the peak memory of reading and tokenising one 50 MB line grows by far
+    less than the 6.6 GB that tokenising the whole text took, and its tokens are the whole text's first 128."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from convalue.engine.data.examples import Example
+    from convalue.engine.data.tokenize import CHARS_PER_TOKEN, tokenize_example
+    from convalue.engine.model.loading import load_tokenizer
+
+    sentence = "The quick brown fox, 12 times over, jumps past the lazy dog at dawn. "
+    response = sentence * (50_000_000 // len(sentence) + 1)
+    path = tmp_path / "huge.jsonl"
+    path.write_text(json.dumps({"prompt": "Tell me a story.", "response": response}) + "\n")
+    assert path.stat().st_size > 50_000_000
+    del response
+    out = subprocess.run([sys.executable, "-c", _READ_AND_TOKENIZE, str(tiny_model_dir), str(path)],
+                         capture_output=True, text=True, timeout=600, env=os.environ | {"TOKENIZERS_PARALLELISM": "false"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["grown"] < 2**30, f"reading and tokenising took {got['grown'] / 2**20:.0f} MiB above the baseline"
+    # the first 128 tokens of the whole text: those of a short version that is tokenised whole (not cut)
+    short = sentence * (128 * CHARS_PER_TOKEN // len(sentence) - 1)
+    expected = tokenize_example(load_tokenizer(tiny_model_dir), Example((("user", "Tell me a story."),
+                                                                         ("assistant", short))), 128)
+    assert len(short) < 128 * CHARS_PER_TOKEN and len(expected) == 128 and expected.n_response > 64
+    assert (tuple(got["ids"]), tuple(got["labels"])) == (expected.input_ids, expected.labels)

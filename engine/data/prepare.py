@@ -75,7 +75,7 @@ def _preview_units(tokenizer, examples: list[Example], max_length: int, grpo: bo
     """(usable featurisation units, how many did not fit the context): SFT examples with response tokens
     left after truncation, or GRPO prompts that leave room to generate."""
     if grpo:
-        prompts = [tokenize_prompt(tokenizer, ex) for ex in examples]
+        prompts = [tokenize_prompt(tokenizer, ex, max_length) for ex in examples]
         good = [p for p in prompts if len(p) < max_length]
         return good, len(prompts) - len(good)
     toks = tokenize_examples(tokenizer, examples, max_length)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from convalue.engine.data.examples import Example
 from convalue.engine.model.loading import ModelError
@@ -12,6 +13,10 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 IGNORE = -100
+#: characters of each message kept before tokenising, per token of max_length (a token spans a few characters; a
+#: message of longer tokens is cut again, wider), and the tokens kept clear of the cut
+CHARS_PER_TOKEN = 32
+MARGIN_TOKENS = 8
 
 
 @dataclass(frozen=True)
@@ -57,12 +62,49 @@ def response_spans(tokenizer: PreTrainedTokenizerBase, example: Example) -> tupl
     return full, spans
 
 
+def _cut(example: Example, chars: int) -> tuple[Example, str | None]:
+    """The example with each message cut to its first `chars` characters, and the first cut message's kept text
+    (None when none was longer)."""
+    kept, first = [], None
+    for role, content in example.messages:
+        if len(content) > chars:
+            content = content[:chars]
+            first = content if first is None else first
+        kept.append((role, content))
+    return Example(tuple(kept)), first
+
+
+def _prefix_is_exact(text: str, offsets: list[tuple[int, int]], kept: str, n: int) -> bool:
+    """Whether the first n tokens of `text` (their offsets) end MARGIN_TOKENS tokens before the end of `kept`, the
+    first message that was cut: then they are the first n tokens of the uncut text too."""
+    core = kept.strip()  # a template may trim a message's white space
+    at = text.find(core)
+    last = n + MARGIN_TOKENS - 1
+    return at >= 0 and len(offsets) > last and offsets[last][1] <= at + len(core)
+
+
+def _encode_bounded(tokenizer: PreTrainedTokenizerBase, example: Example, max_length: int,
+                    render: Callable[[Example], tuple[str, Any]]) -> tuple[str, Any, dict]:
+    """(text, what render returned besides it, the encoding with offsets) of the example with each message cut to
+    max_length * CHARS_PER_TOKEN characters, so a long example costs memory for its first tokens only, not its
+    whole text; the cut is doubled until it leaves the first max_length tokens as the uncut text's (a message of
+    few, long tokens), so the result never depends on it."""
+    chars = max_length * CHARS_PER_TOKEN
+    while True:
+        cut, kept = _cut(example, chars)
+        text, extra = render(cut)
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        if kept is None or _prefix_is_exact(text, enc["offset_mapping"], kept, max_length):
+            return text, extra, enc
+        chars *= 2
+
+
 def tokenize_example(tokenizer: PreTrainedTokenizerBase, example: Example, max_length: int) -> TokenizedExample:
-    """Tokenise one example; labels cover assistant tokens only; cut on the right at max_length."""
-    text, spans = response_spans(tokenizer, example)
-    if all(not c.strip() for r, c in example.messages if r == "assistant"):
+    """Tokenise one example; labels cover assistant tokens only; cut on the right at max_length (its text cut
+    before tokenising, so a long example takes no more memory than its first max_length tokens need)."""
+    text, spans, enc = _encode_bounded(tokenizer, example, max_length, lambda ex: response_spans(tokenizer, ex))
+    if all(not c or c.isspace() for r, c in example.messages if r == "assistant"):
         spans = []  # an empty response teaches only end-of-turn: treat it as no response at all
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = enc["input_ids"][:max_length]
     offsets = enc["offset_mapping"][:max_length]
     labels = []
@@ -88,12 +130,21 @@ class PromptExample:
         return len(self.input_ids)
 
 
-def tokenize_prompt(tokenizer: PreTrainedTokenizerBase, example: Example) -> PromptExample:
-    """The prompt tokens of an example (its last assistant turn removed) and that turn's text as the reference."""
+def tokenize_prompt(tokenizer: PreTrainedTokenizerBase, example: Example,
+                    max_length: int | None = None) -> PromptExample:
+    """The prompt tokens of an example (its last assistant turn removed) and that turn's text as the reference;
+    with max_length, a longer prompt comes back cut to its first max_length tokens (enough to tell that it does not
+    fit), its text cut before tokenising as tokenize_example's is."""
     chat = example.as_chat()
     last = max(i for i, m in enumerate(chat) if m["role"] == "assistant")
-    text = _render(tokenizer, chat[:last], generation_prompt=True)
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    prompt = Example(example.messages[:last])
+    if max_length is None:
+        ids = tokenizer(_render(tokenizer, prompt.as_chat(), generation_prompt=True),
+                        add_special_tokens=False)["input_ids"]
+    else:
+        _, _, enc = _encode_bounded(tokenizer, prompt, max_length,
+                                    lambda ex: (_render(tokenizer, ex.as_chat(), generation_prompt=True), None))
+        ids = enc["input_ids"][:max_length]
     return PromptExample(tuple(ids), chat[last]["content"])
 
 

@@ -40,12 +40,13 @@ def load_block(folder: RunFolder, meta: BlockMeta) -> tuple[str | None, np.ndarr
 
 @ray.remote(num_cpus=1)
 def gram_tile(i: int, j: int, g: np.ndarray, root: np.ndarray | None, panel_i: Panel, panel_j: Panel | None,
-              *arrays: np.ndarray) -> TileResult:
-    """One tile of the Gram (the diagonal one, with beta and row statistics, when panel_j is None)."""
+              *arrays: np.ndarray, with_K: bool = True) -> TileResult:
+    """One tile of the Gram (the diagonal one, with beta and row statistics, when panel_j is None; without its K
+    where with_K is False)."""
     n_i = len(panel_i.blocks)
     Xi = stack_rows(list(arrays[:n_i]), panel_i.blocks)
     Xj = None if panel_j is None else stack_rows(list(arrays[n_i:]), panel_j.blocks)
-    result = tile(i, j, Xi, Xj, g, root)
+    result = tile(i, j, Xi, Xj, g, root, with_K)
     result.node = _node()
     blocks = panel_i.blocks + (panel_j.blocks if panel_j is not None else ())
     result.bytes_moved = sum(b.nbytes for b in blocks if b.node is not None and b.node != result.node)
@@ -63,6 +64,15 @@ def column_squares(panel: Panel, *arrays: np.ndarray) -> np.ndarray:
 def gather_rows(n: int, panels: list[Panel], *arrays: np.ndarray) -> np.ndarray:
     """G in the run's order (n rows, float64) from the panels' blocks, on a worker, never in the driver."""
     return gather_float64(n, panels, list(arrays))
+
+
+def node_addresses(ids) -> dict[str, dict]:
+    """Each node id's IP address and host name from Ray's node table, and whether it is the driver's node (for
+    summary.json: a report names nodes by these, not by their ids)."""
+    here = ray.get_runtime_context().get_node_id()
+    table = {n.get("NodeID"): n for n in ray.nodes()}
+    return {i: {"ip": table.get(i, {}).get("NodeManagerAddress"), "host": table.get(i, {}).get("NodeManagerHostname"),
+                "driver": i == here} for i in ids}
 
 
 def _refs(panel: Panel, refs: dict[str, ray.ObjectRef]) -> list[ray.ObjectRef]:
@@ -95,9 +105,12 @@ def build_gram(blocks: list[BlockRows], refs: dict[str, ray.ObjectRef], n: int, 
     g_ref, root_ref = ray.put(np.asarray(g, np.float64)), ray.put(root)
     calls = []
     for i, pi in enumerate(panels):
-        calls.append(gram_tile.options(**_near(pi)).remote(i, i, g_ref, root_ref, pi, None, *_refs(pi, refs)))
+        calls.append(gram_tile.options(**_near(pi)).remote(i, i, g_ref, root_ref, pi, None, *_refs(pi, refs),
+                                                           with_K=with_K))
         if with_K:
             calls += [gram_tile.options(**_near(pi, pj)).remote(i, j, g_ref, root_ref, pi, pj, *_refs(pi, refs),
                                                                 *_refs(pj, refs))
                       for j, pj in enumerate(panels[i + 1:], start=i + 1)]
-    return assemble(n, panels, ray.get(calls), np.asarray(g, np.float64), with_K=with_K, M=M)
+    result = assemble(n, panels, ray.get(calls), np.asarray(g, np.float64), with_K=with_K, M=M)
+    result.stats["nodes"] = node_addresses(result.stats["tiles_per_node"])
+    return result

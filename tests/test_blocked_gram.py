@@ -3,6 +3,8 @@ equal the single-process product; only the rows a run uses, in its order."""
 
 from __future__ import annotations
 
+import socket
+
 import numpy as np
 import pytest
 
@@ -77,6 +79,10 @@ def test_build_gram_on_ray_equals_the_product_and_gathers_the_vectors(ray_sessio
     G64 = G.astype(np.float64)
     np.testing.assert_allclose(result.K, G64 @ G64.T, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(result.beta, G64 @ g, rtol=1e-10)
+    here = ray.get_runtime_context().get_node_id()  # the tiles ran on the test's one node, named by its address
+    node = result.stats["nodes"][here]
+    assert list(result.stats["nodes"]) == list(result.stats["tiles_per_node"]) == [here]
+    assert node["driver"] and node["host"] == socket.gethostname() and len(node["ip"].split(".")) == 4
     no_K = build_gram(blocks, refs, len(G), g, "diag_fisher", with_K=False)
     Gm, gm, M = diag_fisher_vectors(G64, g)
     assert no_K.K is None and no_K.stats["tiles"] == no_K.stats["panels"]

@@ -10,6 +10,7 @@ from typing import Any
 
 from convalue.engine.files.errors import StoreError
 from convalue.engine.files.folder import RunFolder, as_folder
+from convalue.engine.report.fonts import FONTS, LANG_RULES
 from convalue.engine.report.html_markup import (
     Html,
     el,
@@ -28,11 +29,11 @@ from convalue.engine.report.html_sections import (
     selection_section,
 )
 from convalue.engine.report.run_files import RunFiles
+from convalue.engine.report.run_words import gram_pairs, source_words
 from convalue.engine.store.summary import RunSummary
 
 REPORT = "report.html"
-CSS = """
-body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;color:#1d2327;max-width:1200px;
+CSS = "\nbody{font:15px/1.45 " + FONTS + """;color:#1d2327;max-width:1200px;
 margin:0 auto;padding:1.2em 1.5em 4em}
 h1{font-size:1.6em;margin:.2em 0}h2{border-bottom:2px solid #dde3e8;padding-bottom:.2em;margin-top:2em}
 h3{margin:1.2em 0 .4em}nav a{margin-right:1em}code,pre{font-family:ui-monospace,Menlo,Consolas,monospace}
@@ -48,9 +49,10 @@ font-style:italic;background:#fafafa}tr.good{background:#eef8f6}tr.bad{backgroun
 .answer{background:#f3f6fa;border-left:4px solid #2a6f9d;padding:.6em 1em}
 .ex{border:1px solid #dde3e8;border-radius:4px;margin:.5em 0;padding:.4em .7em;background:#fbfcfd}
 .role{font-size:.8em;color:#667;text-transform:uppercase;letter-spacing:.04em;margin-top:.3em}
-.txt{white-space:pre-wrap;overflow-wrap:anywhere}img{max-width:100%;height:auto}figure{margin:1em 0}
+.txt{white-space:pre-wrap;overflow-wrap:anywhere;unicode-bidi:plaintext;text-align:start}
+img{max-width:100%;height:auto}figure{margin:1em 0}
 figcaption{font-size:.85em;color:#666}pre{background:#f6f8fa;padding:.6em;overflow-x:auto;font-size:.85em}
-"""
+""" + LANG_RULES + "\n"
 NAV = (("question", "The question"), ("ranking", "Ranking"), ("selection", "Selection"), ("evaluation", "Evaluation"),
        ("certificate", "Certificate"), ("cost", "Cost"), ("provenance", "Provenance"))
 
@@ -214,9 +216,8 @@ def question_section(run: RunFiles) -> Html:
         ("target task", f"{data.get('target') or target_cfg.get('path') or '?'} ({data.get('target_train', '?')} "
                         f"training, {data.get('target_val', '?')} validation, {data.get('target_preview', '?')} "
                         "preview examples)"),
-        ("candidates", f"{n if n is not None else '?'} groups from " + ("; ".join(
-            f"{c.get('kind', '?')} {c.get('path', '')}" + (f" by {c['group_by']}" if c.get("group_by") else "")
-            + (f", {c['clusters']} clusters" if c.get("clusters") else "") for c in sources) or "?")),
+        ("candidates", f"{n if n is not None else '?'} groups from " + ("; ".join(map(source_words, sources))
+                                                                        or "?")),
         ("flat pool", f"{clusters.get('examples')} examples in {clusters.get('groups')} clusters of "
                       f"{clusters.get('smallest')}–{clusters.get('largest')}" if clusters else None),
         ("model", f"{model.get('source') or run.config('model').get('source') or '?'}"
@@ -286,7 +287,7 @@ def cost_section(run: RunFiles) -> Html:
     gram = mapping(run.field("gram"))
     if gram:
         parts.append(el("h3", "The Gram stage"))
-        parts.append(keyvalue([(str(k), json.dumps(v, default=str)) for k, v in gram.items()], id="gram-table"))
+        parts.append(keyvalue(gram_pairs(gram), id="gram-table"))
     warnings = mapping(run.field("data")).get("warnings")
     if isinstance(warnings, list) and warnings:
         parts.append(el("div", el("strong", "Data warnings:"), el("ul", *(el("li", w) for w in warnings)),

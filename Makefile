@@ -9,7 +9,7 @@ export RAY_USAGE_STATS_ENABLED ?= 0
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install demo test test-lowest lint bench clean
+.PHONY: install demo test test-lowest lint bench clean browser
 
 install: $(STAMP)
 
@@ -26,10 +26,21 @@ demo: $(STAMP)
 # two pytest workers, each with its own local Ray, taking whole files (the pipeline tests share one session run)
 TEST_WORKERS ?= 2
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
+# report.html's browser test needs chromium (and fonts for every script): installed where make runs as root with
+# apt-get, best effort (offline or refused, the test skips itself and the target goes on)
+browser:
+	-@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing chromium and Noto fonts for the browser test of report.html (apt-get)"; \
+	    (timeout 300 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq \
+	      --no-install-recommends chromium fonts-noto-core fonts-noto-cjk) >/dev/null 2>&1 || \
+	      echo "chromium could not be installed: the browser test of report.html will be skipped"; \
+	  else echo "no chromium: the browser test of report.html will be skipped (apt-get install chromium)"; fi
 
 # the same suite on every dependency's floor at once, in a virtualenv of its own (downloads torch 2.6's CUDA build)
 test-lowest:

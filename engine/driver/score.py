@@ -37,6 +37,7 @@ from convalue.engine.store.stage_records import (
 )
 from convalue.engine.store.summary import RunSummary, SolverRecord
 from convalue.engine.store.vectors import VectorStore
+from convalue.solvers.sharded import DEFAULT_SHARD_POLICY, ShardPolicy
 
 log = logging.getLogger("convalue")
 IMPORT_BLOCK_ROWS = 1024  # rows per imported block (and per Parquet batch read)
@@ -59,6 +60,7 @@ class ScoreRequest:
     space: str = "auto"
     k: int = 3
     overwrite: bool = False
+    shard: ShardPolicy = DEFAULT_SHARD_POLICY  # how much of G one process may gather (gradient space)
 
 
 def _vector_array(column: pa.ChunkedArray | pa.Array, where: str) -> np.ndarray:
@@ -226,7 +228,7 @@ def score(req: ScoreRequest) -> RunSummary:
                 check_nonzero(None, names, gram.row_norm2, features.g_tar)
             spec = spec.resolved(gram.beta, gram.diag)
             with timer.stage("solve"):
-                sol = solve_stage(spec, features, gram)
+                sol = solve_stage(spec, features, gram, req.shard)
             solver = SolverRecord.from_solution(sol, spec.normalize, spec.rank_bound)
             if req.gamma_ratio is not None:
                 solver.info["gamma_ratio"] = req.gamma_ratio

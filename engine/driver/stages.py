@@ -10,17 +10,19 @@ from typing import Any
 import numpy as np
 
 from convalue.actors.gram import build_gram
+from convalue.actors.sharded import problem_of, solve_sharded_on_actor
 from convalue.actors.solver import solve_blocks_on_actor, solve_on_actor
 from convalue.engine.config import ConfigError, RunConfig
 from convalue.engine.data.prepare import PreparedData, full_items
 from convalue.engine.driver.featurize import FeaturizeResult, featurize
 from convalue.engine.files.folder import RunFolder
 from convalue.engine.model.spec import ReplicaSpec
-from convalue.engine.selection.blocked import GramResult
+from convalue.engine.selection.blocked import GramResult, panels_of
 from convalue.engine.selection.solve import KMMProblemData, SolveSpec
 from convalue.engine.store.summary import SolverRecord
 from convalue.engine.store.vectors import VectorStore
 from convalue.solvers import KMMSolution
+from convalue.solvers.sharded import DEFAULT_SHARD_POLICY, ShardPolicy
 
 #: solver.space `auto` solves in gradient space above this many candidates (K would not fit in memory)
 GRADIENT_SPACE_MIN_N = 20_000
@@ -75,11 +77,20 @@ def gram_stage_of(spec: SolveSpec, features: FeaturizeResult) -> GramResult:
                       with_K=spec.space == "gram")
 
 
-def solve_stage(spec: SolveSpec, features: FeaturizeResult, gram: GramResult) -> KMMSolution:
-    """The KMM solve on a solver actor: from K in Gram space, else from the vectors gathered on a worker."""
+def solve_stage(spec: SolveSpec, features: FeaturizeResult, gram: GramResult,
+                shard: ShardPolicy = DEFAULT_SHARD_POLICY) -> KMMSolution:
+    """The KMM solve on a solver actor: from K in Gram space; else from the vectors gathered on a worker where all
+    of G fits the shard policy, or from G left in its blocks (the sharded solve: gram.stats["sharded"] says where G
+    lived and what moved)."""
     if gram.K is not None:
         return solve_on_actor(spec, KMMProblemData(beta=gram.beta, K=gram.K, G=None, g_tar=None, M=gram.M))
-    return solve_blocks_on_actor(spec, features.blocks, features.refs, len(features.names), features.g_tar)
+    n, p = len(features.names), int(features.g_tar.shape[0])
+    if shard.holds_all(n, p):
+        return solve_blocks_on_actor(spec, features.blocks, features.refs, n, features.g_tar)
+    sol, stats = solve_sharded_on_actor(problem_of(spec, n, features.g_tar, gram, shard),
+                                        panels_of(features.blocks), features.refs)
+    gram.stats["sharded"] = stats | sol.info["sharded"]
+    return sol
 
 
 @dataclass(eq=False)

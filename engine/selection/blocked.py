@@ -80,7 +80,7 @@ class TileResult:
 
     i: int
     j: int
-    K: np.ndarray
+    K: np.ndarray | None  # None: a diagonal tile's statistics only (gradient space)
     beta: np.ndarray | None = None
     raw_dot: np.ndarray | None = None  # X_i g_tar (Euclidean), for the one-step cosine
     raw_norm2: np.ndarray | None = None
@@ -89,16 +89,17 @@ class TileResult:
     bytes_moved: int = 0
 
 
-def tile(i: int, j: int, Xi: np.ndarray, Xj: np.ndarray | None, g: np.ndarray, root: np.ndarray | None) -> TileResult:
+def tile(i: int, j: int, Xi: np.ndarray, Xj: np.ndarray | None, g: np.ndarray, root: np.ndarray | None,
+         with_K: bool = True) -> TileResult:
     """K_ij = (X_i M^1/2)(X_j M^1/2)^T (M = I unless root is the diagonal Fisher's M^1/2); with Xj None the
-    diagonal tile, with beta_i = X_i M^1/2 g~ and the raw statistics."""
+    diagonal tile, with beta_i = X_i M^1/2 g~ and the raw statistics (without its K where with_K is False)."""
     Mi = Xi if root is None else Xi * root
     if Xj is not None:
         Mj = Xj if root is None else Xj * root
         return TileResult(i, j, Mi @ Mj.T)
     gm = g if root is None else np.divide(g, root, out=np.zeros_like(g), where=root > 0)
-    return TileResult(i, i, Mi @ Mi.T, beta=Mi @ gm, raw_dot=Xi @ g, raw_norm2=np.einsum("ij,ij->i", Xi, Xi),
-                      diag=np.einsum("ij,ij->i", Mi, Mi))
+    return TileResult(i, i, Mi @ Mi.T if with_K else None, beta=Mi @ gm, raw_dot=Xi @ g,
+                      raw_norm2=np.einsum("ij,ij->i", Xi, Xi), diag=np.einsum("ij,ij->i", Mi, Mi))
 
 
 @dataclass

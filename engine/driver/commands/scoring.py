@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from convalue.engine.config import ConfigError
 from convalue.engine.driver.commands.common import Command, input_errors, print_closing
 
 
@@ -23,17 +24,26 @@ def score_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs", help="parent folder of the run folder (local or URI)")
     p.add_argument("--name", default="scored", help="run folder name")
     p.add_argument("--overwrite", action="store_true", help="import the vectors afresh")
+    p.add_argument("--max-gather-gb", type=float, default=None,
+                   help="gradient space: the most GB of G one process may gather; a larger G stays in its blocks "
+                        "and is solved by products where they live (default 2)")
 
 
 def score(args: argparse.Namespace) -> int:
     """Value the vectors into a new run folder and print the ranking (first 32), the selection and the solver."""
     # imports Ray (the Gram is built by its tasks): only when scoring
     from convalue.engine.driver.score import ScoreRequest, score
+    from convalue.solvers.sharded import DEFAULT_SHARD_POLICY, ShardPolicy
 
+    shard = DEFAULT_SHARD_POLICY
+    if args.max_gather_gb is not None:
+        if not args.max_gather_gb > 0:
+            raise ConfigError("must be a positive number of GB", field="--max-gather-gb", value=args.max_gather_gb)
+        shard = ShardPolicy(max_gather_bytes=int(args.max_gather_gb * 2**30))
     summary = score(ScoreRequest(
         vectors=args.vectors, out=args.out, name=args.name, target=args.target, target_group=args.target_group,
         gamma=args.gamma, gamma_ratio=args.gamma_ratio, budget=args.budget, normalize=args.normalize,
-        metric=args.metric, space=args.space, k=args.k, overwrite=args.overwrite))
+        metric=args.metric, space=args.space, k=args.k, overwrite=args.overwrite, shard=shard))
     print("\n".join(summary.ranking[:32]))
     print(f"\nselected (top-{args.k} with positive score): {', '.join(summary.selected) or 'none'}")
     print(f"solver: {summary.solver.describe()}")

@@ -1,0 +1,229 @@
+"""The sharded gradient-space solve on Ray: G stays in its blocks (Ray's object store, or the run's store until a
+product first needs a block), products over each panel run as tasks on the node holding most of its bytes, and a
+solver actor of its own drives convalue.solvers.sharded, holding only its working set's rows."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from convalue.actors.gram import load_block
+from convalue.engine.files.folder import RunFolder
+from convalue.engine.selection.blocked import GramResult, Panel
+from convalue.engine.selection.solve import SolveSpec
+from convalue.engine.store.vectors import BlockMeta
+from convalue.solvers import DEFAULT_POLICY, KMMSolution, SolverPolicy
+from convalue.solvers.sharded import Prior, ShardedGradients, ShardPolicy, solve_sharded
+
+#: rows of a block cast to float64 at a time inside a product task (a 512 x 8192 float64 chunk: 32 MiB)
+_CHUNK = 512
+
+
+def _node() -> str:
+    return ray.get_runtime_context().get_node_id()
+
+
+def _moved(panel: Panel, node: str) -> int:
+    """Block bytes a task on `node` reads from other nodes."""
+    return sum(b.nbytes for b in panel.blocks if b.node is not None and b.node != node)
+
+
+@ray.remote(num_cpus=1)
+def panel_times(panel: Panel, u: np.ndarray, *arrays: np.ndarray) -> tuple[np.ndarray, str, int]:
+    """(X u in float64 for the panel's rows, in panel order; the node; block bytes read from other nodes), a chunk
+    of float32 rows cast at a time (no float64 copy of the panel)."""
+    out = []
+    for a, b in zip(arrays, panel.blocks):
+        rows = np.asarray(b.rows)
+        for lo in range(0, rows.size, _CHUNK):
+            out.append(a[rows[lo:lo + _CHUNK]].astype(np.float64) @ u)
+    node = _node()
+    return np.concatenate(out), node, _moved(panel, node)
+
+
+@ray.remote(num_cpus=1)
+def panel_rows(panel: Panel, wanted: np.ndarray, *arrays: np.ndarray) -> tuple[np.ndarray, np.ndarray, str, int]:
+    """(positions, their raw float32 rows, the node, bytes read from other nodes) of the run positions `wanted`
+    (sorted) that this panel holds."""
+    pos, rows = [], []
+    for a, b in zip(arrays, panel.blocks):
+        positions = np.asarray(b.positions)
+        hit = np.isin(positions, wanted)
+        if hit.any():
+            pos.append(positions[hit])
+            rows.append(a[np.asarray(b.rows)[hit]])
+    node = _node()
+    return np.concatenate(pos), np.concatenate(rows), node, _moved(panel, node)
+
+
+def _near(panel: Panel) -> dict:
+    """Task options placing it on the node holding most of the panel's block bytes (soft); none where the blocks
+    live in a store only."""
+    weight: dict[str, int] = {}
+    for b in panel.blocks:
+        if b.node is not None:
+            weight[b.node] = weight.get(b.node, 0) + b.nbytes
+    if not weight:
+        return {}
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(max(weight, key=weight.get), soft=True)}
+
+
+@dataclass(frozen=True)
+class StoredBlock:
+    """A block not yet in the object store: read from the run's store (checksum verified) when a product needs it."""
+
+    folder: RunFolder
+    meta: BlockMeta
+    local: bool  # the store is a local folder: read on the driver's node
+
+
+class Shards:
+    """G in panels of blocks, each block an object-store ref or a StoredBlock loaded on first use; G u and G[rows]
+    as tasks near the blocks, in the run's metric (root: the diagonal Fisher's M^1/2, None: Euclidean)."""
+
+    def __init__(self, n: int, p: int, panels: list[Panel], sources: dict, root: np.ndarray | None,
+                 driver_node: str | None):
+        self.n, self.p, self.panels, self.sources, self.root = n, p, panels, dict(sources), root
+        self.driver_node = driver_node
+        self.owner = np.empty(n, dtype=np.intp)  # the panel holding each position
+        for k, panel in enumerate(panels):
+            self.owner[panel.positions] = k
+        self.stats = {"passes": 0, "pass_seconds": 0.0, "row_reads": 0, "rows_read": 0, "bytes_moved": 0,
+                      "rows_bytes": 0, "tasks_per_node": {}, "blocks_loaded": 0}
+
+    def _refs(self, panel: Panel) -> list:
+        out = []
+        for b in panel.blocks:
+            src = self.sources[b.file]
+            if isinstance(src, StoredBlock):  # first use: read into the object store (the driver's node if local)
+                opts = {}
+                if src.local and self.driver_node is not None:
+                    opts = {"scheduling_strategy": NodeAffinitySchedulingStrategy(self.driver_node, soft=False)}
+                why, array = load_block.options(**opts).remote(src.folder, src.meta)
+                self.sources[b.file] = src = (why, array)
+                self.stats["blocks_loaded"] += 1
+            if isinstance(src, tuple):  # a load submitted earlier: its checksum must have held
+                why = ray.get(src[0])
+                if why is not None:
+                    raise OSError(f"a stored block failed its checksum when a product read it: {why}")
+                self.sources[b.file] = src = src[1]
+            out.append(src)
+        return out
+
+    def _count(self, node: str, moved: int) -> None:
+        per = self.stats["tasks_per_node"]
+        per[node] = per.get(node, 0) + 1
+        self.stats["bytes_moved"] += int(moved)
+
+    def times(self, u: np.ndarray) -> np.ndarray:
+        """G u (in the metric) for all n rows: one task per panel."""
+        t0 = time.perf_counter()
+        u = np.asarray(u, np.float64) * (1.0 if self.root is None else self.root)
+        u_ref = ray.put(u)
+        calls = [(panel, panel_times.options(**_near(panel)).remote(panel, u_ref, *self._refs(panel)))
+                 for panel in self.panels]
+        out = np.empty(self.n)
+        for panel, call in calls:
+            values, node, moved = ray.get(call)
+            out[panel.positions] = values
+            self._count(node, moved)
+        self.stats["passes"] += 1
+        self.stats["pass_seconds"] += time.perf_counter() - t0
+        return out
+
+    def rows(self, idx: np.ndarray) -> np.ndarray:
+        """G[idx] (float64, in the metric) for sorted positions idx: one task per panel holding any."""
+        idx = np.asarray(idx, np.intp)
+        out = np.empty((idx.size, self.p))
+        calls = []
+        for k in np.unique(self.owner[idx]):
+            panel = self.panels[k]
+            wanted = idx[self.owner[idx] == k]
+            calls.append(panel_rows.options(**_near(panel)).remote(panel, wanted, *self._refs(panel)))
+        for call in calls:
+            pos, X, node, moved = ray.get(call)
+            at = np.searchsorted(idx, pos)
+            out[at] = X
+            self._count(node, moved)
+            self.stats["rows_bytes"] += int(X.nbytes)
+        if self.root is not None:
+            out *= self.root
+        self.stats["row_reads"] += 1
+        self.stats["rows_read"] += int(idx.size)
+        return out
+
+    def operator(self, beta: np.ndarray, diag: np.ndarray) -> ShardedGradients:
+        """The solver's view of these shards."""
+        return ShardedGradients(n=self.n, p=self.p, beta=beta, diag=diag, times=self.times, rows=self.rows)
+
+
+@dataclass(frozen=True, eq=False)
+class ShardedProblem:
+    """What the sharded solve needs besides the blocks: the problem in the run's metric and how to solve it."""
+
+    n: int
+    p: int
+    g_tar: np.ndarray  # in the metric (g / M^1/2 for the diagonal Fisher)
+    beta: np.ndarray
+    diag: np.ndarray
+    root: np.ndarray | None
+    gamma: float | None
+    budget: float | None
+    costs: np.ndarray | None
+    normalize: str
+    tol: float | None
+    shard: ShardPolicy
+    prior: Prior | None = None
+    policy: SolverPolicy = DEFAULT_POLICY
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class ShardedSolver:
+    """Drives one sharded solve; holds no CPU, since it waits while its product tasks run and they wait while it
+    solves a working set."""
+
+    def solve(self, problem: ShardedProblem, panels: list[Panel], sources: dict,
+              driver_node: str | None) -> tuple[KMMSolution, dict]:
+        """(the solution, the shards' statistics)."""
+        shards = Shards(problem.n, problem.p, panels, sources, problem.root, driver_node)
+        sol = solve_sharded(shards.operator(problem.beta, problem.diag), problem.g_tar, gamma=problem.gamma,
+                            budget=problem.budget, costs=problem.costs, normalize=problem.normalize, tol=problem.tol,
+                            policy=problem.policy, shard=problem.shard, prior=problem.prior)
+        return sol, shards.stats
+
+
+def solve_sharded_on_actor(problem: ShardedProblem, panels: list[Panel], sources: dict) -> tuple[KMMSolution, dict]:
+    """The sharded solve on a ShardedSolver actor of its own, on the driver's node (soft): (solution, statistics,
+    with where G lived: bytes per node, and the bytes the tasks moved)."""
+    here = ray.get_runtime_context().get_node_id()
+    actor = ShardedSolver.options(scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True)).remote()
+    try:
+        # the refs ride inside a dict, so the actor receives them unresolved and hands them to its tasks
+        sol, stats = ray.get(actor.solve.remote(problem, panels, sources, here))
+    finally:
+        ray.kill(actor)
+    held: dict[str, int] = {}
+    for panel in panels:
+        for b in panel.blocks:
+            held[b.node or "store"] = held.get(b.node or "store", 0) + b.nbytes
+    stats = stats | {"block_bytes_per_node": held, "panels": len(panels),
+                     "pass_seconds": round(stats["pass_seconds"], 3)}
+    return sol, stats
+
+
+def problem_of(spec: SolveSpec, n: int, g_tar: np.ndarray, gram: GramResult, shard: ShardPolicy,
+               prior: Prior | None = None) -> ShardedProblem:
+    """The sharded problem of a run's solve spec and its Gram stage's statistics (beta, K's diagonal and the metric,
+    computed where the blocks live)."""
+    root = None if gram.M is None else np.sqrt(gram.M)
+    g = np.asarray(g_tar, np.float64)
+    if root is not None:
+        g = np.divide(g, root, out=np.zeros_like(g), where=root > 0)
+    spec = spec.resolved(gram.beta, gram.diag)  # gamma_ratio -> this problem's absolute gamma
+    return ShardedProblem(n=n, p=int(g.size), g_tar=g, beta=gram.beta, diag=gram.diag, root=root, gamma=spec.gamma,
+                          budget=spec.budget, costs=spec.costs, normalize=spec.normalize, tol=spec.tol, shard=shard,
+                          prior=prior)

@@ -172,3 +172,18 @@ def test_a_50_mb_line_is_tokenised_in_bounded_memory(tiny_model_dir, tmp_path):
                                                                          ("assistant", short))), 128)
     assert len(short) < 128 * CHARS_PER_TOKEN and len(expected) == 128 and expected.n_response > 64
     assert (tuple(got["ids"]), tuple(got["labels"])) == (expected.input_ids, expected.labels)
+
+
+# --- a projection wider than its input ----------------------------------------------------------------------
+
+
+def test_a_projection_dim_above_the_parameter_count_is_refused(capsys, ray_session, tiny_model_dir, pool_jsonl,
+                                                               target_jsonl, tmp_path):
+    # the tiny Llama's LoRA (r 4 on q_proj and v_proj, 2 layers) has 2 x (64 + 32) x 4 = 768 lora_B parameters
+    data = tiny_run_config(tmp_path, tiny_model_dir, target_jsonl, pool_jsonl,
+                           projection={"kind": "countsketch", "dim": 1000, "seed": 0})
+    err = _refused(capsys, ["run", _write(tmp_path, data)])
+    assert err.endswith("projection.dim: is larger than the 768 parameters featurised: a projection cannot add "
+                        "dimensions; use a dim of at most 768, or kind `identity` (got 1000)")
+    run_dir = tmp_path / "runs" / "t"
+    assert not (run_dir / "scores.parquet").exists() and not list(run_dir.glob("vectors/*.npy"))

@@ -6,6 +6,8 @@ from typing import Protocol
 
 import numpy as np
 
+from convalue.engine.config.fields import ConfigError
+
 
 class ProjectionError(ValueError):
     """A projection was mis-specified or applied to vectors of the wrong size."""
@@ -143,7 +145,11 @@ KINDS = {"identity": IdentityProjector, "countsketch": CountSketchProjector, "ra
 
 
 def make_projector(kind: str, dim_in: int, dim_out: int, seed: int) -> Projector:
-    """Build the projector named by kind."""
+    """Build the projector named by kind; one to more dimensions than its input is refused (it adds nothing but
+    memory and work: a projection.dim above the featurised parameter count is a mistake in the config)."""
     if kind not in KINDS:
         raise ProjectionError(f"projection.kind must be one of {sorted(KINDS)}, got {kind!r}")
+    if kind != "identity" and dim_out > dim_in > 0:
+        raise ConfigError(f"is larger than the {dim_in} parameters featurised: a projection cannot add dimensions; "
+                          f"use a dim of at most {dim_in}, or kind `identity`", field="projection.dim", value=dim_out)
     return KINDS[kind](dim_in, dim_out, seed)

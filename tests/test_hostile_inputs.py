@@ -187,3 +187,20 @@ def test_a_projection_dim_above_the_parameter_count_is_refused(capsys, ray_sessi
                         "dimensions; use a dim of at most 768, or kind `identity` (got 1000)")
     run_dir = tmp_path / "runs" / "t"
     assert not (run_dir / "scores.parquet").exists() and not list(run_dir.glob("vectors/*.npy"))
+
+
+# --- data sources -------------------------------------------------------------------------------------------
+
+
+def test_an_empty_include_list_is_refused_at_validation(capsys, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"prompt": ["a", "b"], "response": ["c", "d"], "group": ["x", "y"]}),
+                   tmp_path / "small.parquet")
+    (tmp_path / "run.yaml").write_text(
+        "name: x\ndata:\n  target: {kind: chatterbot, include: [marathi]}\n"
+        "  candidates: [{kind: parquet, path: small.parquet, group_by: group, include: []}]\n")
+    err = _refused(capsys, ["run", str(tmp_path / "run.yaml"), "--dry-run"])
+    assert err == (f"convalue: error: {tmp_path / 'run.yaml'}: data.candidates[0].include: is empty, so it would keep "
+                   "no group: list the groups to keep, or leave it out to keep them all (got [])")

@@ -87,6 +87,9 @@ class SourceConfig:
         """Raise ConfigError naming the first field whose value does not hold."""
         if self.examples_per_group <= 0:
             raise ConfigError("must be > 0", field="examples_per_group", value=self.examples_per_group)
+        if self.include is not None and not self.include:
+            raise ConfigError("is empty, so it would keep no group: list the groups to keep, or leave it out to keep "
+                              "them all", field="include", value=self.include)
         if self.clusters is not None and self.clusters < 2:
             raise ConfigError("must be >= 2 (or null)", field="clusters", value=self.clusters)
         if self.embedding not in BUILTIN_EMBEDDINGS:

@@ -127,12 +127,12 @@ def test_errors_name_the_file_the_row_and_the_field(tmp_path, rows):
     cases.append((path, "json", r"types.json:1: field 'response' must be a string, got int 7"))
     path = tmp_path / "notgz.jsonl.gz"
     path.write_text('{"prompt": "a", "response": "b"}\n')
-    cases.append((path, "jsonl", r"notgz.jsonl.gz: cannot be read \(Not a gzipped file"))
+    cases.append((path, "jsonl", r"notgz.jsonl.gz: not a gzip file, though its name says so \(Not a gzipped file"))
     path = tmp_path / "cut.csv.gz"
     data = gzip.compress("".join(f"{i} {r['prompt']},{i} {r['response']}\n" for i, r in enumerate(rows * 40))
                          .encode())
     path.write_bytes(gzip.compress(b"prompt,response\n") + data[: len(data) // 2])
-    cases.append((path, "csv", r"cut.csv.gz: cannot be read \(Compressed file ended"))
+    cases.append((path, "csv", r"cut.csv.gz: truncated or corrupt gzip file \(it ends before its end-of-stream marker"))
     path = tmp_path / "scalar.json"
     path.write_text('[{"prompt": "a", "response": "b"}, 3]')
     cases.append((path, "json", r"scalar.json:1: each row must be a JSON object, got int"))

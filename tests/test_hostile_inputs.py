@@ -204,3 +204,42 @@ def test_an_empty_include_list_is_refused_at_validation(capsys, tmp_path):
     err = _refused(capsys, ["run", str(tmp_path / "run.yaml"), "--dry-run"])
     assert err == (f"convalue: error: {tmp_path / 'run.yaml'}: data.candidates[0].include: is empty, so it would keep "
                    "no group: list the groups to keep, or leave it out to keep them all (got [])")
+
+
+def _gzipped_rows(level: int) -> tuple[bytes, bytes]:
+    """(the text of 60 JSON Lines rows, its gzip stream at compression level `level`; 0 stores the text as is)."""
+    import gzip
+    import json
+
+    text = "".join(json.dumps({"prompt": f"question {i}", "response": f"answer {i}"}) + "\n" for i in range(1, 61))
+    return text.encode(), gzip.compress(text.encode(), compresslevel=level, mtime=0)
+
+
+def test_a_truncated_or_corrupt_gzip_is_named_as_such(tmp_path):
+    from convalue.engine.config import SourceConfig
+    from convalue.engine.data.examples import DataError
+    from convalue.engine.data.sources import load_source
+
+    _, stream = _gzipped_rows(9)
+    (tmp_path / "cut.jsonl.gz").write_bytes(stream[: len(stream) // 2])
+    # a stored (level 0) stream with one byte of line 26 changed: only the gzip CRC at its end can tell, and the
+    # text read before it fails to parse at line 26 (which is what was reported)
+    _, stored = _gzipped_rows(0)
+    damaged = bytearray(stored)
+    damaged[stored.index(b'{"prompt": "question 26"')] = ord("[")
+    (tmp_path / "flipped.jsonl.gz").write_bytes(bytes(damaged))
+    (tmp_path / "garbage.json.gz").write_bytes(stream[:10] + bytes(range(256)) * 4)
+    for name, why in [("cut.jsonl.gz", "it ends before its end-of-stream marker: the file was cut short"),
+                      ("flipped.jsonl.gz", "CRC check failed"), ("garbage.json.gz", "Error -3 while decompressing")]:
+        with pytest.raises(DataError) as err:
+            load_source(SourceConfig(kind=name.split(".")[1], path=str(tmp_path / name)))
+        assert str(err.value).startswith(f"{tmp_path / name}: truncated or corrupt gzip file ({why}"), err.value
+
+
+def test_a_run_on_a_truncated_gzip_says_so_in_one_line(capsys, tiny_model_dir, pool_jsonl, tmp_path):
+    _, stream = _gzipped_rows(9)
+    (tmp_path / "target.jsonl.gz").write_bytes(stream[: len(stream) // 2])
+    data = tiny_run_config(tmp_path, tiny_model_dir, tmp_path / "target.jsonl.gz", pool_jsonl)
+    err = _refused(capsys, ["run", _write(tmp_path, data), "--dry-run"])
+    assert f"{tmp_path / 'target.jsonl.gz'}: truncated or corrupt gzip file (it ends before" in err
+    assert not (tmp_path / "runs").exists()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
@@ -199,6 +200,35 @@ def read_rows(path: Path, kind: str | None = None) -> Rows:
                         "gzipped: .jsonl.gz, ...)")
     try:
         yield from READERS[fmt](path, gz)
-    except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError; a truncated gzip stream an EOFError
+    except DataError:
+        # damaged gzip data can decompress to text that fails to parse before the stream's own check fails
+        if gz and (why := _gzip_damage(path)) is not None:
+            raise DataError(f"{path}: truncated or corrupt gzip file ({why})") from None
+        raise
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:  # a truncated stream is an EOFError
+        if str(exc).startswith("Not a gzipped file"):
+            raise DataError(f"{path}: not a gzip file, though its name says so ({exc})") from None
+        raise DataError(f"{path}: truncated or corrupt gzip file ({_gzip_reason(exc)})") from None
+    except OSError as exc:
         detail = getattr(exc, "strerror", None) or exc
         raise DataError(f"{path}: cannot be read ({detail})") from None
+
+
+def _gzip_reason(exc: BaseException) -> str:
+    """What a damaged gzip stream's exception says, the truncation put plainly."""
+    if isinstance(exc, EOFError):
+        return "it ends before its end-of-stream marker: the file was cut short"
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _gzip_damage(path: Path) -> str | None:
+    """Why a gzip file's stream is damaged, read through to its end (the CRC and length checked); None when whole."""
+    try:
+        with gzip.open(path, "rb") as fh:
+            while fh.read(CSV_BLOCK_BYTES):
+                pass
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        return _gzip_reason(exc)
+    except OSError:
+        return None  # unreadable, not damaged: the error already raised says so
+    return None

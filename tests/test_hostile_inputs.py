@@ -243,3 +243,27 @@ def test_a_run_on_a_truncated_gzip_says_so_in_one_line(capsys, tiny_model_dir, p
     err = _refused(capsys, ["run", _write(tmp_path, data), "--dry-run"])
     assert f"{tmp_path / 'target.jsonl.gz'}: truncated or corrupt gzip file (it ends before" in err
     assert not (tmp_path / "runs").exists()
+
+
+# --- convalue score -----------------------------------------------------------------------------------------
+
+
+def test_score_names_the_group_whose_vector_is_not_finite(capsys, tmp_path):
+    import json
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(4, 8))
+    X[2, 5] = np.nan
+    pq.write_table(pa.table({"group": ["a", "b", "c", "d"], "vector": [list(map(float, r)) for r in X]}),
+                   tmp_path / "pool.parquet")
+    np.save(tmp_path / "target.npy", rng.normal(size=8).astype(np.float32))
+    err = _refused(capsys, ["score", str(tmp_path / "pool.parquet"), "--target", str(tmp_path / "target.npy"),
+                            "--gamma-ratio", "0.1", "--out", str(tmp_path / "runs"), "--name", "nan"])
+    assert err == (f"convalue: error: {tmp_path / 'pool.parquet'}: non-finite values (NaN or infinity) in the vector "
+                   "of group(s) 'c'")
+    summary = json.loads((tmp_path / "runs" / "nan" / "summary.json").read_text())
+    assert summary["status"] == "failed" and not (tmp_path / "runs" / "nan" / "scores.parquet").exists()

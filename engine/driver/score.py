@@ -95,8 +95,10 @@ def _parquet_batches(source: RunFolder, name: str) -> Iterator[tuple[list[str], 
             if any(not isinstance(g, str) or not g for g in groups):
                 raise StoreError(f"{where}: column `group` must hold non-empty names")
             X = _vector_array(batch.column("vector"), str(where))
-            if not np.all(np.isfinite(X)):
-                raise StoreError(f"{where}: non-finite values in the vectors of {groups[:5]}...")
+            if not np.all(finite := np.isfinite(X).all(axis=1)):
+                bad = [g for g, ok in zip(groups, finite) if not ok]
+                raise StoreError(f"{where}: non-finite values (NaN or infinity) in the vector of group(s) "
+                                 f"{', '.join(map(repr, bad[:5]))}{f' and {len(bad) - 5} more' if len(bad) > 5 else ''}")
             n = batch.column("n_examples").to_pylist() if "n_examples" in cols else [0] * len(groups)
             yield groups, X, [int(v or 0) for v in n]
 

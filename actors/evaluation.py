@@ -155,9 +155,11 @@ def _stored_base(store: FinetuneStore, names: list[str]) -> dict[str, dict] | No
     return None if names else {TARGET_VAL: {"loss": record["base_val_loss"], "accuracy": None}}
 
 
-def _put_base(store: FinetuneStore, values: dict[str, dict]) -> None:
-    """Store the base model's values on every evaluation (base_val_loss: the validation split's, as before)."""
-    store.put(store.base_key(), {"base_val_loss": values[TARGET_VAL]["loss"], "base_evaluations": values})
+def _put_base(store: FinetuneStore, values: dict[str, dict], names: list[str]) -> None:
+    """Store the base model's validation loss and, where data.eval names evaluations (`names`), its values on
+    every evaluation (without them the record is the one runs have always kept)."""
+    store.put(store.base_key(), {"base_val_loss": values[TARGET_VAL]["loss"]}
+              | ({"base_evaluations": values} if names else {}))
 
 
 def _as_plain(values: Any) -> dict[str, dict] | None:
@@ -213,7 +215,7 @@ def train_jobs(req: EvaluationRequest, jobs: list[PlannedRun], tasks: list[tuple
             if task.index < 0:
                 base = _as_plain(result) if isinstance(result, dict) else {TARGET_VAL: {"loss": result,
                                                                                          "accuracy": None}}
-                _put_base(store, base)
+                _put_base(store, base, names)
                 continue
             i = task.index
             results[i] = result.to_dict()
@@ -222,7 +224,7 @@ def train_jobs(req: EvaluationRequest, jobs: list[PlannedRun], tasks: list[tuple
             if results[i]["base_val_loss"] is not None:
                 base = _as_plain(results[i].get("base_evaluations")) or {TARGET_VAL: {
                     "loss": results[i]["base_val_loss"], "accuracy": results[i].get("base_val_accuracy")}}
-                _put_base(store, base)
+                _put_base(store, base, names)
             log.info("fine-tune %d/%d done: %s (seed %d), validation loss %.4f", done, len(todo), task.label,
                      task.seed, results[i]["val_loss"])
     finally:  # on a failure (or Ctrl-C) the fine-tunes are incomplete: say what there is

@@ -51,7 +51,10 @@ def test_mappings_per_budget_and_per_group(tmp_path):
 
 def test_demo_config_is_valid():
     cfg = load_config(Path(__file__).parents[1] / "examples" / "demo.yaml")
-    assert cfg.data.target.include == ["marathi"]
+    assert cfg.data.target.include == ["marathi/conversations"]
+    # judged on a Marathi topic the target does not train on
+    assert cfg.data.eval["greetings"].include == ["marathi/greetings"]
+    assert cfg.finetune.select_by_parts() == ("greetings", "loss")
 
 
 def test_flat_pool_example_is_valid():

@@ -275,6 +275,8 @@ def test_same_seed_same_scores_with_one_worker_and_other_blocks(first_run):
 
 
 def test_rerun_resumes_from_stored_vectors(first_run, tmp_path):
+    from convalue.engine.protocol.verdict import not_evaluated
+
     _, data, _ = first_run
     run_dir = own_copy(first_run, tmp_path / "runs" / "t")
     again = run(config_from_dict(data | {"out": str(tmp_path / "runs"), "finetune": {"enabled": False}}))
@@ -282,7 +284,8 @@ def test_rerun_resumes_from_stored_vectors(first_run, tmp_path):
     assert again.status == "complete"
     # the first run's fine-tune results are not left beside the new scores
     assert not (run_dir / "evaluation.parquet").exists() and not (run_dir / "evaluation.png").exists()
-    assert (run_dir / "scores.png").is_file() and again.evaluation is None
+    assert (run_dir / "scores.png").is_file() and again.finetune is None
+    assert again.evaluation == {"verdict": not_evaluated().to_dict()}  # no fine-tune: the ranking stands alone
 
 
 def test_bad_data_fails_before_writing_anything(ray_session, tiny_model_dir, tmp_path):

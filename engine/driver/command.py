@@ -266,7 +266,7 @@ def _execute(cfg: RunConfig, command: str, check: Callable[[RunConfig, PreparedD
         data_record = {
             "command": command, "target": data.target.name, "target_train": len(data.target_train),
             "target_val": len(data.target_val), "target_preview": len(data.target_item.examples),
-            "candidates": len(data.items), "warnings": data.warnings}
+            "candidates": len(data.items), "warnings": data.warnings} | data.summary_fields()
         if clusters is not None:
             sizes = [len(g.examples) for g in data.resolved if g.members is not None]
             data_record["clusters"] = {"groups": len(sizes), "examples": sum(sizes), "smallest": min(sizes),

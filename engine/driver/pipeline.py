@@ -19,6 +19,7 @@ from convalue.engine.driver.command import RunContext, execute, representations
 from convalue.engine.driver.session import Timer
 from convalue.engine.driver.stages import Valuation, check_budgets
 from convalue.engine.protocol.evaluate import BASELINE_METHODS, given_weights, method_scores
+from convalue.engine.protocol.verdict import not_evaluated
 from convalue.engine.report.plots import plot_evaluation, plot_path
 from convalue.engine.report.tables import evaluation_table
 from convalue.engine.selection.blocked import GramResult
@@ -76,7 +77,8 @@ def _body(ctx: RunContext) -> None:
         record.write_parquet("bootstrap.parquet", boot)
     ctx.on_stage("finetune")
     ctx.finetune_stages.add("finetune")
-    if not cfg.finetune.enabled:
+    if not cfg.finetune.enabled:  # the ranking stands alone, and the summary says so
+        ctx.add(EvaluationRecord(evaluation={"verdict": not_evaluated().to_dict()}))
         return
     outcome = ctx.outcome
     with timer.stage("finetune"):

@@ -9,6 +9,7 @@ import pyarrow.fs as pafs
 
 from convalue.engine.files.errors import StoreError
 from convalue.engine.files.folder import RunFolder, as_folder
+from convalue.engine.protocol.verdict import verdict_line
 from convalue.engine.store.status import RunStatus, run_status
 from convalue.engine.store.summary import RunSummary
 
@@ -62,8 +63,8 @@ def format_status(status: RunStatus) -> str:
     for m, b in (status.best_k or {}).items():
         sd = f" ± {b['val_loss_sd']:.4f}" if b.get("val_loss_sd") is not None else ""
         lines.append(f"  best k of {m}: {b['k']} (validation loss {b['val_loss']:.4f}{sd})")
-    if status.verdict is not None and status.verdict.get("sentence"):
-        lines.append(f"verdict: {status.verdict['sentence']}")
+    if status.summary_status == "complete":
+        lines.append(verdict_line({"verdict": status.verdict} if status.verdict is not None else None))
     if status.finetune_stale:
         lines.append(f"note: {status.finetune_stale}")
     return "\n".join(lines)

@@ -128,18 +128,26 @@ def test_a_run_refuses_a_bad_reward_before_featurising(capsys, tiny_model_dir, p
 # --- a 50 MB line ---------------------------------------------------------------------------------------------
 
 _READ_AND_TOKENIZE = """
-import json, resource, sys
-import psutil
+import json, sys
+from pathlib import Path
 from convalue.engine.config import SourceConfig
 from convalue.engine.data.sources import load_source
 from convalue.engine.data.tokenize import tokenize_examples
 from convalue.engine.model.loading import load_tokenizer
+
+def kib(field):  # this process's own memory (VmHWM: its peak RSS since exec, unlike ru_maxrss, or since a reset)
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(field + ":"))
+    return int(line.split()[1])
+
 tokenizer = load_tokenizer(sys.argv[1])
-before = psutil.Process().memory_info().rss  # now, not the peak: loading the tokenizer peaked higher
+try:
+    Path("/proc/self/clear_refs").write_text("5")  # reset the peak to now: loading the tokenizer peaked higher
+except OSError:
+    pass
+before = kib("VmRSS")
 (group,) = load_source(SourceConfig(kind="jsonl", path=sys.argv[2])).values()
 (tok,) = tokenize_examples(tokenizer, group.examples, 128)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-print(json.dumps({"grown": peak - before, "ids": tok.input_ids, "labels": tok.labels}))
+print(json.dumps({"grown": (kib("VmHWM") - before) * 1024, "ids": tok.input_ids, "labels": tok.labels}))
 """
 
 

@@ -35,8 +35,8 @@ def test_the_plan_shows_the_solve_the_evaluation_the_verdict_and_the_estimate(ti
     assert plan.run_dir == "s3://bucket/runs/t"
     solve = lines["solve"]
     assert "penalised form, gamma = 0.1 (absolute;" in solve and "max_i |beta_i| / sqrt(K_ii)" in solve
-    assert "normalize: cosine" in solve and "gram space" in solve and "(solver.space auto)" in solve
-    assert "method auto (convalue's exact active-set solver)" in solve and "over 4 candidates" in solve
+    assert "normalize cosine; space auto for 4 candidates: gram (K formed" in solve
+    assert "method auto (convalue's exact active-set solver)" in solve
     assert f"target_val (marathi's {plan.target_val} validation examples)" in lines["evaluation"]
     assert "select_by 'loss' decides best k" in lines["evaluation"]
     assert "paired 95% t-interval of the differences over the 3 seeds: wholly below 0" in lines["verdict"]
@@ -57,7 +57,7 @@ def test_the_solve_line_names_each_form_as_configured(tiny_model_dir, target_jso
     plan = make_plan(cfg, measure=False)
     solve = solve_line(cfg, plan)
     assert "penalised form, gamma = 0.05 x gamma_max = max_i |beta_i| (relative;" in solve
-    assert "normalize: none" in solve and "gradient space" in solve and "solver.space auto" not in solve
+    assert "normalize none; space gradients (K formed on the active set only" in solve
     assert plan.timing is None and "not measured" in format_plan(plan, cfg)
     assert "evaluation: none (finetune.enabled is false" in format_plan(plan, cfg)
     budget = _cfg(tmp_path, tiny_model_dir, target_jsonl, pool_jsonl,

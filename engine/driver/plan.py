@@ -148,13 +148,13 @@ def solve_line(cfg: RunConfig, plan: RunPlan) -> str:
     else:
         form = (f"penalised form, gamma = {s.gamma:g} (absolute; its share of {gmax}, the gamma that zeroes every "
                 "score, is known only once beta and K are formed)")
-    space = ("gram space (K formed, gram.npy written)" if plan.space == "gram" else
-             "gradient space (K formed on the active set only; no gram.npy)")
-    auto = " (solver.space auto)" if s.space == "auto" else ""
+    space = ("gram (K formed, gram.npy written)" if plan.space == "gram" else
+             "gradients (K formed on the active set only; no gram.npy)")
+    auto = f"auto for {plan.candidates} candidates: " if s.space == "auto" else ""
     extras = [f"prices from {s.costs_file}" if s.costs_file else None, f"tol {s.tol:g}" if s.tol else None,
               f"the regularisation path too ({s.path_points} points)" if s.path else None]
-    return (f"solve: {form}; normalize: {s.normalize}; {space}{auto} over {plan.candidates} candidates; method "
-            f"{s.method} ({METHODS.get(s.method, s.method)})" + "".join(f"; {e}" for e in extras if e))
+    return (f"solve: {form}; normalize {s.normalize}; space {auto}{space}; method {s.method} "
+            f"({METHODS.get(s.method, s.method)})" + "".join(f"; {e}" for e in extras if e))
 
 
 def _eval_sets(cfg: RunConfig, plan: RunPlan) -> str:

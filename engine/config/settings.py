@@ -117,6 +117,13 @@ class FinetuneConfig:
         None, "Alg. 1's target-mixing ratio rho_k for some budgets: {k: rho}, e.g. {1: 0.7, 5: 0.4}; a k of `ks` not "
               "listed uses `rho`. Every k listed must be an evaluated budget. A fine-tune at k is keyed by its rho_k, "
               "so it is the same fine-tune as one run with `rho: rho_k`.")
+    budget: Literal["fixed", "additive"] = opt(
+        "fixed", "What an auxiliary step costs the target: `fixed` (the paper's Alg. 1: `steps` steps in all, each a "
+        "target batch with probability rho, so auxiliary steps replace target steps) or `additive` (the target-only "
+        "run's `steps` target batches are all kept, in the same order, and the auxiliary steps come on top: the same "
+        "Bernoulli(rho) draws continue until `steps` target steps are drawn, so a run buying groups trains about "
+        "steps / rho steps; the question a user who adds data asks). The target-only run is the same under both. "
+        "Needs rho > 0 and strategy `task`.")
     batch_size: int = opt(4, "Examples per optimizer step.")
     lr: float = opt(1e-4, "AdamW learning rate (cosine schedule, 3% warm-up).")
     max_grad_norm: float = opt(1.0, "Gradient clipping norm.")
@@ -222,6 +229,8 @@ class FinetuneConfig:
             raise ConfigError("must be in [0, 1]", field="rho", value=self.rho)
         if self.batch_size <= 0:
             raise ConfigError("must be > 0", field="batch_size", value=self.batch_size)
+        if self.budget == "additive":
+            self._validate_additive()
         if not (self.mixture_temperature > 0 and math.isfinite(self.mixture_temperature)):
             raise ConfigError("must be a finite number > 0", field="mixture_temperature", value=self.mixture_temperature)
         if self.repeats <= 0:
@@ -281,6 +290,18 @@ class FinetuneConfig:
             if self.batch_size < self.deepspeed.workers:
                 raise ConfigError(f"must be at least deepspeed.workers ({self.deepspeed.workers}): every worker "
                                   "takes a share of each batch", field="batch_size", value=self.batch_size)
+
+    def _validate_additive(self) -> None:
+        """The checks of budget `additive`: every ratio > 0 (the draws run until `steps` target steps), task jobs."""
+        if self.strategy == "deepspeed":
+            raise ConfigError("`additive` runs as `task` jobs only (strategy `deepspeed` trains the fixed budget)",
+                              field="budget", value=self.budget)
+        if self.rho <= 0:
+            raise ConfigError("must be > 0 with budget `additive` (the target's steps are kept: rho = 0 has none)",
+                              field="rho", value=self.rho)
+        for k, r in (self.rho_by_k or {}).items():
+            if r <= 0:
+                raise ConfigError("must be > 0 with budget `additive`", field=f"rho_by_k.{k}", value=r)
 
     def _validate_grpo(self) -> None:
         """The checks of objective `grpo`."""

@@ -65,14 +65,19 @@ def evaluate_loss(model, examples: list[TokenizedExample], batch_size: int, pad_
 
 
 def mixing_schedule(steps: int, rho: float, n_aux_groups: int, seed: int,
-                    weights: list[float] | None = None) -> list[int]:
+                    weights: list[float] | None = None, additive: bool = False) -> list[int]:
     """Per step: -1 for a target batch (probability rho), else the auxiliary group drawn uniformly, or by
-    `weights` (one per group, summing to 1) from a stream of its own."""
+    `weights` (one per group, summing to 1) from a stream of its own. `steps` steps in all (the fixed budget), or,
+    `additive`, the same draws continued until `steps` target steps are drawn (the fixed schedule is its prefix)."""
+    if additive and rho <= 0:
+        raise ValueError("an additive schedule needs rho > 0")
     rng = np.random.default_rng([seed, 0xA1])
     weighted = None if weights is None else np.random.default_rng([seed, 0xA2])
-    out = []
-    for _ in range(steps):
+    out: list[int] = []
+    n_target = 0
+    while (n_target if additive else len(out)) < steps:
         if n_aux_groups == 0 or rng.random() < rho:
+            n_target += 1
             out.append(-1)
             continue
         # the uniform draw is made either way, so a seed gives every mixture of n groups the same target steps
@@ -88,7 +93,7 @@ def finetune(model, pad_id: int, cfg: FinetuneConfig, lora: LoraConfig, *, label
              accuracy: Callable[[Any], float] | None = None,
              keep: Callable[[Any], None] | None = None) -> FinetuneResult:
     """Train a fresh LoRA adapter on `model` (theta_0) for cfg.steps steps mixing target and aux (its groups drawn
-    by `weights`, else uniformly); evaluate on val (and, given `accuracy`, measure it on the trained model; given
+    by `weights`, else uniformly; cfg.budget `additive`: cfg.steps target steps and the auxiliary ones on top); evaluate on val (and, given `accuracy`, measure it on the trained model; given
     `keep`, hand it the trained model, e.g. to keep its adapter).
 
     autocast_dtype: bf16 autocast for the forward passes (CUDA replicas with model.dtype bfloat16), as in featurisation.
@@ -102,18 +107,21 @@ def finetune(model, pad_id: int, cfg: FinetuneConfig, lora: LoraConfig, *, label
     peft_model = attach_lora(model, lora)
     params = [p for p in peft_model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr)
-    sched = get_cosine_schedule_with_warmup(opt, max(1, math.ceil(0.03 * cfg.steps)), cfg.steps)
     names = sorted(aux)
     if weights is not None and set(weights) != set(names):
         raise ValueError(f"mixture weights for {sorted(weights)}, but the auxiliary groups are {names}")
+    additive = cfg.budget == "additive"
     plan = mixing_schedule(cfg.steps, cfg.rho, len(names), cfg.seed,
-                           None if weights is None else [weights[n] for n in names])
+                           None if weights is None else [weights[n] for n in names], additive=additive)
+    sched = get_cosine_schedule_with_warmup(opt, max(1, math.ceil(0.03 * len(plan))), len(plan))
     rng = np.random.default_rng([cfg.seed, 0xB2])
+    # additive: auxiliary batches from a stream of their own, so the target's batches are target-only's, in order
+    aux_rng = np.random.default_rng([cfg.seed, 0xB3]) if additive else rng
     losses = []
     peft_model.train()
     for src in plan:
         pool = target if src < 0 else aux[names[src]]
-        idx = rng.choice(len(pool), size=min(cfg.batch_size, len(pool)), replace=False)
+        idx = (rng if src < 0 else aux_rng).choice(len(pool), size=min(cfg.batch_size, len(pool)), replace=False)
         ids, mask, labels = (t.to(device) for t in pad_batch([pool[i] for i in idx], pad_id))
         with autocast(device, autocast_dtype):
             loss = per_example_loss(peft_model, ids, mask, labels).mean()
@@ -128,7 +136,7 @@ def finetune(model, pad_id: int, cfg: FinetuneConfig, lora: LoraConfig, *, label
     if keep is not None:
         keep(peft_model)
     return FinetuneResult(
-        label=label, groups=names, steps=cfg.steps, target_steps=sum(1 for s in plan if s < 0),
+        label=label, groups=names, steps=len(plan), target_steps=sum(1 for s in plan if s < 0),
         aux_steps=sum(1 for s in plan if s >= 0), val_loss=val_loss, base_val_loss=base_val_loss,
         first_train_loss=losses[0], last_train_loss=losses[-1], seconds=time.perf_counter() - t0,
         val_accuracy=None if accuracy is None else accuracy(peft_model),

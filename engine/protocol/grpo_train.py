@@ -215,16 +215,18 @@ def grpo_finetune(model: Any, tokenizer: PreTrainedTokenizerBase, pad_id: int, c
     peft_model = attach_lora(model, lora)
     params = [p for p in peft_model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr)
-    sched = get_cosine_schedule_with_warmup(opt, max(1, math.ceil(0.03 * cfg.steps)), cfg.steps)
+    additive = cfg.budget == "additive"
     plan = mixing_schedule(cfg.steps, cfg.rho, len(names), cfg.seed,
-                           None if weights is None else [weights[n] for n in names])
+                           None if weights is None else [weights[n] for n in names], additive=additive)
+    sched = get_cosine_schedule_with_warmup(opt, max(1, math.ceil(0.03 * len(plan))), len(plan))
     rng = np.random.default_rng([cfg.seed, 0xB2])  # the SFT fine-tune's batch draws
+    aux_rng = np.random.default_rng([cfg.seed, 0xB3]) if additive else rng  # as finetune()'s
     stepper = GrpoStepper(peft_model, tokenizer, pad_id, cfg, scorer, opt, params, max_length=max_length,
                           label=label, device=device, autocast_dtype=autocast_dtype)
     records: list[GrpoStep] = []
     for index, src in enumerate(plan):
         pool = pools[sources[src + 1]]
-        idx = rng.choice(len(pool), size=min(cfg.batch_size, len(pool)), replace=False)
+        idx = (rng if src < 0 else aux_rng).choice(len(pool), size=min(cfg.batch_size, len(pool)), replace=False)
         records.append(stepper.step(index, sources[src + 1], [pool[i] for i in idx]))
         sched.step()
         if on_step is not None:
@@ -235,7 +237,7 @@ def grpo_finetune(model: Any, tokenizer: PreTrainedTokenizerBase, pad_id: int, c
         keep(peft_model)
     rewards = [r.reward for r in records]
     return FinetuneResult(
-        label=label, groups=names, steps=cfg.steps, target_steps=sum(1 for s in plan if s < 0),
+        label=label, groups=names, steps=len(plan), target_steps=sum(1 for s in plan if s < 0),
         aux_steps=sum(1 for s in plan if s >= 0), val_loss=val_loss, base_val_loss=base_val_loss,
         first_train_loss=records[0].loss, last_train_loss=records[-1].loss, seconds=time.perf_counter() - t0,
         val_accuracy=None if accuracy is None else accuracy(peft_model), objective="grpo",

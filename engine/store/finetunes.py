@@ -27,6 +27,9 @@ NOT_IN_KEY = ("enabled", "baselines", "ks", "repeats", "random_orders", "mixture
 #: settings an SFT fine-tune does not read: left out of its key, so SFT keys are those of before `objective` existed
 SFT_IGNORES = ("objective", "grpo_reward", "grpo_reward_signature", "grpo_reward_column", "grpo_generations",
                "grpo_max_new_tokens", "grpo_temperature", "grpo_top_p", "grpo_kl_coef")
+#: budget `fixed` is left out of every key (keys of before `budget` existed), and so is `additive` where a run buys
+#: nothing: the target-only run is the same fine-tune under both
+FIXED_BUDGET = "fixed"
 RESULT_FIELDS = {"label": str, "groups": list, "steps": int, "target_steps": int, "aux_steps": int,
                  "val_loss": float, "first_train_loss": float, "last_train_loss": float, "seconds": float}
 
@@ -39,7 +42,8 @@ def job_settings(spec: ReplicaSpec) -> dict:
             "pad_id": spec.pad_id, "lora": asdict(spec.lora), "device": spec.device,
             "threads": spec.threads, "packages": versions,
             "finetune": {k: v for k, v in asdict(spec.finetune).items() if k not in NOT_IN_KEY
-                         and not (spec.finetune.objective == "sft" and k in SFT_IGNORES)}}
+                         and not (spec.finetune.objective == "sft" and k in SFT_IGNORES)
+                         and not (k == "budget" and v == FIXED_BUDGET)}}
 
 
 def train_job_settings(ts: Any, spec: ReplicaSpec) -> dict:
@@ -65,8 +69,9 @@ class FinetuneStore:
         `seed` and `rho` (None: those of the settings), drawing the groups by `weights` (None: uniformly)."""
         settings, base = self._base["settings"], self._base
         own = {k: v for k, v in (("seed", seed), ("rho", rho)) if v is not None}
-        if own:
-            base = base | {"settings": settings | {"finetune": settings["finetune"] | own}}
+        if own or (not aux and "budget" in settings["finetune"]):
+            finetune = {k: v for k, v in settings["finetune"].items() if aux or k != "budget"}
+            base = base | {"settings": settings | {"finetune": finetune | own}}
         if weights is not None:
             base = base | {"weights": {n: weights[n] for n in sorted(weights)}}
         return self._hash(base | {"aux": {n: examples_digest(aux[n]) for n in sorted(aux)}})

@@ -4,6 +4,7 @@ solver actor of its own drives convalue.solvers.sharded, holding only its workin
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass
 
@@ -15,9 +16,9 @@ from convalue.actors.gram import load_block
 from convalue.engine.files.folder import RunFolder
 from convalue.engine.selection.blocked import GramResult, Panel
 from convalue.engine.selection.solve import SolveSpec
-from convalue.engine.store.vectors import BlockMeta
+from convalue.engine.store.vectors import MANIFEST, BlockMeta
 from convalue.solvers import DEFAULT_POLICY, KMMSolution, SolverPolicy
-from convalue.solvers.sharded import Prior, ShardedGradients, ShardPolicy, solve_sharded
+from convalue.solvers.sharded import Prior, Residuals, ShardedGradients, ShardPolicy, solve_sharded
 
 #: rows of a block cast to float64 at a time inside a product task (a 512 x 8192 float64 chunk: 32 MiB)
 _CHUNK = 512
@@ -58,6 +59,16 @@ def panel_rows(panel: Panel, wanted: np.ndarray, *arrays: np.ndarray) -> tuple[n
             rows.append(a[np.asarray(b.rows)[hit]])
     node = _node()
     return np.concatenate(pos), np.concatenate(rows), node, _moved(panel, node)
+
+
+@ray.remote(num_cpus=0)
+def manifest_digest(folder: RunFolder) -> str | None:
+    """The SHA-256 of a vector store's manifest as this node reads it (None: it cannot): which nodes share a local
+    run folder's disk."""
+    try:
+        return hashlib.sha256(folder.read_bytes(MANIFEST)).hexdigest()
+    except OSError:
+        return None
 
 
 def _near(panel: Panel) -> dict:
@@ -195,6 +206,17 @@ class ShardedSolver:
                             policy=problem.policy, shard=problem.shard, prior=problem.prior)
         return sol, shards.stats
 
+    def residuals(self, panels: list[Panel], sources: dict, n: int, p: int, beta: np.ndarray, diag: np.ndarray,
+                  w: np.ndarray, normalize: str) -> Residuals:
+        """r~ = K~ w - beta~ for all rows (normalised space) and u = G~^T w: the support's rows read, then one pass
+        (Euclidean; for the state a grown pool's valuation starts from)."""
+        shards = Shards(n, p, panels, sources, None, None)
+        s = 1.0 / np.sqrt(diag) if normalize == "cosine" else np.ones(n)
+        on = np.flatnonzero(w)
+        u = (s[on] * w[on]) @ shards.rows(on) if on.size else np.zeros(p)
+        r = s * shards.times(u) - s * beta
+        return Residuals(residual=r, ref=np.zeros(n, dtype=np.intp), u_refs=u[None])
+
 
 def solve_sharded_on_actor(problem: ShardedProblem, panels: list[Panel], sources: dict) -> tuple[KMMSolution, dict]:
     """The sharded solve on a ShardedSolver actor of its own, on the driver's node (soft): (solution, statistics,
@@ -213,6 +235,17 @@ def solve_sharded_on_actor(problem: ShardedProblem, panels: list[Panel], sources
     stats = stats | {"block_bytes_per_node": held, "panels": len(panels),
                      "pass_seconds": round(stats["pass_seconds"], 3)}
     return sol, stats
+
+
+def residuals_on_actor(panels: list[Panel], sources: dict, n: int, p: int, beta: np.ndarray, diag: np.ndarray,
+                       w: np.ndarray, normalize: str) -> Residuals:
+    """ShardedSolver.residuals on an actor of its own (the support's rows never reach the driver)."""
+    here = ray.get_runtime_context().get_node_id()
+    actor = ShardedSolver.options(scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True)).remote()
+    try:
+        return ray.get(actor.residuals.remote(panels, sources, n, p, beta, diag, w, normalize))
+    finally:
+        ray.kill(actor)
 
 
 def problem_of(spec: SolveSpec, n: int, g_tar: np.ndarray, gram: GramResult, shard: ShardPolicy,

@@ -83,13 +83,24 @@ class ShardedGradients:
 
 @dataclass(frozen=True, eq=False)
 class Prior:
-    """An earlier answer on this problem's candidates: w (scores as solved, zeros for candidates added since),
-    residual = K~ w - beta~ in the normalised space (K~ = D^-1/2 K D^-1/2 with `normalize: cosine`), exact for the
-    current rows (None: unknown), and u = G~^T w (None: unknown)."""
+    """An earlier answer on this problem's candidates: w (scores as solved, zeros for candidates added since) and,
+    where known, its residual r~ = K~ w - beta~ in the normalised space (K~ = D^-1/2 K D^-1/2 with `normalize:
+    cosine`): residual[i] exact at u_refs[ref[i]] (ref None: every row at u_refs[-1]), u_refs[-1] = G~^T w."""
 
     w: np.ndarray
     residual: np.ndarray | None = None
-    u: np.ndarray | None = None
+    u_refs: np.ndarray | None = None  # k x p
+    ref: np.ndarray | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Residuals:
+    """Where a solve left its residuals: r~ (normalised space) exact at u_refs[ref[i]]; u_refs[-1] = G~^T w. The
+    next solve of a grown pool starts from it (Prior)."""
+
+    residual: np.ndarray
+    ref: np.ndarray
+    u_refs: np.ndarray
 
 
 @dataclass
@@ -107,10 +118,20 @@ class _Record:
                 "held_rows": self.held_rows, "held_bytes": 8 * p * self.held_rows, "prior": self.prior}
 
 
-def certifies(w: np.ndarray, residual: np.ndarray, lam: float, scale: float) -> tuple[bool, float]:
-    """(whether w is optimal to `scale` for the penalised problem at lam, its largest KKT violation) from r."""
-    kkt = kkt_from(w, residual, lam)
-    return kkt <= scale, kkt
+def prior_answer(w: np.ndarray, residual: np.ndarray, beta_n: np.ndarray, gamma: float, *,
+                 costs: np.ndarray | None = None, tol: float | None = None) -> KMMSolution | None:
+    """The penalised problem's answer where a prior w still certifies on its exact residual r~ = K~ w - beta~ (the
+    normalised space; beta_n = beta~), else None: the warm start of a grown pool whose K is formed."""
+    c = np.ones(len(w)) if costs is None else np.asarray(costs, np.float64)
+    v, r_u, beta_u = c * np.asarray(w, np.float64), np.asarray(residual, np.float64) / c, beta_n / c
+    scale = (tol or _SLACK) * max(1.0, float(np.abs(beta_u).max()))
+    kkt = kkt_from(v, r_u, gamma)
+    if kkt > scale or _status(kkt, beta_n, tol) != "optimal":
+        return None
+    objective = objective_from_residual(v, r_u, beta_u, gamma * float(np.abs(v).sum()))
+    return KMMSolution(w=np.asarray(w, np.float64), objective=objective, status="optimal", kkt=kkt, form="penalised",
+                       gamma=gamma, budget=None, method="prior", iterations=0,
+                       info={"multiplier": gamma, "strategy": "prior", "converged": True})
 
 
 def _status(kkt: float, beta_n: np.ndarray, tol: float | None) -> str:
@@ -147,36 +168,47 @@ def solve_sharded(op: ShardedGradients, g_tar: np.ndarray, *, gamma: float | Non
         raise KMMInputError(f"ShardPolicy.max_gather_bytes = {shard.max_gather_bytes} holds no row of p = {op.p}")
     rec = _Record()
 
-    def done(v: np.ndarray, r_known: np.ndarray, kkt: float, lam: float, iters: int, info: dict) -> KMMSolution:
+    def done(v: np.ndarray, r_known: np.ndarray, kkt: float, lam: float, iters: int, info: dict,
+             r_ref: np.ndarray, ref: np.ndarray, u_refs: list[np.ndarray]) -> KMMSolution:
         w = v / cost
         objective = objective_from_residual(v, r_known, beta_u, gamma * float(np.abs(v).sum()) if gamma is not None
                                             else 0.0)
         status = _status(kkt, beta_n, tol)
         if status != "optimal":
             raise KMMSolveError(f"sharded gradient-space KMM solver did not converge: KKT violation {kkt:.3g}")
-        info = info | {"multiplier": lam, "strategy": "sharded_working_set", "sharded": rec.to_dict(op.p)}
+        info = info | {"multiplier": lam, "strategy": "sharded_working_set", "sharded": rec.to_dict(op.p),
+                       "residuals": Residuals(residual=r_ref * cost, ref=ref, u_refs=np.stack(u_refs))}
         return KMMSolution(w=w, objective=objective, status=status, kkt=kkt, form="penalised" if gamma is not None
                            else "budget", gamma=gamma, budget=budget, method="sharded_gradients", iterations=iters,
                            time_s=time.perf_counter() - t0, info=info)
 
     if gamma is not None and gamma >= float(np.abs(beta_u).max()):
         rec.prior = "zero"
-        return done(np.zeros(op.n), -beta_u, 0.0, gamma, 0, {"converged": True})
+        return done(np.zeros(op.n), -beta_u, 0.0, gamma, 0, {"converged": True}, -beta_u,
+                    np.zeros(op.n, dtype=np.intp), [np.zeros(op.p)])
     # the reference residuals: r_ref[i] is exact at u_refs[ref[i]]
     v0 = None if prior is None else cost * np.asarray(prior.w, np.float64)
-    if prior is not None and prior.residual is not None and prior.u is not None:
+    if prior is not None and prior.residual is not None and prior.u_refs is not None:
         r_ref = np.asarray(prior.residual, np.float64) / cost
-        u_refs = [np.asarray(prior.u, np.float64)]
-        if gamma is not None:
-            ok, kkt = certifies(v0, r_ref, gamma, scale)
-            if ok:
-                rec.prior = "certified"
-                return done(v0, r_ref, kkt, gamma, 0, {"converged": True})
+        u_refs = [np.asarray(u, np.float64) for u in np.atleast_2d(prior.u_refs)]
+        ref = (np.full(op.n, len(u_refs) - 1, dtype=np.intp) if prior.ref is None
+               else np.asarray(prior.ref, np.intp).copy())
+        if gamma is not None:  # the prior itself: exact on its support, bounded off it
+            at = ref == len(u_refs) - 1
+            drift = np.array([np.linalg.norm(u_refs[-1] - u) for u in u_refs])
+            off = np.where(at, np.abs(r_ref), np.abs(r_ref) + np.sqrt(diag_u) * drift[ref])
+            on = v0 != 0
+            if np.all(at[on]):
+                kkt = max(kkt_from(v0[on], r_ref[on], gamma), float(np.max(off[~on] - gamma, initial=0.0)))
+                if kkt <= scale:
+                    rec.prior = "certified"
+                    r_known = np.where(on, r_ref, 0.0)
+                    return done(v0, r_known, kkt, gamma, 0, {"converged": True}, r_ref, ref, u_refs)
         rec.prior = "seeded"
     else:
         r_ref, u_refs = -beta_u.copy(), [np.zeros(op.p)]  # w = 0: r = -beta, u = 0
+        ref = np.zeros(op.n, dtype=np.intp)
         rec.prior = "none" if v0 is None else "support"
-    ref = np.zeros(op.n, dtype=np.intp)
     # the first W: a prior's support, then (with a known prior residual) its worst violators, else the largest |beta|
     first = [] if v0 is None else [np.flatnonzero(v0)]
     if rec.prior == "seeded":
@@ -244,7 +276,7 @@ def solve_sharded(op: ShardedGradients, g_tar: np.ndarray, *, gamma: float | Non
             r_known = np.zeros(op.n)
             r_known[W] = r_W  # the objective needs r on the support only
             return done(v, r_known, kkt, lam, iters, {"converged": True, "working_set": int(m),
-                                                      "sub_step": sub.info.get("step")})
+                                                      "sub_step": sub.info.get("step")}, r_ref, ref, u_refs)
         room = cap - m
         if room <= 0:
             raise KMMSolveError(f"sharded gradient-space solve: {viol.size} candidates violate KKT outside a working "

@@ -91,7 +91,7 @@ def test_a_prior_that_still_certifies_is_the_answer_without_reading_G():
     Gs = G_new * s[:, None]
     w0 = np.concatenate([old.w, np.zeros(20)])
     u0 = w0 @ Gs
-    prior = Prior(w=w0, residual=Gs @ u0 - s * counted.op.beta, u=u0)
+    prior = Prior(w=w0, residual=Gs @ u0 - s * counted.op.beta, u_refs=u0[None])
     got = solve_sharded(counted.op, g, gamma=gamma, normalize="cosine", prior=prior)
     want = solve_kmm_gradients(G_new, g, gamma=gamma, normalize="cosine")
     _same_answer(got, want)
@@ -107,7 +107,7 @@ def test_a_prior_that_no_longer_certifies_seeds_the_working_set():
     s = 1 / np.sqrt(counted.op.diag)
     w0 = np.concatenate([old.w, np.zeros(40)])
     u0 = w0 @ (G * s[:, None])
-    prior = Prior(w=w0, residual=(G * s[:, None]) @ u0 - s * counted.op.beta, u=u0)
+    prior = Prior(w=w0, residual=(G * s[:, None]) @ u0 - s * counted.op.beta, u_refs=u0[None])
     got = solve_sharded(counted.op, g, gamma=gamma, normalize="cosine", prior=prior)
     want = solve_kmm_gradients(G, g, gamma=gamma, normalize="cosine")
     _same_answer(got, want)

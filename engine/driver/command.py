@@ -25,6 +25,7 @@ from convalue.engine.data.costs import load_costs
 from convalue.engine.data.prepare import TARGET_KEY, PreparedData, prepare
 from convalue.engine.driver import signals
 from convalue.engine.driver.featurize import fingerprint
+from convalue.engine.driver.incremental import load_prior
 from convalue.engine.driver.session import RaySession, Timer, check_reachable, cluster_address
 from convalue.engine.driver.stages import (
     Valuation,
@@ -47,6 +48,7 @@ from convalue.engine.report.tables import (
     format_ranking,
     scores_table,
 )
+from convalue.engine.selection.incremental import STATE_FILE
 from convalue.engine.selection.select import select_top_k
 from convalue.engine.store.artifacts import package_versions, write_npy
 from convalue.engine.store.record import RunRecord
@@ -145,7 +147,8 @@ class RunContext:
         valued = []
         for i, rep in enumerate(reps):
             valued.append(value(self.cfg, rep, self.data, self.stores[rep], self.replica, self.tokenizer, self.costs,
-                                self.session.progress, self.timer, primary=i == 0, on_stage=self.on_stage))
+                                self.session.progress, self.timer, primary=i == 0, on_stage=self.on_stage,
+                                prior=load_prior(self.run_dir) if i == 0 else None))
         main = valued[0]
         metric = None
         if main.gram.M is not None:
@@ -183,6 +186,8 @@ class RunContext:
         if self.costs is not None:
             record.write_npy("costs.npy", self.costs)
         record.write_parquet("scores.parquet", table)
+        if main.state is not None:  # what a valuation of a grown pool starts from
+            record.write_bytes(STATE_FILE, main.state.to_bytes())
         self.add(SelectionRecord(selected=[main.features.names[i] for i in selected],
                                  ranking=format_ranking(table).splitlines()))
 

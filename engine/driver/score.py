@@ -6,6 +6,7 @@ solve, the selection, scores.parquet, summary.json and report.html follow as in 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import time
 from collections.abc import Iterator
@@ -16,13 +17,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from convalue.engine.data.prepare import TARGET_KEY
-from convalue.engine.driver.featurize import FeaturizeResult, FeaturizeStats, reuse_blocks
 from convalue.engine.driver.session import Timer
 from convalue.engine.driver.views import write_view
 from convalue.engine.files.errors import StoreError
 from convalue.engine.files.folder import RunFolder, as_folder, file_location
 from convalue.engine.files.locks import run_folder_lock
 from convalue.engine.report.tables import format_ranking, scores_table
+from convalue.engine.selection.incremental import STATE_FILE
 from convalue.engine.selection.select import select_top_k
 from convalue.engine.selection.solve import SolveSpec
 from convalue.engine.store.artifacts import package_versions
@@ -36,7 +37,7 @@ from convalue.engine.store.stage_records import (
     assemble,
 )
 from convalue.engine.store.summary import RunSummary, SolverRecord
-from convalue.engine.store.vectors import VectorStore
+from convalue.engine.store.vectors import LEGACY_KEY, VectorStore
 from convalue.solvers.sharded import DEFAULT_SHARD_POLICY, ShardPolicy
 
 log = logging.getLogger("convalue")
@@ -129,8 +130,32 @@ def _target(req: ScoreRequest) -> np.ndarray | None:
     return g
 
 
+def row_keys(X: np.ndarray) -> list[str]:
+    """Each row's key in the store: a digest of its float32 bytes (the same group with the same vector is reused)."""
+    X = np.ascontiguousarray(X, np.float32)
+    return ["v" + hashlib.blake2b(row.tobytes(), digest_size=8).hexdigest() for row in X]
+
+
+def source_signature(req: ScoreRequest) -> dict:
+    """What identifies the request's inputs as imported: each file's size and modification time, or a run folder's
+    vector manifest (a store imported from the same signature is read again without a scan)."""
+    out = {}
+    for what, path in (("vectors", req.vectors), ("target", req.target)):
+        if path is None:
+            continue
+        folder = as_folder(path)
+        if folder.is_dir():
+            out[what] = hashlib.sha256(folder.sub("vectors").read_bytes("manifest.json")).hexdigest()
+        else:
+            parent, name = file_location(path)
+            info = parent.fs.get_file_info(parent.path(name))
+            out[what] = [info.size, info.mtime_ns]
+    return out
+
+
 def import_vectors(req: ScoreRequest, store: VectorStore) -> tuple[list[str], int]:
-    """Write the request's vectors (and target) into store as blocks; (candidate names in file order, p)."""
+    """Write the request's vectors (and target) into store as blocks, each row not already stored there (a grown
+    file imports its new rows only); (candidate names in file order, p)."""
     source = as_folder(req.vectors)
     is_run = source.is_dir() and source.sub("vectors").is_file("manifest.json")
     if is_run:
@@ -141,7 +166,7 @@ def import_vectors(req: ScoreRequest, store: VectorStore) -> tuple[list[str], in
             raise FileNotFoundError(f"{req.vectors}: no such vectors file or run folder")
         batches = _parquet_batches(folder, name)
     g = _target(req)
-    names, seen, p = [], set(), None
+    names, seen, p, stored = [], set(), None, store.done()
     for groups, X, counts in batches:
         for n in groups:
             if n in seen:
@@ -151,12 +176,20 @@ def import_vectors(req: ScoreRequest, store: VectorStore) -> tuple[list[str], in
         if X.shape[1] != p:
             raise StoreError(f"{req.vectors}: vectors of dimension {X.shape[1]} beside {p}")
         rename = [TARGET_KEY if (g is None and n == req.target_group) else n for n in groups]
-        store.write_block(rename, ["imported"] * len(groups), counts, [0] * len(groups), X)
+        keys = row_keys(X)
+        fresh = [i for i, (n, k) in enumerate(zip(rename, keys)) if stored.get(n) not in (k, LEGACY_KEY)]
+        if changed := [rename[i] for i in fresh if rename[i] in stored]:
+            raise StoreError(f"{req.vectors}: the vectors of {changed[:5]} differ from those imported before; "
+                             "import afresh with --overwrite")
+        if fresh:  # a row imported before (the same group, the same vector) stays in its block
+            store.write_block([rename[i] for i in fresh], [keys[i] for i in fresh], [counts[i] for i in fresh],
+                              [0] * len(fresh), X[fresh])
         names += [n for n in rename if n != TARGET_KEY]
     if g is not None:
         if p is not None and g.shape[0] != p:
             raise StoreError(f"{req.target}: a target of dimension {g.shape[0]} for vectors of dimension {p}")
-        store.write_block([TARGET_KEY], ["imported"], [0], [0], g[None, :])
+        if stored.get(TARGET_KEY) != (key := row_keys(g[None, :])[0]):
+            store.write_block([TARGET_KEY], [key], [0], [0], g[None, :])
     elif TARGET_KEY not in store.done():
         raise StoreError(f"{req.vectors}: no target: give --target FILE, or name its row with --target-group "
                          f"(no row named {req.target_group!r})")
@@ -170,14 +203,10 @@ def score(req: ScoreRequest) -> RunSummary:
     solve: an embedded one unless RAY_ADDRESS names a cluster)."""
     # Ray and the actors load only when vectors are scored: the CLI imports this module for every command
     from convalue.engine.config import ConfigError, SolverConfig
+    from convalue.engine.driver.incremental import load_prior, value_rows
+    from convalue.engine.driver.pool import load_pool
     from convalue.engine.driver.session import connect_default
-    from convalue.engine.driver.stages import (
-        check_k_fits,
-        check_nonzero,
-        gram_stage_of,
-        make_run_folder,
-        solve_stage,
-    )
+    from convalue.engine.driver.stages import check_k_fits, check_nonzero, make_run_folder
 
     SolverConfig(gamma=req.gamma, gamma_ratio=req.gamma_ratio, budget=req.budget,
                  normalize=req.normalize).validate()  # the same checks, and messages, as a config's solver section
@@ -205,32 +234,29 @@ def score(req: ScoreRequest) -> RunSummary:
             with timer.stage("import"):
                 store = VectorStore(run_dir.sub("vectors"), {"imported": req.vectors, "target": req.target},
                                     overwrite=req.overwrite)
-                if store.state.get("complete") and store.state.get("groups"):  # imported before: read it again
+                signature = source_signature(req)
+                if store.state.get("complete") and store.state.get("groups") and \
+                        store.state.get("source", signature) == signature:  # imported before: read it again
                     names, p = [n for n in store.state["groups"] if n != TARGET_KEY], int(store.state["dim"])
                 else:
                     names, p = import_vectors(req, store)
+                    store.state["source"] = signature
                     store.mark_complete([TARGET_KEY, *names])
             check_k_fits(req.k, len(names), "--k")
             records.append(ImportRecord(data={"target": req.target or req.target_group, "candidates": len(names),
                                               "p": p}))
             started = connect_default()
-            with timer.stage("load"):
-                found, refs, nodes = {}, {}, {}
-                reuse_blocks(store, [TARGET_KEY, *names], {n: "imported" for n in [TARGET_KEY, *names]}, found,
-                             refs, nodes)
-                if lost := [n for n in [TARGET_KEY, *names] if n not in found]:
-                    raise StoreError(f"{store.folder}: the vectors of {lost[:5]} failed their checksum (set aside); "
-                                     "import them again with --overwrite")
-                features = FeaturizeResult.of(names, found, refs, nodes, FeaturizeStats(0, len(names) + 1))
             space = req.space if req.space != "auto" else ("gradients" if len(names) > 20_000 else "gram")
+            prior = load_prior(run_dir)
+            with timer.stage("load"):  # in gradient space with a prior, only the blocks of new rows
+                features, sources = load_pool(store, names, prior if space == "gradients" else None,
+                                              req.metric, req.normalize)
             spec = SolveSpec(gamma=req.gamma, gamma_ratio=req.gamma_ratio, budget=req.budget,
                              normalize=req.normalize, rank_bound=p, metric=req.metric, space=space)
-            with timer.stage("gram"):
-                gram = gram_stage_of(spec, features)
-                check_nonzero(None, names, gram.row_norm2, features.g_tar)
-            spec = spec.resolved(gram.beta, gram.diag)
-            with timer.stage("solve"):
-                sol = solve_stage(spec, features, gram, req.shard)
+            done = value_rows(spec, names, features.blocks, sources, features.g_tar, timer, prior=prior,
+                              shard=req.shard,
+                              check=lambda gram: check_nonzero(None, names, gram.row_norm2, features.g_tar))
+            gram, spec, sol = done.gram, done.spec, done.sol
             solver = SolverRecord.from_solution(sol, spec.normalize, spec.rank_bound)
             if req.gamma_ratio is not None:
                 solver.info["gamma_ratio"] = req.gamma_ratio
@@ -242,6 +268,7 @@ def score(req: ScoreRequest) -> RunSummary:
             if gram.K is not None:
                 record.write_npy("gram.npy", gram.K)
             record.write_parquet("scores.parquet", table)
+            record.write_bytes(STATE_FILE, done.state.to_bytes())
             records.append(SelectionRecord(selected=[names[i] for i in selected],
                                            ranking=format_ranking(table, limit=50).splitlines()))
         except BaseException as exc:

@@ -9,20 +9,18 @@ from typing import Any
 
 import numpy as np
 
-from convalue.actors.gram import build_gram
-from convalue.actors.sharded import problem_of, solve_sharded_on_actor
-from convalue.actors.solver import solve_blocks_on_actor, solve_on_actor
 from convalue.engine.config import ConfigError, RunConfig
 from convalue.engine.data.prepare import PreparedData, full_items
 from convalue.engine.driver.featurize import FeaturizeResult, featurize
+from convalue.engine.driver.incremental import PriorRun, value_rows
 from convalue.engine.files.folder import RunFolder
 from convalue.engine.model.spec import ReplicaSpec
-from convalue.engine.selection.blocked import GramResult, panels_of
-from convalue.engine.selection.solve import KMMProblemData, SolveSpec
+from convalue.engine.selection.blocked import GramResult
+from convalue.engine.selection.incremental import ValuationState
+from convalue.engine.selection.solve import SolveSpec
 from convalue.engine.store.summary import SolverRecord
 from convalue.engine.store.vectors import VectorStore
 from convalue.solvers import KMMSolution
-from convalue.solvers.sharded import DEFAULT_SHARD_POLICY, ShardPolicy
 
 #: solver.space `auto` solves in gradient space above this many candidates (K would not fit in memory)
 GRADIENT_SPACE_MIN_N = 20_000
@@ -71,28 +69,6 @@ def check_budgets(cfg: RunConfig, n: int) -> None:
                           field="finetune.ks", value=cfg.finetune.ks)
 
 
-def gram_stage_of(spec: SolveSpec, features: FeaturizeResult) -> GramResult:
-    """beta, the cosine and (in Gram space) K = G G^T in the run's metric, from tile tasks over the stored blocks."""
-    return build_gram(features.blocks, features.refs, len(features.names), features.g_tar, spec.metric,
-                      with_K=spec.space == "gram")
-
-
-def solve_stage(spec: SolveSpec, features: FeaturizeResult, gram: GramResult,
-                shard: ShardPolicy = DEFAULT_SHARD_POLICY) -> KMMSolution:
-    """The KMM solve on a solver actor: from K in Gram space; else from the vectors gathered on a worker where all
-    of G fits the shard policy, or from G left in its blocks (the sharded solve: gram.stats["sharded"] says where G
-    lived and what moved)."""
-    if gram.K is not None:
-        return solve_on_actor(spec, KMMProblemData(beta=gram.beta, K=gram.K, G=None, g_tar=None, M=gram.M))
-    n, p = len(features.names), int(features.g_tar.shape[0])
-    if shard.holds_all(n, p):
-        return solve_blocks_on_actor(spec, features.blocks, features.refs, n, features.g_tar)
-    sol, stats = solve_sharded_on_actor(problem_of(spec, n, features.g_tar, gram, shard),
-                                        panels_of(features.blocks), features.refs)
-    gram.stats["sharded"] = stats | sol.info["sharded"]
-    return sol
-
-
 @dataclass(eq=False)
 class Valuation:
     """One representation valued: its vectors (where they live), Gram, solve spec and solution."""
@@ -104,6 +80,7 @@ class Valuation:
     gram: GramResult
     spec: SolveSpec
     sol: KMMSolution
+    state: ValuationState | None = None  # what the next valuation of a grown pool starts from
 
     @property
     def tag(self) -> str:
@@ -130,9 +107,10 @@ def vector_folder(run_dir: RunFolder, representation: str, primary: bool) -> Run
 
 def value(cfg: RunConfig, representation: str, data: PreparedData, store: VectorStore, replica: ReplicaSpec,
           tokenizer: Any, costs: np.ndarray | None, progress: Any, timer: Any, primary: bool,
-          on_stage: Any = lambda name: None) -> Valuation:
+          on_stage: Any = lambda name: None, prior: PriorRun | None = None) -> Valuation:
     """Featurise (into `store`), build the Gram and solve for one representation (the run's first: `primary`, its
-    stages with the plain names; the others' stages `<stage>:<tag>`)."""
+    stages with the plain names; the others' stages `<stage>:<tag>`); incremental where `prior`, the run folder's
+    earlier valuation, has rows of this pool (engine/driver/incremental.py)."""
     rcfg = representation_config(cfg, representation)
     suffix = "" if primary else f":{TAGS[representation]}"
     spec_r = dataclasses.replace(replica, features=rcfg.features)
@@ -145,11 +123,7 @@ def value(cfg: RunConfig, representation: str, data: PreparedData, store: Vector
     spec = SolveSpec.from_config(rcfg, costs=costs, rank_bound=int(features.g_tar.shape[0]),
                                  space=solver_space(rcfg, len(features.names)))
     on_stage("gram")
-    with timer.stage(f"gram{suffix}"):
-        gram = gram_stage_of(spec, features)
-        check_nonzero(rcfg, features.names, gram.row_norm2, features.g_tar)
-    spec = spec.resolved(gram.beta, gram.diag)  # gamma_ratio -> this problem's absolute gamma
-    on_stage("solve")
-    with timer.stage(f"solve{suffix}"):
-        sol = solve_stage(spec, features, gram)
-    return Valuation(representation, rcfg, store, features, gram, spec, sol)
+    done = value_rows(spec, features.names, features.blocks, features.refs, features.g_tar, timer, suffix,
+                      prior=prior, on_stage=on_stage,
+                      check=lambda gram: check_nonzero(rcfg, features.names, gram.row_norm2, features.g_tar))
+    return Valuation(representation, rcfg, store, features, done.gram, done.spec, done.sol, done.state)

@@ -20,12 +20,13 @@ import pyarrow.parquet as pq
 from convalue.engine.files.errors import StoreError
 from convalue.engine.files.folder import RunFolder, as_folder
 
-__all__ = ["BlockMeta", "StoreError", "VectorStore", "committed_blocks", "read_manifest", "verify_blocks",
-           "write_block"]
+__all__ = ["LEGACY_KEY", "BlockMeta", "StoreError", "VectorStore", "committed_blocks", "read_manifest",
+           "verify_blocks", "write_block"]
 
 FORMAT = 2
 MANIFEST = "manifest.json"
 DAMAGED = "damaged"  # where blocks refused on reopening or reading are moved
+LEGACY_KEY = "imported"  # the key `convalue score` gave every imported row before rows had digests
 FLUSH_S = 10.0  # the manifest is rewritten at most this often while blocks arrive (and at the end)
 log = logging.getLogger("convalue")
 
@@ -176,7 +177,7 @@ class VectorStore:
         folder = self.folder
         self.fingerprint = json.loads(json.dumps(fingerprint, sort_keys=True))
         self.blocks: dict[str, BlockMeta] = {}
-        self.state: dict = {}  # dim, complete, groups
+        self.state: dict = {}  # dim, complete, groups, source (what an import read)
         self.dropped: list[str] = []  # blocks set aside (missing, changed or truncated)
         self._flushed = 0.0
         if folder.exists(MANIFEST):
@@ -196,7 +197,7 @@ class VectorStore:
                     if name.startswith("block-"):
                         folder.delete(name)
             else:
-                self.state = {k: old[k] for k in ("dim", "complete", "groups") if k in old}
+                self.state = {k: old[k] for k in ("dim", "complete", "groups", "source") if k in old}
                 for meta in committed_blocks(folder, old).values():
                     if folder.size(meta.file) == meta.size:
                         self.blocks[meta.file] = meta

@@ -27,8 +27,9 @@ GAUGE_REFRESH_S = 0.5
 
 @ray.remote(num_cpus=0, max_restarts=0)
 class ProgressActor:
-    """Stage, items done of items to do, and tokens of one run; every change is exported as a Ray metric
-    (`ray_convalue_*` on each node's metrics endpoint, which Prometheus and the dashboard's Grafana read)."""
+    """Stage, items done of items to do, tokens, retries and worker restarts of one run; every change is exported
+    as a Ray metric (`ray_convalue_*` on each node's metrics endpoint, which Prometheus and the dashboard's Grafana
+    read; cluster/grafana/convalue-dashboard.json charts them)."""
 
     def __init__(self, run: str, attempt: str):
         from ray.util.metrics import Counter, Gauge
@@ -42,6 +43,12 @@ class ProgressActor:
                                     tag_keys=TAGS)
         self.tokens_metric = Counter("convalue_tokens_featurised", "Tokens featurised by the gradient workers.",
                                      tag_keys=("run", "attempt"))
+        self.unfinished_metric = Gauge("convalue_items_unfinished", "Work items a stage ended without (it failed or "
+                                       "was stopped); 0 while it runs.", tag_keys=TAGS)
+        self.retries_metric = Gauge("convalue_retries", "Work items of the stage that ran again after a failed "
+                                    "attempt (each extra attempt counts).", tag_keys=TAGS)
+        self.restarts_metric = Gauge("convalue_worker_restarts", "Workers of the stage that came back in a new "
+                                     "process.", tag_keys=TAGS)
         self.stages: dict[str, dict] = {}
         self.current: str | None = None
         self.tokens = 0
@@ -87,14 +94,22 @@ class ProgressActor:
         if tokens > 0:
             self.tokens += tokens
             self.tokens_metric.inc(tokens, tags={"run": self.run, "attempt": self.attempt})
+        self._unfinished(stage)
 
     def end(self, stage: str, seconds: float) -> None:
         """The stage ended (finished or failed) after `seconds`."""
         self._stage(stage)["seconds"] = seconds
         self._set(self.running_metric, stage, 0)
         self._set(self.seconds_metric, stage, seconds)
+        self._unfinished(stage)
         if self.current == stage:
             self.current = None
+
+    def _unfinished(self, stage: str) -> None:
+        # computed again on every change: a worker's last advance() can arrive after the driver's end()
+        state = self._stage(stage)
+        if state["total"] is not None and state["seconds"] is not None:
+            self._set(self.unfinished_metric, stage, max(0, state["total"] - state["done"]))
 
     def linger(self, seconds: float) -> None:
         """Keep exporting the final gauges for `seconds`, then end this actor's process."""
@@ -104,21 +119,29 @@ class ProgressActor:
         """A worker started work item `item` of the stage (item None: an actor of the stage started); where:
         `<actor id>:<pid>` or `task:<pid>`."""
         self.attempts.setdefault(stage, {}).setdefault(item or f"start {where}", []).append(where)
+        retried, restarts = self._recovery_of(stage)
+        self._set(self.retries_metric, stage, sum(retried.values()))
+        self._set(self.restarts_metric, stage, restarts)
+
+    def _recovery_of(self, stage: str) -> tuple[dict[str, int], int]:
+        """({work item: times it ran again}, worker restarts) of one stage."""
+        items = self.attempts.get(stage, {})
+        retried = {item: len(places) - 1 for item, places in items.items()
+                   if len(places) > 1 and not item.startswith("start ")}
+        pids: dict[str, set[str]] = {}
+        for places in items.values():
+            for where in places:
+                actor, _, pid = where.rpartition(":")
+                if actor and actor != "task":
+                    pids.setdefault(actor, set()).add(pid)
+        return retried, sum(len(p) - 1 for p in pids.values())
 
     def recovery(self) -> dict:
         """Per stage: work items started more than once (retries) and actors that came back in a new process
         (restarts), each with the items concerned."""
         out = {}
-        for stage, items in self.attempts.items():
-            retried = {item: len(places) - 1 for item, places in items.items()
-                       if len(places) > 1 and not item.startswith("start ")}
-            pids: dict[str, set[str]] = {}
-            for places in items.values():
-                for where in places:
-                    actor, _, pid = where.rpartition(":")
-                    if actor and actor != "task":
-                        pids.setdefault(actor, set()).add(pid)
-            restarts = sum(len(p) - 1 for p in pids.values())
+        for stage in self.attempts:
+            retried, restarts = self._recovery_of(stage)
             if retried or restarts:
                 out[stage] = {"retries": sum(retried.values()), "retried": sorted(retried)[:20],
                               "worker_restarts": restarts}

@@ -1,12 +1,11 @@
-"""The run's Ray: which cluster to join (or an embedded one), connected once when a stage first needs it, and the
-stage timer that reports to the run's progress actor."""
+"""The run's Ray: which cluster to join (or an embedded one), connected once when a stage first needs it and
+checked to fit the run's workers, and the stage timer that reports to the run's progress actor."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
-import socket
 import time
 from collections.abc import Callable, Iterator
 
@@ -15,14 +14,14 @@ import ray
 from convalue.actors.progress import Progress
 from convalue.engine.config import RunConfig
 from convalue.engine.driver import signals
+from convalue.engine.driver.cluster import (
+    ClusterError as ClusterError,  # re-exported: callers import it here
+)
+from convalue.engine.driver.cluster import check_fits, check_reachable, cluster_nodes, this_machine
 from convalue.engine.report.bars import Bars
 
 log = logging.getLogger("convalue")
 WORKER_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-
-
-class ClusterError(RuntimeError):
-    """The Ray cluster named by --address, RAY_ADDRESS or ray.address cannot be reached."""
 
 
 def cluster_address(cfg: RunConfig, address: str | None) -> tuple[str, str] | None:
@@ -34,18 +33,6 @@ def cluster_address(cfg: RunConfig, address: str | None) -> tuple[str, str] | No
     return None
 
 
-def check_reachable(addr: str, source: str, timeout: float = 5.0) -> None:
-    """Refuse a host:port (or ray://host:port) where nothing listens, in seconds: ray.init retries for minutes."""
-    host, sep, port = addr.removeprefix("ray://").rpartition(":")
-    if not sep or not host or not port.isdigit():
-        return  # `auto`, or another form that Ray resolves itself
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
-    except OSError as exc:
-        raise ClusterError(f"cannot reach a Ray cluster at {addr} (given by {source}): {exc}; start one with "
-                           "`ray start --head`, or give no address for an embedded cluster") from None
-
-
 def connect(cfg: RunConfig, addr: str | None) -> bool:
     """Join the cluster at addr (cluster_address), or start an embedded one; True if this call started Ray."""
     if ray.is_initialized():
@@ -55,6 +42,7 @@ def connect(cfg: RunConfig, addr: str | None) -> bool:
         # with the job's ("Failed to merge the Job's runtime env"); cluster/submit.sh sets HF_HUB_OFFLINE
         ray.init(address=addr)
         return True
+    check_fits(cfg, [this_machine()], gpus=False)  # its node is this machine (the logical CPUs are raised below)
     need = cfg.ray.workers * cfg.ray.cpus_per_worker
     kwargs = {}
     if cfg.ray.object_store_memory_mb:
@@ -91,6 +79,7 @@ class RaySession:
         if not self.connected:
             self.started, self.connected = connect(self.cfg, self.addr), True
             signals.install()  # ray.init installs its own SIGTERM handler (sys.exit), which records no signal
+            check_fits(self.cfg, cluster_nodes())  # before any work is given to a worker no node can hold
             # on a cluster joined by address, the progress actor outlives the driver briefly (for a final scrape)
             self.progress = Progress(self.cfg.name, detached=self.addr is not None, bars=Bars())
 

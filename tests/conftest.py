@@ -37,8 +37,9 @@ def start_local_ray():
     # metrics exported each second, and a gauge not set again dropped after 2 s (the progress test reads them);
     # an environment setting, so that Ray's metrics agent takes it too
     os.environ["RAY_metrics_report_interval_ms"] = "1000"
-    ray.init(num_cpus=4, include_dashboard=False, object_store_memory=256 * 2**20, log_to_driver=False,
-             configure_logging=False, _node_ip_address="127.0.0.1", runtime_env=RUNTIME_ENV)
+    # address "local": a cluster of its own even where another one's head runs here (ray.init() would join it)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, object_store_memory=256 * 2**20,
+             log_to_driver=False, configure_logging=False, _node_ip_address="127.0.0.1", runtime_env=RUNTIME_ENV)
     return ray
 
 

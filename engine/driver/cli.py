@@ -57,8 +57,10 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `convalue` console script: parse, run the command, its exit code."""
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s convalue %(levelname)s %(message)s",
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s convalue %(levelname)s %(message)s",
                         datefmt="%H:%M:%S", stream=sys.stderr)
+    # convalue's own INFO lines; other libraries' (matplotlib's "generated new fontManager") would read as ours
+    logging.getLogger("convalue").setLevel(logging.INFO)
     try:
         with _logs_above_bars():
             code = _dispatch(COMMANDS[args.command], args)

@@ -1,15 +1,20 @@
-"""The run's Ray: which cluster to join (or an embedded one), connected once when a stage first needs it and
-checked to fit the run's workers, and the stage timer that reports to the run's progress actor."""
+"""The run's Ray: which cluster to join (or an embedded one: on loopback only, with token auth and a private token,
+quiet), connected once when a stage first needs it and checked to fit the run's workers, and the stage timer that
+reports to the run's progress actor."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
+import secrets
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import ray
+from ray._private import ray_constants
+from ray._raylet import Config
 
 from convalue.actors.progress import Progress
 from convalue.engine.config import RunConfig
@@ -22,6 +27,7 @@ from convalue.engine.report.bars import Bars
 
 log = logging.getLogger("convalue")
 WORKER_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+AUTH_MODE = "RAY_AUTH_MODE"
 
 
 def cluster_address(cfg: RunConfig, address: str | None) -> tuple[str, str] | None:
@@ -31,6 +37,57 @@ def cluster_address(cfg: RunConfig, address: str | None) -> tuple[str, str] | No
         if value:
             return value, source
     return None
+
+
+def token_path() -> Path:
+    """Where Ray reads its auth token: RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token."""
+    return Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or "~/.ray/auth_token").expanduser()
+
+
+def private_token_auth() -> None:
+    """Token auth for an embedded cluster, as Ray 2.60 turns it on for ray.init, but said explicitly (Ray warns when
+    it chooses it) and with a token only this user can read: Ray would write ~/.ray/auth_token readable by all
+    (0644), so one is made first, 0600. An explicit RAY_AUTH_MODE, and a token that exists, are left as they are."""
+    mode = os.environ.get(AUTH_MODE)
+    if mode is not None and mode.lower() != "token":
+        return
+    path = token_path()
+    if not os.environ.get("RAY_AUTH_TOKEN") and not (path.is_file() and path.stat().st_size > 0):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o600)  # an empty file that was there keeps its mode through O_CREAT
+            f.write(secrets.token_hex(32))  # as `ray get-auth-token --generate` makes one
+        log.info("made the Ray auth token of embedded clusters: %s (readable by you only)", path)
+    if mode is None:
+        os.environ[AUTH_MODE] = "token"  # the cluster's processes inherit it
+        Config.initialize("")  # Ray reads its config once per process: this one sees token mode too (as Ray does)
+
+
+@contextlib.contextmanager
+def loopback() -> Iterator[None]:
+    """Within: a Ray started here takes 127.0.0.1 as its node's address, so its GCS, raylet, workers and agents
+    listen on loopback only. Ray 2.60 replaces 127.0.0.1 by the machine's address (for other nodes to join) unless
+    its single-machine switch is off (ray_constants.ENABLE_RAY_CLUSTER, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER read at
+    import); it is off only while the cluster starts, so a later ray.init(address=...) is unaffected."""
+    before = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before
+
+
+def start_embedded(num_cpus: int, include_dashboard: bool, **kwargs) -> None:
+    """Start a Ray on this machine for this process: bound to loopback, token auth on with a private token, and
+    quiet (Ray's own INFO lines, such as "Started a local Ray instance", are not printed; its warnings are)."""
+    private_token_auth()
+    with loopback():
+        # address "local": a Ray of its own, even where `ray start` (or a test's cluster) left a head running here,
+        # which ray.init() would join
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=include_dashboard, log_to_driver=False,
+                 logging_level=logging.WARNING, _node_ip_address="127.0.0.1", runtime_env={"env_vars": WORKER_ENV},
+                 **kwargs)
 
 
 def connect(cfg: RunConfig, addr: str | None) -> bool:
@@ -47,8 +104,7 @@ def connect(cfg: RunConfig, addr: str | None) -> bool:
     kwargs = {}
     if cfg.ray.object_store_memory_mb:
         kwargs["object_store_memory"] = cfg.ray.object_store_memory_mb * 2**20
-    ray.init(num_cpus=max(os.cpu_count() or 1, need), include_dashboard=cfg.ray.dashboard,
-             log_to_driver=False, runtime_env={"env_vars": WORKER_ENV}, **kwargs)
+    start_embedded(max(os.cpu_count() or 1, need), cfg.ray.dashboard, **kwargs)
     return True
 
 
@@ -61,8 +117,7 @@ def connect_default() -> bool:
         check_reachable(address, "RAY_ADDRESS")
         ray.init(address=address)
     else:
-        ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": WORKER_ENV})
+        start_embedded(os.cpu_count() or 1, include_dashboard=False)
     signals.install()
     return True
 

@@ -67,8 +67,27 @@ def _convert_smollm2(dest: Path) -> None:
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tok.save_pretrained(tmp)
-    model.save_pretrained(tmp)
+    save_model_files(model, tmp)
     os.replace(tmp, dest)
+
+
+def save_model_files(model: PreTrainedModel, folder: Path) -> None:
+    """The config, generation config and weights that model.save_pretrained(folder) writes for a plain one-device
+    causal LM (byte for byte), without it: save_pretrained unwraps distributed wrappers through accelerate, which
+    imports DeepSpeed wherever it is installed (seconds, and a "Setting accelerator to CPU" warning on a run that
+    uses no DeepSpeed)."""
+    from safetensors.torch import save_file  # with torch: only where a model is written
+
+    model.config.dtype = str(model.dtype).removeprefix("torch.")
+    model.config.architectures = [type(model).__name__]
+    model.config.save_pretrained(folder)
+    model.generation_config.save_pretrained(folder)
+    state = model.state_dict()
+    # tied embeddings: one tensor under two names, stored once (under the name save_pretrained keeps)
+    if getattr(model.config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"),
+              metadata={"format": "pt"})
 
 
 def resolve_model_dir(cfg: ModelConfig) -> Path:

@@ -208,3 +208,18 @@ def test_a_run_with_more_candidates_featurises_and_values_only_the_new_groups(th
     np.testing.assert_allclose([scores[n] for n in grown.order], w, atol=1e-9)
     G64 = G.astype(np.float64)
     np.testing.assert_allclose(np.load(tmp_path / "runs" / "t" / "gram.npy"), G64 @ G64.T, rtol=1e-10, atol=1e-10)
+
+
+def test_the_incremental_bench_times_both_valuations_and_ends_with_json(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).parents[1] / "bench" / "incremental.py"
+    out = subprocess.run([sys.executable, str(bench), "--n", "300", "--p", "16", "--grow", "0.05", "--gamma-ratio",
+                          "0.05", "--space", "gradients", "--workdir", str(tmp_path)],
+                         capture_output=True, text=True, check=True, timeout=900).stdout
+    (row,) = json.loads(out.strip().splitlines()[-1])["results"]
+    assert row["added"] == 15 and row["incremental"]["reused_rows"] == 300 and row["same_support"]
+    assert row["objective_incremental"] == pytest.approx(row["objective_full"], rel=1e-9)
+    assert row["full_s"] > 0 and row["incremental_s"] > 0 and row["max_abs_score_diff"] < 1e-7

@@ -199,3 +199,21 @@ def test_convalue_score_solves_a_G_beyond_the_policy_in_its_shards(three_nodes, 
     assert sharded["solver"]["method"] == "sharded_gradients" and sharded["solver"]["kkt"] <= 1e-9
     assert sharded["solver"]["objective"] == pytest.approx(gathered["solver"]["objective"], rel=1e-9)
     np.testing.assert_allclose(w_s, w_g, atol=1e-7)
+
+
+def test_the_scale_bench_runs_on_simulated_nodes_and_reports_each_ones_peak(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).parents[1] / "bench" / "scale.py"
+    out = subprocess.run([sys.executable, str(bench), "--n", "1500", "--p", "16", "--gamma-ratio", "0.05",
+                          "--space", "gradients", "--nodes", "2", "--node-store-gb", "0.1", "--node-memory-gb", "0.5", "--max-gather-gb",
+                          str(8 * 16 * 600 / 2**30), "--workdir", str(tmp_path)],
+                         capture_output=True, text=True, check=True, timeout=900).stdout
+    figures = json.loads(out.strip().splitlines()[-1])
+    (row,) = figures["results"]
+    assert row["status"] == "complete" and row["nodes"] == 2 and len(row["node_peak_gb"]) == 2
+    assert row["method"] == "sharded_gradients" and row["kkt"] < 1e-9 and row["driver_peak_gb"] > 0
+    assert row["peak_pss_gb"] >= max(row["node_peak_gb"]) and figures["node_limits"]["node_store_gb"] == 0.1
+    assert len(row["sharded"]["block_bytes_per_node"]) == 2  # the blocks were spread over both nodes

@@ -9,24 +9,22 @@ import numpy as np
 import ray
 
 from convalue.actors.pool import ActorPool, DeferredStartup
+from convalue.engine.data.clustering import encode, load_encoder
+from convalue.engine.data.examples import DataError
 
 
 class EmbedderImpl(DeferredStartup):
     """Loads the encoder once, with `threads` torch threads; embeds lists of texts."""
 
     def __init__(self, model_dir: str, threads: int):
+        # torch: only on a worker that runs the model; the driver imports this module without it
         import torch
-
-        from convalue.engine.data.clustering import load_encoder
-        from convalue.engine.data.examples import DataError
 
         torch.set_num_threads(threads)
         self.encoder = self._start(lambda: load_encoder(Path(model_dir)), (DataError,))
 
     def embed(self, texts: list[str]) -> np.ndarray:
         """Unit-norm embeddings of texts, one float32 row each."""
-        from convalue.engine.data.clustering import encode
-
         self._ready()
         return encode(self.encoder, texts)
 

@@ -14,12 +14,14 @@ import ray
 
 from convalue.actors.finetune_job import base_eval_task, finetune_task
 from convalue.actors.pool import windowed
+from convalue.actors.train_job import base_eval_job_task, train_job_task
 from convalue.engine.config import RunConfig
 from convalue.engine.config.sources import TARGET_VAL
 from convalue.engine.data.prepare import PreparedData, evaluation_sets, target_splits
 from convalue.engine.data.tokenize import tokenize_examples
 from convalue.engine.files.folder import RunFolder
 from convalue.engine.model.spec import ReplicaSpec
+from convalue.engine.protocol.deepspeed import TrainJob
 from convalue.engine.protocol.evaluate import (
     PlannedRun,
     distinct_jobs,
@@ -305,9 +307,6 @@ def _deepspeed_submit(req: EvaluationRequest, jobs: list[PlannedRun], tasks: lis
                       base: float | None, first: int | None, progress: Any):
     """submit() for finetune.strategy `deepspeed`: each job a Ray Train run of raw examples (the fine-tune model
     tokenises them itself)."""
-    from convalue.actors.train_job import base_eval_job_task, train_job_task
-    from convalue.engine.protocol.deepspeed import TrainJob
-
     cfg, data = req.cfg, req.data
     raw_train, raw_val = target_splits(data.target, cfg.data)
     raw = {g.name: list(g.examples) for g in data.candidates}

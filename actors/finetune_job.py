@@ -11,16 +11,20 @@ from convalue.engine.config.sources import TARGET_VAL
 from convalue.engine.data.evalsets import EvalSet
 from convalue.engine.data.examples import Example
 from convalue.engine.data.tokenize import TokenizedExample
+from convalue.engine.features.gradex_features import log_odds_features, lora_state
+from convalue.engine.features.rewards import load_reward
+from convalue.engine.model.loading import autocast_dtype, load_model, load_tokenizer
 from convalue.engine.model.spec import ReplicaSpec
+from convalue.engine.protocol.accuracy import exact_match_accuracy
 from convalue.engine.protocol.finetune import FinetuneResult, evaluate_loss, finetune
+from convalue.engine.protocol.grpo_train import grpo_finetune
 from convalue.engine.protocol.measures import EvalScore
 
 
 def _replica(spec: ReplicaSpec):
     """(theta_0 on the job's device, device, autocast dtype), with the job's torch threads and seed set."""
+    # torch: only on a worker that runs the model; the driver imports this module without it
     import torch
-
-    from convalue.engine.model.loading import autocast_dtype, load_model
 
     torch.set_num_threads(spec.threads)
     torch.manual_seed(spec.finetune.seed)
@@ -33,9 +37,6 @@ def _accuracy(spec: ReplicaSpec, val_raw: list[Example] | tuple[Example, ...] | 
     examples (None when accuracy is not measured)."""
     if "accuracy" not in spec.finetune.metrics or not val_raw:
         return None
-    from convalue.engine.features.rewards import load_reward
-    from convalue.engine.model.loading import load_tokenizer
-    from convalue.engine.protocol.accuracy import exact_match_accuracy
 
     tokenizer, reward = load_tokenizer(spec.model_dir), load_reward(spec.finetune.accuracy_reward)
     return lambda model: exact_match_accuracy(
@@ -76,9 +77,6 @@ def run_finetune_job(spec: ReplicaSpec, label: str, target: list[TokenizedExampl
     base_evals = measure(model) if with_base else None
     measured: dict[str, EvalScore] = {}
     if cfg.objective == "grpo":
-        from convalue.engine.model.loading import load_tokenizer
-        from convalue.engine.protocol.grpo_train import grpo_finetune
-
         result = grpo_finetune(model, load_tokenizer(spec.model_dir), spec.pad_id, cfg, spec.lora, label=label,
                                target=target, aux=aux, val=val, max_length=spec.model.max_length,
                                base_val_loss=base, device=device, autocast_dtype=amp_dtype, weights=weights,
@@ -109,8 +107,6 @@ def run_theta_star_job(spec: ReplicaSpec, target: list[TokenizedExample], aux: d
                        val: list[TokenizedExample]) -> dict[str, np.ndarray]:
     """GradEx's theta*: the multitask fine-tune on target + every candidate (the evaluation's budget and mixing);
     its LoRA adapter."""
-    from convalue.engine.features.gradex_features import lora_state
-
     model, device, amp_dtype = _replica(spec)
     state: dict[str, np.ndarray] = {}
     finetune(model, spec.pad_id, spec.finetune, spec.lora, label="theta* (target + every candidate)", target=target,
@@ -121,9 +117,8 @@ def run_theta_star_job(spec: ReplicaSpec, target: list[TokenizedExample], aux: d
 def run_log_odds_job(spec: ReplicaSpec, state: dict[str, np.ndarray], sets: dict[str, list[TokenizedExample]],
                      dim: int, seed: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """GradEx's per-example features at theta* (engine.features.gradex_features.log_odds_features)."""
+    # torch: only on a worker that runs the model; the driver imports this module without it
     import torch
-
-    from convalue.engine.features.gradex_features import log_odds_features
 
     torch.set_num_threads(spec.threads)
     return log_odds_features(spec.model_dir, spec.model.dtype, spec.lora, state, sets, spec.pad_id, dim, seed,

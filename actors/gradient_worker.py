@@ -16,6 +16,7 @@ from convalue.engine.data.tokenize import WorkItem
 from convalue.engine.features.batching import block_tokens
 from convalue.engine.features.grpo import GrpoError
 from convalue.engine.features.projection import ProjectionError
+from convalue.engine.features.replica import build_featurizer
 from convalue.engine.features.rewards import RewardError
 from convalue.engine.files.folder import RunFolder
 from convalue.engine.model.loading import ModelError
@@ -54,9 +55,8 @@ class GradientWorkerImpl(DeferredStartup):
     """Loads theta_0 (with a seeded LoRA adapter, unless full-parameter) once; returns projected group vectors."""
 
     def __init__(self, spec: ReplicaSpec, progress: str | None = None):
+        # torch: only on a worker that runs the model; the driver imports this module without it
         import torch
-
-        from convalue.engine.features.replica import build_featurizer
 
         # progress: the run's progress actor's name (a handle here would put the arguments in the object store)
         report_attempt(find_progress(progress), "featurize", None)  # a second process of this actor: a restart

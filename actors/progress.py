@@ -10,6 +10,7 @@ import time
 import uuid
 
 import ray
+from ray.util.metrics import Counter, Gauge
 
 from convalue.engine.report.bars import Bars
 
@@ -32,8 +33,6 @@ class ProgressActor:
     read; cluster/grafana/convalue-dashboard.json charts them)."""
 
     def __init__(self, run: str, attempt: str):
-        from ray.util.metrics import Counter, Gauge
-
         self.run, self.attempt = run, attempt
         self.done_metric = Counter("convalue_items_done", "Work items finished by a stage (groups featurised, "
                                    "bootstrap resamples, fine-tunes).", tag_keys=TAGS)

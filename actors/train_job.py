@@ -39,6 +39,7 @@ class _Mailbox:
 
 def _loop(config: dict) -> None:
     """train_loop_per_worker: train; rank 0 posts the result (every worker's is the same)."""
+    # Ray Train (the optional `deepspeed` extra; 3.8 s, loads torch): only in a deepspeed fine-tune's workers
     import ray.train
     import ray.train.torch
 
@@ -50,6 +51,7 @@ def _loop(config: dict) -> None:
 
 def scaling_config(zero: ZeroSettings):
     """The workers of one job: zero.workers processes of zero.cpus_per_worker CPUs (and a GPU each with use_gpu)."""
+    # Ray Train (the `deepspeed` extra; 3.8 s, loads torch): only when a deepspeed fine-tune is planned
     from ray.train import ScalingConfig
 
     return ScalingConfig(num_workers=zero.workers, use_gpu=zero.use_gpu,
@@ -63,6 +65,7 @@ def make_trainer(job: TrainJob, mailbox, storage_path: str | None = None, name: 
     gloo on CPUs; storage_path: where Ray Train keeps the run's state (no checkpoint is written; on a multi-node
     cluster give a path every node reaches); max_failures: worker-group restarts before the job fails (the job is
     restarted from its start: same seed, same result)."""
+    # Ray Train (the `deepspeed` extra; 3.8 s, loads torch): only when a deepspeed fine-tune runs
     from ray.train import FailureConfig, RunConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 

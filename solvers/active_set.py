@@ -204,6 +204,7 @@ def nnls_polish(op, gamma: float, w: np.ndarray, scale: float,
     s_i w_i >= 0: a non-negative least-squares problem in v = s * w_E (Lawson-Hanson: exact and
     fine with singular K_EE, where the support system is underdetermined).
     """
+    # scipy.optimize (1.0 s to import): only for an NNLS polish
     from scipy.optimize import nnls
 
     d = -residual(op, w)

@@ -92,6 +92,7 @@ def representatives(op, rtol: float = 1e-12, *, max_pairs: int) -> np.ndarray:
     ties they cause are what the LARS homotopy cannot resolve (it drops "degenerate regressors" and ends
     at a wrong point).
     """
+    # scipy.sparse: only when duplicate candidates are looked for
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
@@ -111,6 +112,7 @@ def lars(op, gamma_min: float, *, return_path: bool) -> tuple[np.ndarray, np.nda
     exact solution at gammas[t], affine in gamma between rows; otherwise one row, the solution at gamma_min.
     Give it distinct candidates (see representatives): exact ties make scikit-learn's LARS end at a wrong point.
     """
+    # scikit-learn (seconds to import): only for the LARS homotopy
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.linear_model import lars_path, lars_path_gram
 

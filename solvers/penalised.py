@@ -8,6 +8,7 @@ start from the closest iterate any step reached: an NNLS polish, the CVXPY refer
 
 from __future__ import annotations
 
+import importlib.util
 import time
 
 import numpy as np
@@ -17,6 +18,8 @@ from convalue.solvers.active_set import kkt_from, past_deadline, residual
 from convalue.solvers.homotopy import distinct, expand, lars
 from convalue.solvers.plan import PenalisedFacts, forms_gram, plan_penalised, seed_fills_wide
 from convalue.solvers.policy import DEFAULT_POLICY, SolverPolicy
+from convalue.solvers.problem import KMMProblem
+from convalue.solvers.reference import solve_cvxpy
 
 #: the strategy each step reports in info["strategy"] (and, for the fallbacks, info["fallback"])
 REPORTED = {plan.HOMOTOPY: "homotopy", plan.WORKING_SET: "working_set_homotopy", plan.PROBE: "working_set_homotopy",
@@ -181,12 +184,9 @@ def _fallback(step: str, op, gamma: float, w: np.ndarray, scale: float,
         w, ok = active_set.nnls_polish(op, gamma, w, scale, deadline)
         return w, ok, 0
     if step == plan.CVXPY_REFERENCE:  # a degenerate problem the active-set paths could not certify
-        import importlib.util
 
         if importlib.util.find_spec("cvxpy") is None:  # the `reference` extra is not installed: the next fallback
             return w, False, 0
-        from convalue.solvers.problem import KMMProblem
-        from convalue.solvers.reference import solve_cvxpy
 
         K = op.K if hasattr(op, "K") else op.sub(np.arange(op.n))
         w_ref, _ = solve_cvxpy(KMMProblem(K=K, beta=op.beta, gamma=gamma), tolerance="tight")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import time
 
 import numpy as np
@@ -10,8 +11,6 @@ from convalue.solvers.problem import KMMProblem, KMMSolveError
 
 
 def _polish_key() -> str:
-    import importlib.metadata
-
     major = int(importlib.metadata.version("osqp").split(".")[0])
     return "polishing" if major >= 1 else "polish"  # OSQP 1.0 renamed the setting
 
@@ -27,6 +26,7 @@ OSQP_SETTINGS = {
 def solve_cvxpy(problem: KMMProblem, *, tolerance: str = "tight") -> tuple[np.ndarray, dict]:
     """Solve `problem` with CVXPY + OSQP; return (w, info) or raise KMMSolveError."""
     try:
+        # cvxpy: the optional `reference` extra, only for the paper's oracle
         import cvxpy as cp
     except ImportError as exc:
         raise KMMSolveError("the CVXPY reference needs CVXPY and OSQP, which are not installed: "

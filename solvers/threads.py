@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import functools
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from threadpoolctl import ThreadpoolController
+from threadpoolctl import ThreadpoolController
 
 
 @functools.lru_cache(maxsize=1)
 def threadpools() -> ThreadpoolController:
     """The process's threadpoolctl controller, made once (scanning the loaded BLAS libraries costs more than a
     limit)."""
-    from threadpoolctl import ThreadpoolController
-
     return ThreadpoolController()
 
 

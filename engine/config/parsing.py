@@ -3,6 +3,7 @@ file, field and value."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import types
 import typing
@@ -122,8 +123,6 @@ def apply_overrides(data: dict, overrides: list[str], file: str | None = None) -
     """A copy of a config's plain data with `key.path=value` overrides set (value read as YAML: 0.1, true, null,
     [1, 2], text); the path must name fields of the config's sections (checked when the data is validated), a list's
     item by its index (data.candidates.0.clusters=100)."""
-    import copy
-
     data = copy.deepcopy(data)
     for item in overrides:
         key, sep, raw = item.partition("=")

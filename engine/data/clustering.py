@@ -52,6 +52,7 @@ def example_text(ex: Example) -> str:
 @contextlib.contextmanager
 def _quiet_loading() -> Iterator[None]:
     """transformers' weight-loading bar off while loading (it would land amid the run's log lines)."""
+    # transformers: only while an encoder loads; the CLI imports this module without it
     from transformers.utils import logging as hf_logging
 
     bar = hf_logging.is_progress_bar_enabled()
@@ -72,6 +73,7 @@ class MeanPooling:
 
     def encode(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
         """Unit-norm mean-pooled embeddings, one float32 row per text (texts batched by length)."""
+        # torch: only where a model runs; `convalue --help`/`status` import this module without it
         import torch
 
         order = np.argsort([len(t) for t in texts], kind="stable")  # similar lengths share a batch: less padding
@@ -137,9 +139,11 @@ def load_encoder(model_dir: Path) -> MeanPooling | SentenceEncoder:
     try:
         with _quiet_loading():
             if kind == "sentence-transformers":
+                # sentence-transformers: the optional `embeddings` extra, only for such an encoder
                 from sentence_transformers import SentenceTransformer
 
                 return SentenceEncoder(SentenceTransformer(str(model_dir), device="cpu"))
+            # transformers: only where a model or tokenizer is loaded; the CLI imports this module without it
             from transformers import AutoModel, AutoTokenizer
 
             return MeanPooling(AutoTokenizer.from_pretrained(model_dir), AutoModel.from_pretrained(model_dir).eval())
@@ -221,6 +225,7 @@ class EmbeddingCache:
 
 def kmeans_labels(X: np.ndarray, k: int, seed: int) -> np.ndarray:
     """Seeded k-means labels of the rows of X, numbered by each cluster's first row (empty clusters dropped)."""
+    # scikit-learn (seconds to import): only when a flat pool is clustered
     from sklearn.cluster import KMeans
 
     labels = KMeans(n_clusters=k, n_init="auto", random_state=seed).fit(X).labels_  # one k-means++ start

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pyarrow.parquet as pq
+
 if TYPE_CHECKING:
     import pyarrow as pa
 
@@ -40,8 +42,6 @@ class Group:
 
 def read_parquet(path: Path, error: type[Exception] = DataError) -> pa.Table:
     """The pyarrow Table of a Parquet file; error(message naming the file) where it cannot be read."""
-    import pyarrow.parquet as pq
-
     try:
         return pq.read_table(path)
     except Exception as exc:  # pyarrow raises several types for unreadable files

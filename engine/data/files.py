@@ -11,6 +11,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
 from convalue.engine.config.sources import file_format
 from convalue.engine.data.examples import DataError
 
@@ -150,9 +154,6 @@ def _jsonl(path: Path, gz: bool) -> Rows:
 def _csv(path: Path, gz: bool) -> Rows:
     """A CSV file with a header row, every column read as text, in batches (`file row i`: the i-th row after the
     header, from 1)."""
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-
     blocks = pacsv.ReadOptions(block_size=CSV_BLOCK_BYTES)
     try:
         with _open(path, gz) as fh:  # decompressed here: pyarrow guesses compression from a path's name only
@@ -171,8 +172,6 @@ def _csv(path: Path, gz: bool) -> Rows:
 
 def _parquet(path: Path, gz: bool) -> Rows:
     """A Parquet file, one row group batch at a time (`file row i`, from 0)."""
-    import pyarrow.parquet as pq
-
     try:
         pf = pq.ParquetFile(path)
         i = 0

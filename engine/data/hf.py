@@ -11,6 +11,7 @@ from typing import Any
 from convalue.engine.config import SourceConfig
 from convalue.engine.config.sources import HF_EXTRA
 from convalue.engine.data.examples import DataError
+from convalue.engine.model.hub import fetch_hint, hub_offline, hub_snapshot
 
 log = logging.getLogger("convalue")
 Rows = Iterator[tuple[str, dict]]
@@ -18,6 +19,7 @@ Rows = Iterator[tuple[str, dict]]
 
 def _datasets() -> Any:
     try:
+        # datasets: the optional `hf` extra, only for a Hugging Face source
         import datasets
     except ModuleNotFoundError:
         raise DataError(f"source kind `hf` needs the `datasets` package: {HF_EXTRA}") from None
@@ -60,8 +62,6 @@ def _load(path: str, src: SourceConfig, **kwargs: Any) -> Any:
 def _from_hub(src: SourceConfig) -> tuple[Any, str]:
     """(dataset, label) of a hub id: its snapshot in the Hugging Face cache when there is one (always offline),
     else load_dataset by id (online: downloaded once into the cache; offline: datasets' own cache)."""
-    from convalue.engine.model.hub import fetch_hint, hub_offline, hub_snapshot
-
     datasets = _datasets()
     revision = src.revision or "main"
     label = f"{src.path}@{revision}[{src.split or 'train'}]"

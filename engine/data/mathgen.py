@@ -97,15 +97,18 @@ def generators() -> dict[str, object]:
     # draws are the same as on 3.11, which converted them).
     random.Random.randrange = _randrange_integral_floats
     importlib.import_module("sympy.solvers.diophantine")
+    # sympy: the optional `demo` extra, only when the math source is generated
     from sympy.solvers.diophantine.diophantine import base_solution_linear
 
     sys.modules["sympy.solvers.diophantine"].base_solution_linear = base_solution_linear
     if "object" not in np.__dict__:
         np.object = object
     if not itemset_works(np.zeros(1)):  # numpy 2: the polynomials (and calculus) modules need it back
+        # mathematics_dataset: the optional `demo` extra, only when the math source is generated
         from mathematics_dataset.sample import polynomials
 
         polynomials.np = _NumpyWithItemset("numpy")
+    # mathematics_dataset: the optional `demo` extra, only when the math source is generated
     from mathematics_dataset.modules import modules
     from mathematics_dataset.util import composition
 
@@ -123,6 +126,7 @@ def generators() -> dict[str, object]:
 def generate(include: list[str] | None, n: int, seed: int) -> dict:
     """{"groups": {module: [[question, answer], ...]}, "broken": [...]} or {"error": message}."""
     gens = generators()
+    # sympy: the optional `demo` extra, only when the math source is generated
     import sympy.core.random as sympy_random
 
     names = sorted(gens) if include is None else list(include)

@@ -13,12 +13,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from convalue.engine.config import DataConfig, SourceConfig
 from convalue.engine.config.sources import FILE_FORMATS, GZIP_FORMATS, data_file_stem, file_format
 from convalue.engine.data.clustering import Embed, cluster_pool
 from convalue.engine.data.examples import ROLES, DataError, Example, Group
 from convalue.engine.data.files import read_rows
+from convalue.engine.data.hf import hf_rows
 
 log = logging.getLogger("convalue")
 #: the names of files a folder source reads
@@ -123,8 +125,6 @@ def chatterbot_root() -> Path:
 
 
 def _load_chatterbot(src: SourceConfig) -> dict[str, Group]:
-    import yaml
-
     groups: dict[str, Group] = {}
     for f in sorted(chatterbot_root().glob("*/*.yml")):
         name = f.parent.name if src.group_by in (None, "language") else f"{f.parent.name}/{f.stem}"
@@ -171,8 +171,6 @@ def load_source(src: SourceConfig, *, embed: Embed | None = None) -> dict[str, G
     elif src.kind == "folder":
         groups = _load_folder(src)
     elif src.kind == "hf":
-        from convalue.engine.data.hf import hf_rows
-
         groups = _groups_from_rows(hf_rows(src), src, source_label(src), f"hf:{src.path}")
     else:
         path = Path(src.path).expanduser()

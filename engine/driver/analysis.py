@@ -10,8 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import ray
 
 from convalue.actors.evaluation import EvaluationRequest, finetune_store
+from convalue.actors.gram import gather_rows
 from convalue.actors.solver import subsets_on_actor
 from convalue.engine.config import ConfigError, RunConfig
 from convalue.engine.data.examples import DataError
@@ -20,6 +22,7 @@ from convalue.engine.data.tokenize import tokenize_examples
 from convalue.engine.driver.command import RunContext
 from convalue.engine.driver.featurize import FeaturizeResult
 from convalue.engine.driver.stages import solver_space
+from convalue.engine.selection.blocked import panels_of
 
 
 @dataclass
@@ -89,11 +92,6 @@ def retarget(data: PreparedData, name: str, cfg: RunConfig, tokenizer: Any) -> P
 
 def gather_vectors(features: FeaturizeResult) -> np.ndarray:
     """Every candidate's vector in the run's order (n x p, float64), gathered from the blocks by a task."""
-    import ray
-
-    from convalue.actors.gram import gather_rows
-    from convalue.engine.selection.blocked import panels_of
-
     panels = panels_of(features.blocks)
     n = len(features.names)
     refs = [features.refs[b.file] for p in panels for b in p.blocks]

@@ -11,8 +11,11 @@ import time
 from typing import Any
 
 import numpy as np
+import ray
 
 from convalue.actors.evaluation import EvaluationRequest, FinetuneOutcome
+from convalue.actors.finetune_job import log_odds_task, theta_star_task
+from convalue.actors.pool import windowed
 from convalue.actors.solver import subsets_on_actor
 from convalue.engine.config import ConfigError, RunConfig
 from convalue.engine.protocol.datamodel import (
@@ -20,6 +23,13 @@ from convalue.engine.protocol.datamodel import (
     fit_datamodel,
     uniform_design,
     utilities_from_losses,
+)
+from convalue.engine.protocol.gradex import (
+    GradEx,
+    LinearisedSet,
+    ensemble_subsets,
+    forward_selection,
+    random_ensemble,
 )
 
 log = logging.getLogger("convalue")
@@ -55,18 +65,6 @@ def fitted_baselines(cfg: RunConfig, request: EvaluationRequest, progress: Any,
 def _gradex(cfg: RunConfig, request: EvaluationRequest, kinds: list[str]) -> tuple[dict[str, np.ndarray], dict]:
     """GradEx-FS and GradEx-RE: theta* by one multitask fine-tune, then every target example's and every
     candidate preview's log-odds gradient at theta* (one task per candidate group), the surrogate on top."""
-    import ray
-
-    from convalue.actors.finetune_job import log_odds_task, theta_star_task
-    from convalue.actors.pool import windowed
-    from convalue.engine.protocol.gradex import (
-        GradEx,
-        LinearisedSet,
-        ensemble_subsets,
-        forward_selection,
-        random_ensemble,
-    )
-
     if cfg.features.representation == "grpo":
         raise ConfigError("GradEx linearises the SFT log-odds: it needs SFT previews, not GRPO prompts",
                           field="finetune.baselines", value=kinds)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import ray
 
 from convalue.actors.embedder import embed_on_workers
 from convalue.actors.evaluation import FinetuneOutcome, Runners
@@ -41,6 +42,7 @@ from convalue.engine.files.locks import run_folder_lock
 from convalue.engine.model.digest import model_digest
 from convalue.engine.model.loading import check_lora_targets_in, load_tokenizer, resolve_model
 from convalue.engine.model.spec import ReplicaSpec
+from convalue.engine.protocol.deepspeed import TrainJobSpec, ZeroSettings
 from convalue.engine.report.plots import plot_scores
 from convalue.engine.report.tables import (
     clusters_table,
@@ -76,7 +78,6 @@ def deepspeed_job_spec(cfg: RunConfig, model_dir: Path, digest: str):
     `deepspeed`, with finetune.model resolved, its LoRA targets checked and its content hashed; None otherwise."""
     if not (cfg.finetune.enabled and cfg.finetune.strategy == "deepspeed"):
         return None
-    from convalue.engine.protocol.deepspeed import TrainJobSpec, ZeroSettings
 
     ft_dir, ft_digest = model_dir, digest
     if cfg.finetune.model is not None:
@@ -213,8 +214,6 @@ def execute(cfg: RunConfig, command: str, precheck: Callable[[RunConfig], None],
     precheck(cfg)
     joined = cluster_address(cfg, address)
     if joined:
-        import ray
-
         if not ray.is_initialized():
             check_reachable(*joined)  # before the model and data stages, not after them
     session = RaySession(cfg, joined[0] if joined else None)

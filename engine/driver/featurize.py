@@ -76,6 +76,7 @@ class FeaturizeResult:
 
 def fingerprint(cfg: RunConfig, model_digest: str) -> dict:
     """What stored vectors depend on besides each group's preview (that is in the per-group key)."""
+    # transformers (seconds to import): only for its version in a run's fingerprint
     import transformers
 
     f = cfg.features

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import logging
 import time
 from collections.abc import Iterator
@@ -118,8 +119,6 @@ def _target(req: ScoreRequest) -> np.ndarray | None:
         return None
     folder, name = file_location(req.target)
     if name.endswith(".npy"):
-        import io
-
         g = np.load(io.BytesIO(folder.read_bytes(name)), allow_pickle=False)
     else:
         g = _vector_array(pq.read_table(pa.BufferReader(folder.read_bytes(name)), columns=["vector"]).column("vector"),

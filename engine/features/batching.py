@@ -27,6 +27,7 @@ def plan_blocks(items: list[WorkItem], groups_per_call: int) -> list[list[WorkIt
 
 def pad_batch(examples: list[TokenizedExample], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded input_ids, attention_mask and labels tensors."""
+    # torch: only where a model runs; `convalue --help`/`status` import this module without it
     import torch
 
     L = max(len(e) for e in examples)

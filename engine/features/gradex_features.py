@@ -14,6 +14,7 @@ from convalue.engine.features.batching import pad_batch
 from convalue.engine.features.gradients import take_flat_grad
 from convalue.engine.features.losses import mean_token_log_odds, response_logits
 from convalue.engine.features.projection import make_projector
+from convalue.engine.model.loading import attach_lora, load_model
 
 
 def lora_state(peft_model: Any) -> dict[str, np.ndarray]:
@@ -24,6 +25,7 @@ def lora_state(peft_model: Any) -> dict[str, np.ndarray]:
 def load_lora_state(peft_model: Any, state: dict[str, np.ndarray]) -> list[tuple[str, Any]]:
     """Set a fresh adapter's LoRA parameters to `state` (names must match) and make them the trainable ones;
     returns them, in a fixed order."""
+    # torch: only on a worker that runs the model; the driver imports this module without it
     import torch
 
     named = [(n, p) for n, p in peft_model.named_parameters() if "lora_" in n]
@@ -45,8 +47,6 @@ def log_odds_features(model_dir: str | Path, dtype: str, lora: LoraConfig, state
                       device: str = "cpu") -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """For each named set of examples: (phi [n, dim], f0 [n]): at theta* (state on a fresh adapter of the base
     model), every example's mean token log-odds f0 and its gradient, projected by one seeded Gaussian projection."""
-    from convalue.engine.model.loading import attach_lora, load_model
-
     model = attach_lora(load_model(Path(model_dir), dtype, device), lora, dropout=0.0)
     named = load_lora_state(model, state)
     params = [p for _, p in named]

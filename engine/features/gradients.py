@@ -43,6 +43,7 @@ PrefixForward = Callable[["torch.nn.Module", tuple[int, ...], int, str], list]
 
 def take_flat_grad(params: list[torch.nn.Parameter]) -> np.ndarray:
     """The accumulated .grad of params as one float32 vector (zeros where none arrived); clears .grad."""
+    # torch: only where a model runs; `convalue --help`/`status` import this module without it
     import torch
 
     flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().float().reshape(-1)
@@ -89,6 +90,7 @@ class PerExampleGradients:
     def collect(self, calls: list[int], keep: set[int] | frozenset[int] = frozenset()) -> list[torch.Tensor]:
         """[rows, d] gradients of the given forward calls (module order = parameter order); forgets every
         gradient, and the inputs of all calls outside `keep`."""
+        # torch: only where a model runs; `convalue --help`/`status` import this module without it
         import torch
 
         out = []
@@ -206,6 +208,7 @@ class GroupGradients:
 
     def packed_gradients(self, items: list[WorkItem]) -> tuple[np.ndarray, list[np.ndarray]]:
         """Group means (and per-example gradients) from token-budget batches mixing all groups' examples."""
+        # torch: only where a model runs; `convalue --help`/`status` import this module without it
         import torch
 
         t0 = time.perf_counter()

@@ -55,6 +55,7 @@ def surrogate_loss(logp: torch.Tensor, ref_logp: torch.Tensor, adv: torch.Tensor
     logp, ref_logp: token log-probabilities at the valid positions (row-major); adv, weight: per row [R];
     valid: [R, L]. weight_j = 1/G gives one prompt's GRPO loss.
     """
+    # torch: only where a model runs; `convalue --help`/`status` import this module without it
     import torch
 
     rows = torch.nonzero(valid, as_tuple=True)[0]
@@ -67,6 +68,7 @@ def surrogate_loss(logp: torch.Tensor, ref_logp: torch.Tensor, adv: torch.Tensor
 
 def token_logprobs(logits: torch.Tensor, target: torch.Tensor, temperature: float) -> torch.Tensor:
     """log pi(o_t | .) of the sampled tokens under the sampling policy (logits / temperature, as TRL's GRPO)."""
+    # torch: only where a model runs; `convalue --help`/`status` import this module without it
     import torch
 
     return torch.log_softmax(logits.float() / temperature, dim=-1).gather(1, target[:, None])[:, 0]
@@ -77,6 +79,7 @@ def generate_completions(model: torch.nn.Module, prompts: Sequence[PromptExample
                          autocast_dtype: torch.dtype | None = None) -> list[list[tuple[int, ...]]]:
     """G completions per prompt of at most `room` new tokens (token ids through the first end-of-sequence), from one
     seeded, left-padded generate call in eval mode (the model's train/eval mode is restored)."""
+    # torch: only where a model runs; `convalue --help`/`status` import this module without it
     import torch
 
     longest = max(len(p) for p in prompts)
@@ -171,6 +174,7 @@ class GroupGrpoGradients:
 
     def surrogate_gradient(self, item: WorkItem, completions: list[list[tuple[int, ...]]]) -> np.ndarray:
         """The unprojected mean surrogate gradient of one group given G completions per prompt (as from sample)."""
+        # torch: only where a model runs; `convalue --help`/`status` import this module without it
         import torch
 
         prompts = item.examples

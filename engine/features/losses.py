@@ -34,6 +34,7 @@ def cache_keyword(decoder: torch.nn.Module) -> str:
 
 def per_row_mean(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Per-example mean of token values given at the valid positions (row-major): a [B] tensor."""
+    # torch: only where a model runs; `convalue --help`/`status` import this module without it
     import torch
 
     rows = torch.nonzero(valid, as_tuple=True)[0]
@@ -60,6 +61,7 @@ def response_logits(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tenso
 
 def mean_token_ce(logits: torch.Tensor, target: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Per-example mean cross-entropy from the logits and targets at the valid positions: a [B] tensor."""
+    # torch: only where a model runs; `convalue --help`/`status` import this module without it
     import torch
 
     return per_row_mean(torch.nn.functional.cross_entropy(logits.float(), target, reduction="none"), valid)
@@ -75,6 +77,7 @@ def per_example_loss(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tens
 def prefix_forward(model: torch.nn.Module, prefix_ids: tuple[int, ...], rows: int,
                    device: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The shared prefix run through the decoder once for `rows` owners: [(keys, values)] per layer, with their graph."""
+    # torch: only where a model runs; `convalue --help`/`status` import this module without it
     import torch
 
     decoder, _ = decoder_and_head(model)
@@ -94,6 +97,7 @@ def shared_prefix_loss(model: torch.nn.Module, examples: list[TokenizedExample],
     examples, one decoder call each). Backward leaves each owner's prefix row the gradient summed over that
     owner's examples, which is exactly what a per-group mean needs.
     """
+    # torch: only where a model runs; `convalue --help`/`status` import this module without it
     import torch
     from transformers import DynamicCache
 
@@ -122,6 +126,7 @@ def shared_prefix_loss(model: torch.nn.Module, examples: list[TokenizedExample],
 def mean_token_log_odds(logits: torch.Tensor, target: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Per-example f(z; theta): the mean over response tokens of the token log-odds log p_t - log(1 - p_t) (App.
     GradEx, generative SFT), from response_logits' (logits, target, valid): a [B] tensor to backpropagate."""
+    # torch: only where a model runs; `convalue --help`/`status` import this module without it
     import torch
 
     logp = torch.log_softmax(logits.float(), dim=-1).gather(1, target[:, None])[:, 0]

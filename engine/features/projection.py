@@ -74,6 +74,7 @@ class CountSketchProjector(_Base):
         self.block, self.cache_limit = block, cache_limit
         self._S = None
         if dim_in <= self.cache_limit:
+            # SciPy: only when a sparse projector caches its matrix
             import scipy.sparse as sp
 
             buckets, signs = zip(*(self._hash(b) for b in range(self._n_blocks())))

@@ -6,14 +6,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from convalue.engine.config import FeaturesConfig, LoraConfig
+from convalue.engine.features.gradients import GroupGradients
+from convalue.engine.features.grpo import GroupGrpoGradients
+from convalue.engine.features.projection import make_projector
+from convalue.engine.features.task_vectors import GroupTaskVectors
+from convalue.engine.model.loading import (
+    attach_lora,
+    autocast_dtype,
+    load_model,
+    load_tokenizer,
+    lora_b_parameters,
+)
 from convalue.engine.model.spec import ReplicaSpec
 
 if TYPE_CHECKING:
     import torch
-
-    from convalue.engine.features.gradients import GroupGradients
-    from convalue.engine.features.grpo import GroupGrpoGradients
-    from convalue.engine.features.task_vectors import GroupTaskVectors
 
 # model.split_cost_tokens on CPU workers (null): there a forward call costs little beside its padded tokens, so
 # cutting a packed batch into length runs pays; a cut must save this many padded tokens, since cutting at every
@@ -29,8 +36,6 @@ def featurised_parameters(model: torch.nn.Module, features: FeaturesConfig,
     is exactly 0, so it is never computed or stored), lora_A and lora_B for task vectors. `full`: every
     base-model weight (tied weights once), no adapter.
     """
-    from convalue.engine.model.loading import attach_lora, lora_b_parameters
-
     if features.parameters == "full":
         named = list(model.named_parameters())  # named_parameters() yields a tied weight once
         for _, p in named:
@@ -48,12 +53,6 @@ def featurised_parameters(model: torch.nn.Module, features: FeaturesConfig,
 def build_featurizer(spec: ReplicaSpec) -> GroupGradients | GroupTaskVectors | GroupGrpoGradients:
     """The featuriser for a replica spec: one of GroupGradients, GroupTaskVectors or GroupGrpoGradients, with its
     model replica and projector."""
-    from convalue.engine.features.gradients import GroupGradients
-    from convalue.engine.features.grpo import GroupGrpoGradients
-    from convalue.engine.features.projection import make_projector
-    from convalue.engine.features.task_vectors import GroupTaskVectors
-    from convalue.engine.model.loading import autocast_dtype, load_model, load_tokenizer
-
     device, features, proj, mc = spec.device, spec.features, spec.projection, spec.model
     model = load_model(Path(spec.model_dir), mc.dtype, device)
     model, named = featurised_parameters(model, features, spec.lora)

@@ -45,6 +45,7 @@ class GroupTaskVectors:
         return sum(p.numel() for p in self.params)
 
     def _reset(self) -> None:
+        # torch: only on a worker that runs the model; the driver imports this module without it
         import torch
 
         with torch.no_grad():
@@ -54,6 +55,7 @@ class GroupTaskVectors:
 
     def raw_vector(self, examples: tuple[TokenizedExample, ...]) -> np.ndarray:
         """tau for one group (float32, length d)."""
+        # torch: only on a worker that runs the model; the driver imports this module without it
         import torch
 
         if not examples:

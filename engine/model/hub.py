@@ -8,6 +8,7 @@ from pathlib import Path
 
 def hub_offline() -> bool:
     """Whether huggingface_hub runs offline (HF_HUB_OFFLINE, read by the library when it is imported)."""
+    # huggingface_hub (slow; reads HF_HUB_OFFLINE at import): only when the hub is asked
     from huggingface_hub import constants
 
     check = getattr(constants, "is_offline_mode", None)
@@ -16,6 +17,7 @@ def hub_offline() -> bool:
 
 def hub_cache() -> str:
     """The folder huggingface_hub caches repositories in."""
+    # huggingface_hub (slow to import): only when the hub cache is asked for
     from huggingface_hub import constants
 
     return str(constants.HF_HUB_CACHE)
@@ -38,6 +40,7 @@ def hub_snapshot(repo_id: str, revision: str, patterns: list[str] | None, *, wha
     weights are fetched too (a repository without safetensors); local_only: read the cache even when online.
     what: the config field, for errors; error: the exception type raised, with a message that says how to fetch it.
     """
+    # huggingface_hub (slow to import): only when a snapshot is fetched
     from huggingface_hub import snapshot_download
 
     offline = local_only or hub_offline()

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from convalue.engine.config import LoraConfig, ModelConfig
 from convalue.engine.files.locks import exclusive
+from convalue.engine.model.hub import hub_snapshot
 
 if TYPE_CHECKING:
     import torch
@@ -52,6 +53,7 @@ def _smollm2_package_dir() -> Path:
 
 
 def _convert_smollm2(dest: Path) -> None:
+    # torch: only where a model runs; `convalue --help`/`status` import this module without it
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -99,13 +101,12 @@ def resolve_model(cfg: ModelConfig) -> ResolvedModel:
     """The local folder of cfg.source, checked: a built-in model converted once (safe across processes), a local
     folder, or a hub id's snapshot in the Hugging Face cache (with its commit)."""
     if cfg.on_hub():
-        from convalue.engine.model.hub import hub_snapshot
-
         folder = hub_snapshot(cfg.source, cfg.revision, HUB_PATTERNS, what="model.source", error=ModelError,
                               weights=WEIGHT_FILES)
         return ResolvedModel(checked_folder(str(folder), f"model.source {cfg.source}@{cfg.revision}: snapshot"),
                              folder.name)
     if cfg.source == "smollm2-135m-instruct":
+        # transformers: only to find the built-in model's converter
         import transformers
 
         # keyed by transformers version: a folder saved by v5 reads differently under v4 (RoPE parameters)
@@ -137,6 +138,7 @@ def _weight_owners(path: Path) -> set[str]:
 
 def _safetensors_keys(path: Path) -> list[str]:
     """The weight names in the folder's .safetensors files (headers only); ModelError for a damaged file or index."""
+    # safetensors: only when a checkpoint's weight names are read
     from safetensors import safe_open
 
     index = path / "model.safetensors.index.json"
@@ -159,6 +161,7 @@ def _safetensors_keys(path: Path) -> list[str]:
 
 def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
     """The model's tokenizer (a fast tokenizer: offsets are needed to mark response tokens)."""
+    # transformers: only where a model or tokenizer is loaded; the CLI imports this module without it
     from transformers import AutoTokenizer
 
     try:
@@ -175,6 +178,7 @@ def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
 
 def torch_dtype(name: str) -> torch.dtype:
     """torch dtype for a config dtype name."""
+    # torch: only where a model runs; `convalue --help`/`status` import this module without it
     import torch
 
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
@@ -182,6 +186,7 @@ def torch_dtype(name: str) -> torch.dtype:
 
 def autocast_dtype(device: str, dtype: str) -> torch.dtype | None:
     """torch.bfloat16 for a CUDA replica with model.dtype bfloat16 (bf16 autocast), else None (no autocast)."""
+    # torch: only where a model runs; `convalue --help`/`status` import this module without it
     import torch
 
     return torch.bfloat16 if device.startswith("cuda") and dtype == "bfloat16" else None
@@ -191,6 +196,7 @@ def autocast(device: str, dtype: torch.dtype | None = None) -> contextlib.Abstra
     """torch.autocast to `dtype` on `device`'s type, or a no-op context when dtype is None."""
     if dtype is None:
         return contextlib.nullcontext()
+    # torch: only where a model runs; `convalue --help`/`status` import this module without it
     import torch
 
     return torch.autocast(device_type=device.split(":")[0], dtype=dtype)
@@ -198,6 +204,7 @@ def autocast(device: str, dtype: torch.dtype | None = None) -> contextlib.Abstra
 
 def load_model(model_dir: str | Path, dtype: str = "float32", device: str = "cpu") -> PreTrainedModel:
     """The base causal LM theta_0 in eval mode."""
+    # transformers: only where a model or tokenizer is loaded; the CLI imports this module without it
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype(dtype))
@@ -219,6 +226,7 @@ def check_lora_targets_in(model_dir: Path, lora: LoraConfig) -> None:
     device (no weights read; importing the modelling code costs a few seconds)."""
     if set(lora.target_modules) <= _weight_owners(model_dir):
         return
+    # torch: only where a model runs; `convalue --help`/`status` import this module without it
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -229,6 +237,7 @@ def check_lora_targets_in(model_dir: Path, lora: LoraConfig) -> None:
 
 def attach_lora(model: PreTrainedModel, lora: LoraConfig, *, dropout: float | None = None) -> PeftModel:
     """Wrap model with a LoRA adapter whose A init is fixed by lora.init_seed (B = 0, so theta = theta_0)."""
+    # torch and peft: only when an adapter is attached to a loaded model
     import torch
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model

@@ -83,6 +83,7 @@ def greedy_completions(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBas
                        autocast_dtype: torch.dtype | None = None) -> list[str]:
     """Greedy (do_sample=False) completions of token-id prompts, batched with left padding, cut at the first
     end-of-sequence and decoded without special tokens (autocast_dtype: bf16 autocast, as in fine-tuning)."""
+    # torch: only on a worker that runs the model; the driver imports this module without it
     import torch
 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -110,6 +110,7 @@ def alpha_max(A: np.ndarray, y: np.ndarray) -> float:
 def lasso(A: np.ndarray, y: np.ndarray, alpha: float, *, max_iter: int = 100_000, tol: float = 1e-10) -> np.ndarray:
     """Eq. datamodel_lasso: argmin_w ||Aw - y||_2^2 + alpha ||w||_1 (no intercept), by scikit-learn's Lasso, whose
     objective is this one divided by 2m."""
+    # scikit-learn (seconds to import): only when a datamodel is fitted
     from sklearn.linear_model import Lasso
 
     A = np.asarray(A, dtype=np.float64)

@@ -30,6 +30,13 @@ from convalue.engine.data.examples import Example
 from convalue.engine.data.tokenize import TokenizedExample, tokenize_examples
 from convalue.engine.features.batching import pad_batch
 from convalue.engine.features.losses import per_example_loss
+from convalue.engine.model.loading import (
+    attach_lora,
+    autocast,
+    autocast_dtype,
+    load_tokenizer,
+    torch_dtype,
+)
 from convalue.engine.protocol.finetune import FinetuneResult, mixing_schedule
 
 if TYPE_CHECKING:
@@ -216,6 +223,7 @@ def _distributed(zero: ZeroSettings, device: str | None) -> tuple[int, int, str]
     """(rank, world size, device) after joining the job's process group (Ray Train made it; else from the
     torch.distributed environment variables). device: this worker's GPU where the launcher knows it (Ray Train's
     get_device()), else cuda:LOCAL_RANK (with use_gpu) or the CPU."""
+    # deepspeed (an optional extra) and torch: only inside a deepspeed fine-tune's workers
     import deepspeed
     import torch
     import torch.distributed as dist
@@ -233,12 +241,12 @@ def _distributed(zero: ZeroSettings, device: str | None) -> tuple[int, int, str]
 def _load(spec: TrainJobSpec, ds_config: dict, device: str) -> tuple[Any, Any]:
     """(theta_0 of the fine-tune model, what must outlive it). Under ZeRO-3 the model is built partitioned
     (transformers' zero.Init integration, while a HfDeepSpeedConfig is alive), so no worker ever holds all of it."""
+    # torch: only on a worker that runs the model; the driver imports this module without it
     import torch
     from transformers import AutoModelForCausalLM
 
-    from convalue.engine.model.loading import torch_dtype
-
     if spec.zero.stage == 3:
+        # transformers' DeepSpeed integration: only for ZeRO-3
         from transformers.integrations import HfDeepSpeedConfig
 
         # zero.Init builds the parameters in the dtype its config names (fp32 unless bf16 is on): name the model's
@@ -255,9 +263,8 @@ def _eval_sum(model, batches: list[tuple[bool, list[TokenizedExample]]], pad_id:
     """Sum of the per-example losses of the (counted, batch) pairs whose flag is set; an uncounted batch is a forward
     whose result is dropped, so that every worker makes as many forwards as the others (ZeRO-3 gathers each
     layer's weights collectively)."""
+    # torch: only on a worker that runs the model; the driver imports this module without it
     import torch
-
-    from convalue.engine.model.loading import autocast
 
     total = 0.0
     with torch.no_grad(), autocast(device, amp):
@@ -273,6 +280,7 @@ def distributed_eval(model, val: list[TokenizedExample], batch_size: int, pad_id
                      rank: int, world: int) -> float:
     """evaluate_loss over the workers: its batches dealt out in turn, the same number of forwards on each worker,
     the per-example losses summed over all of them (one worker: evaluate_loss's very sums)."""
+    # torch: only on a worker that runs the model; the driver imports this module without it
     import torch
     import torch.distributed as dist
 
@@ -297,12 +305,11 @@ def train_worker(job: TrainJob, device: str | None = None) -> dict:
     with job.base_only, base_val_loss, world_size and zero_stage alone."""
     spec, cfg = job.spec, job.spec.finetune
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if spec.zero.use_gpu else "cpu")
+    # deepspeed (an optional extra), torch and transformers: only inside a deepspeed fine-tune's workers
     import deepspeed
     import torch
     import torch.distributed as dist
     from transformers import get_cosine_schedule_with_warmup
-
-    from convalue.engine.model.loading import attach_lora, autocast, autocast_dtype, load_tokenizer
 
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     t0 = time.perf_counter()

@@ -143,6 +143,7 @@ class GrpoStepper:
 
     def step(self, index: int, source: str, batch: list[PromptExample]) -> GrpoStep:
         """Sample G completions of each prompt, score them and take one optimizer step; the step's record."""
+        # torch: only on a worker that runs the model; the driver imports this module without it
         import torch
 
         cfg, G = self.cfg, self.cfg.grpo_generations
@@ -198,6 +199,7 @@ def grpo_finetune(model: Any, tokenizer: PreTrainedTokenizerBase, pad_id: int, c
     model. The result's train losses are the surrogate's; train_reward_first/last the mean reward of the first and
     last quarter of the steps.
     """
+    # torch: only on a worker that runs the model; the driver imports this module without it
     import torch
     from transformers import get_cosine_schedule_with_warmup
 

@@ -22,6 +22,7 @@ SET_SIZE = 4
 def transfer_scores(G: np.ndarray, *, gamma_ratio: float = GAMMA_RATIO, normalize: str = "cosine") -> np.ndarray:
     """W (M x M): row t the KMM scores of every other group with group t as the target (diagonal NaN); gamma =
     gamma_ratio * max|beta| of each row's (normalised) problem."""
+    # convalue.solvers loads SciPy: only when transfer scores are computed
     from convalue.solvers import solve_kmm
     from convalue.solvers.linalg import self_gram
 
@@ -95,6 +96,7 @@ def positive_negative(W: np.ndarray, names: Sequence[str], target: str, *, n_pos
 def cluster_order(W: np.ndarray, *, method: str = "average") -> list[int]:
     """A heatmap order of the groups (the same for rows and columns): the leaves of a hierarchical clustering of
     each group's profile, its row (as target) and column (as source) of W, NaN as 0, optimally ordered."""
+    # SciPy's hierarchy clustering: only when a heatmap is ordered
     from scipy.cluster.hierarchy import leaves_list, linkage
 
     W = np.nan_to_num(np.asarray(W, dtype=np.float64))

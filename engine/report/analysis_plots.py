@@ -46,6 +46,7 @@ def plot_transfer(W: np.ndarray, R: np.ndarray, names: list[str], order: list[in
     `order` (cluster_order), diverging colours centred at 0 (each row scaled by its largest |w|, so every target's
     scores are visible), each cell annotated with its signed rank for up to ANNOTATE_MAX groups; the diagonal
     blank."""
+    # matplotlib (slow to import): only when a heatmap is drawn
     from matplotlib.colors import TwoSlopeNorm
 
     W = np.asarray(W, dtype=np.float64)[np.ix_(order, order)]
@@ -58,6 +59,7 @@ def plot_transfer(W: np.ndarray, R: np.ndarray, names: list[str], order: list[in
     size = min(3.0 + 0.38 * M, 40.0)
     fig = _figure(size + 1.2, size)
     ax = fig.add_subplot()
+    # matplotlib (slow to import): only when a heatmap is drawn
     from matplotlib import colormaps
 
     cmap = colormaps["RdBu_r"].with_extremes(bad="#d9d9d9")  # the diagonal: no group is its own source

@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from tqdm.auto import tqdm
+
 #: the stages a bar is drawn for, with the unit counted
 UNITS = {"embed": "chunk", "featurize": "group", "bootstrap": "resample", "finetune": "fine-tune"}
 
@@ -32,7 +34,6 @@ class Bars:
         """The stage has n items: open (or resize) its bar."""
         if not self.enabled or stage not in UNITS:
             return
-        from tqdm.auto import tqdm
 
         if stage in self.bars:
             self.bars[stage].total = n

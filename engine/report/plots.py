@@ -18,6 +18,7 @@ COLOURS = {"positive": "#2a9d8f", "negative": "#e76f51"}
 
 def _figure(width: float, height: float):
     """A pyplot-free figure (no global state, no display backend)."""
+    # matplotlib (slow to import): only when a figure is drawn; `convalue status` draws none
     from matplotlib.figure import Figure
 
     return Figure(figsize=(width, height), layout="constrained")

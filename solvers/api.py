@@ -130,7 +130,8 @@ def solve_problem(problem: KMMProblem, *, method: str = "auto", tol: float | Non
         iters = info["iterations"]
         status = None
     elapsed = time.perf_counter() - t0
-    kkt, objective = certify(problem, w)
+    with blas_threads(problem.n, policy.linalg.single_thread_max_n):
+        kkt, objective = certify(problem, w)
     if status is None:
         status = _status(kkt, problem.beta, info.get("converged", True), tol)
         if status != "optimal":

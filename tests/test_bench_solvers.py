@@ -79,3 +79,14 @@ def test_lasso_scale_bench_checks_every_answer_by_convalues_kkt_and_ends_with_js
     (v,) = figures["validation"]
     assert v["formed"]["checks"]["spectral"] is False and v["spectral"]["checks"]["spectral"] is True
     assert v["formed"]["rank"] == v["spectral"]["rank"] == 48
+
+
+def test_end_to_end_bench_certifies_every_version_and_ends_with_json():
+    """Tiny sizes: every version runs interleaved, both convalue answers are certified and match CVXPY's objective
+    (the bench asserts it), and the formed K skips the spectral check."""
+    figures = bench_json("end_to_end.py", "--n", "60", "--p", "80", "--rounds", "2", "--repeat", "1")
+    assert figures["bench"] == "end_to_end" and len(figures["results"]) == 2
+    for r in figures["results"]:
+        assert r["kkt"] <= 1e-10 and r["checks"]["psd"] == "formed" and r["checks"]["spectral"] is False
+        assert set(r["best_s"]) == {"convalue", "validate", "solve", "convalue_outside", "cvxpy", "enet_path"}
+        assert all(t > 0 for t in r["best_s"].values()) and r["vs_cvxpy"] > 0 and r["vs_enet_path"] > 0

@@ -70,24 +70,28 @@ def test_a_formed_k_counts_its_duplicates_and_bounds_the_rank_by_them():
     (np.array([[1.0, np.nan], [np.nan, 1.0]]), r"K contains NaN or inf"),
     (np.array([[1.0, 0.5], [0.0, 1.0]]), "not symmetric"),
     (np.diag([1.0, 0.0]), "zero-norm"),
-    (np.array([[1.0, 2.0], [2.0, 1.0]]), r"\|K\[0, 1\]\| = 2 exceeds sqrt\(K_ii K_jj\) = 1, which no Gram matrix"),
+    (np.diag([-1.0, 1.0]), r"negative diagonal entry, first K\[0, 0\] = -1"),
 ])
-def test_a_formed_k_is_still_refused_for_what_can_go_wrong_with_g_g_t(K, match):
+def test_a_formed_k_is_still_refused_for_what_construction_cannot_guarantee(K, match):
+    """A non-finite G gives a non-finite K, an unsymmetric assembly an unsymmetric K, a zero row a zero K_ii."""
     with pytest.raises(KMMInputError, match=match):
         solve_kmm(K, np.ones(2), gamma=0.1, formed=True)
 
 
 def test_a_k_from_outside_still_gets_the_spectral_check(monkeypatch):
-    """A K that obeys Cauchy-Schwarz but is indefinite passes the formed check (the caller vouched for it) and is
-    refused without formed=True, by the spectral check the spies see run."""
-    indefinite = np.array([[1.0, 0.9, 0.9], [0.9, 1.0, -0.9], [0.9, -0.9, 1.0]])  # eigenvalues 1.9, 1.9, -0.8
+    """An indefinite K passes the formed check (the caller vouched that it is G G^T: construction guarantees what a
+    spectral check or Cauchy-Schwarz would find) and is refused without formed=True, by the spectral check the
+    spies see run."""
     beta = np.ones(3)
-    assert np.linalg.eigvalsh(indefinite)[0] == pytest.approx(-0.8)
-    assert make_problem(indefinite, beta, gamma=0.1, formed=True).checks["psd"] == "formed"
     calls = _spy_spectral(monkeypatch)
-    with pytest.raises(KMMInputError, match="not positive semidefinite: most negative eigenvalue"):
-        solve_kmm(indefinite, beta, gamma=0.1)
-    assert "dpotrf" in calls
+    for indefinite, lam in ((np.array([[1.0, 0.9, 0.9], [0.9, 1.0, -0.9], [0.9, -0.9, 1.0]]), -0.8),
+                            (np.array([[1.0, 2.0, 0.0], [2.0, 1.0, 0.0], [0.0, 0.0, 1.0]]), -1.0)):  # no Gram matrix
+        assert np.linalg.eigvalsh(indefinite)[0] == pytest.approx(lam)
+        calls.clear()
+        assert make_problem(indefinite, beta, gamma=0.1, formed=True).checks["psd"] == "formed" and calls == []
+        with pytest.raises(KMMInputError, match="not positive semidefinite: most negative eigenvalue"):
+            solve_kmm(indefinite, beta, gamma=0.1)
+        assert "dpotrf" in calls
 
 
 def test_a_formed_k_that_is_not_exactly_symmetric_is_symmetrised_like_any_other():

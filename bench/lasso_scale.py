@@ -27,6 +27,7 @@ convalue's, and one JSON line. A case past --max-seconds is stopped and reported
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import resource
@@ -138,7 +139,10 @@ def child(spec: dict) -> dict:
     r = residual(op, w)
     kkt = kkt_of(op, gamma, w) / scale
     objective = objective_from_residual(w, r, op.beta, gamma * float(np.abs(w).sum()))
-    return {"N": spec["n"], "ratio": spec["ratio"], "library": spec["library"], "seconds": round(seconds, 3),
+    version = None if spec["library"] in ("convalue", BEFORE) else importlib.metadata.version(
+        "scikit-learn" if spec["library"] == "sklearn" else spec["library"])
+    return {"N": spec["n"], "ratio": spec["ratio"], "library": spec["library"], "version": version,
+            "seconds": round(seconds, 3),
             "cpu_seconds": round(cpu, 3), "peak_rss_gib": round(rss / GIB, 3), "data_rss_gib": round(rss_data / GIB, 3),
             "kkt": kkt, "objective": objective, "nnz": int(np.count_nonzero(w)), "reached": bool(kkt <= spec["kkt"]),
             "note": note}
@@ -252,9 +256,10 @@ def main() -> None:
                     if "error" in rec:
                         print(f"{n:>7} {ratio:>7.0e} {library:<9} {rec['error']}", flush=True)
                         continue
+                    version = f" ({library} {rec['version']})" if rec.get("version") else ""
                     print(f"{n:>7} {ratio:>7.0e} {library:<9} {rec['seconds']:>9.2f} {rec['cpu_seconds']:>9.2f} "
                           f"{rec['peak_rss_gib']:>8.2f} {rec['data_rss_gib']:>8.2f} {rec['kkt']:>9.1e} "
-                          f"{rec['objective']:>17.12f} {rec['nnz']:>6}  {rec['note']}"
+                          f"{rec['objective']:>17.12f} {rec['nnz']:>6}  {rec['note']}{version}"
                           f"{'' if rec['reached'] else f' (KKT above {args.kkt:g})'}; load {rec['load']:.1f}",
                           flush=True)
     finally:

@@ -17,36 +17,57 @@ import numpy as np
 import scipy.linalg as sla
 
 from convalue.solvers.active_set import kkt_from, past_deadline
-from convalue.solvers.linalg import cholesky_solve, mixed_precision_solve, solve_dense
+from convalue.solvers.linalg import cholesky_solve, mixed_precision_solve, self_gram, solve_dense
 from convalue.solvers.policy import LinalgPolicy, SolverPolicy
 
 #: rows of G read at a time by the blocked products (a 1024 x p float64 block: 64 MiB at p = 8192)
 _BLOCK = 1024
 
 
-def rows_times(G: np.ndarray, rows: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """x @ G[rows] (a length-p vector), reading G's rows a block at a time (no |rows| x p copy)."""
-    out = np.zeros(G.shape[1])
-    for lo in range(0, rows.size, _BLOCK):
-        out += x[lo:lo + _BLOCK] @ G[rows[lo:lo + _BLOCK]]
-    return out
+class RowReader:
+    """Products with rows of G read a block of rows at a time, through two buffers made once (a block: 64 MiB in
+    float64 at p = 8192): a fresh temporary that large is mapped, faulted in and unmapped on every block."""
 
+    def __init__(self, G: np.ndarray):
+        self.G = G
+        self._buf64: np.ndarray | None = None
+        self._buf32: np.ndarray | None = None
 
-def times_rows(G: np.ndarray, rows: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """G[rows] @ v, a block of rows at a time."""
-    out = np.empty(rows.size)
-    for lo in range(0, rows.size, _BLOCK):
-        out[lo:lo + _BLOCK] = G[rows[lo:lo + _BLOCK]] @ v
-    return out
+    def block(self, rows: np.ndarray) -> np.ndarray:
+        """G[rows] (at most _BLOCK rows) in the float64 buffer (a view, valid until the next call)."""
+        if self._buf64 is None:
+            self._buf64 = np.empty((_BLOCK, self.G.shape[1]))
+        return np.take(self.G, rows, axis=0, out=self._buf64[:rows.size], mode="clip")  # "raise" buffers out
 
+    def block32(self, rows: np.ndarray) -> np.ndarray:
+        """G[rows] cast to float32, in the float32 buffer (a view, valid until the next call)."""
+        if self._buf32 is None:
+            self._buf32 = np.empty((_BLOCK, self.G.shape[1]), dtype=np.float32)
+        out = self._buf32[:rows.size]
+        np.copyto(out, self.block(rows), casting="same_kind")
+        return out
 
-def gram_block(G: np.ndarray, a: np.ndarray, b: np.ndarray, dtype=np.float32) -> np.ndarray:
-    """G[a] G[b]^T in `dtype` (float32: the products in float32, half the time of float64), b a block at a time."""
-    Ga = G[a].astype(dtype)
-    out = np.empty((a.size, b.size), dtype=dtype)
-    for lo in range(0, b.size, _BLOCK):
-        out[:, lo:lo + _BLOCK] = Ga @ G[b[lo:lo + _BLOCK]].astype(dtype).T
-    return out
+    def rows_times(self, rows: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """x @ G[rows] (a length-p vector), with no |rows| x p copy."""
+        out = np.zeros(self.G.shape[1])
+        for lo in range(0, rows.size, _BLOCK):
+            out += x[lo:lo + _BLOCK] @ self.block(rows[lo:lo + _BLOCK])
+        return out
+
+    def times_rows(self, rows: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """G[rows] @ v."""
+        out = np.empty(rows.size)
+        for lo in range(0, rows.size, _BLOCK):
+            out[lo:lo + _BLOCK] = self.block(rows[lo:lo + _BLOCK]) @ v
+        return out
+
+    def gram32(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """G[a] G[b]^T in float32 (the products in float32, half the time of float64), a of at most _BLOCK rows."""
+        Ga = self.block32(a).copy()
+        out = np.empty((a.size, b.size), dtype=np.float32)
+        for lo in range(0, b.size, _BLOCK):
+            out[:, lo:lo + _BLOCK] = Ga @ self.block32(b[lo:lo + _BLOCK]).T
+        return out
 
 
 class ReducedGram:
@@ -62,6 +83,7 @@ class ReducedGram:
     def __init__(self, G: np.ndarray, beta: np.ndarray, diag: np.ndarray, *, linalg: LinalgPolicy,
                  max_size: int | None = None, gather_max_bytes: int = 1 << 28):
         self.G, self.full_beta, self.full_diag, self.linalg = G, beta, diag, linalg
+        self.rows = RowReader(G)
         self.gather_max_bytes = gather_max_bytes
         cap = G.shape[0] if max_size is None else min(G.shape[0], max_size)  # the most candidates W will hold
         # the buffer's memory, for its largest size: np.empty maps it without touching it, so only the m^2 entries
@@ -100,12 +122,12 @@ class ReducedGram:
         if M * M > self._raw.size:
             raise ValueError(f"the working set would exceed its {int(np.sqrt(self._raw.size))} candidates")
         W = np.concatenate([self.W, new])
-        rows = gram_block(self.G, new, W)  # K[new, W] in float32
+        rows = self.rows.gram32(new, W)  # K[new, W] in float32
         diag = self.full_diag[new].astype(np.float32)
         l21 = l22 = None
         if self.rho is not None:
             old = self.buf
-            l21 = np.asfortranarray(rows[:, :m])
+            l21 = np.array(rows[:, :m], order="F")  # a copy even for one row (then C and F order at once)
             if m:  # L21 = K21 L11^-T (L11: the buffer's lower triangle)
                 l21 = sla.blas.strsm(1.0, old, l21, side=1, lower=1, trans_a=1, overwrite_b=1)
             schur = rows[:, m:].copy()
@@ -154,11 +176,11 @@ class ReducedGram:
         """K_WA x in float64: G_W (G_A^T x)."""
         if A.size == 0:
             return np.zeros(self.n)
-        return times_rows(self.G, self.W, rows_times(self.G, self.W[A], x))
+        return self.rows.times_rows(self.W, self.rows.rows_times(self.W[A], x))
 
     def sub(self, A: np.ndarray) -> np.ndarray:
         """K_AA in float64 (|A|^2 p flops)."""
-        return gram_block(self.G, self.W[A], self.W[A], dtype=np.float64)
+        return self_gram(self.G[self.W[A]])
 
     def solve_support(self, A: np.ndarray, rhs: np.ndarray) -> np.ndarray:
         """x with K_AA x = rhs: K_AA gathered from the float32 buffer, factored in float32 and refined with float64
@@ -174,7 +196,7 @@ class ReducedGram:
             else:  # a block of G's rows at a time: no |A| x p copy
 
                 def matvec(v):
-                    return times_rows(self.G, rows, rows_times(self.G, rows, v))
+                    return self.rows.times_rows(rows, self.rows.rows_times(rows, v))
             x = mixed_precision_solve(self.gram32(A), rhs, matvec)
             if x is not None:
                 return x
@@ -271,7 +293,7 @@ def reduced_working_set(G: np.ndarray, beta: np.ndarray, diag: np.ndarray, gamma
         w = np.zeros(n)
         w[op.W] = z
         A = np.flatnonzero(w)
-        r = G @ rows_times(G, A, w[A]) - beta  # the float64 residual of all N: one pass over G
+        r = G @ op.rows.rows_times(A, w[A]) - beta  # the float64 residual of all N: one pass over G
         outside = np.ones(n, dtype=bool)
         outside[op.W] = False
         violators = np.flatnonzero(outside & (np.abs(r) > gamma + scale))

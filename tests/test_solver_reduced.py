@@ -18,15 +18,16 @@ SMALL = DEFAULT_POLICY.but(reduced={"min_n": 1, "start": 64, "min_growth": 32, "
 
 
 def test_the_buffer_holds_k_above_and_the_extended_factor_below_as_a_fresh_factor_would():
-    """grow() appends K's rows (float32) and, where a factor exists, the factor's rows: the factor after three
-    growths factors K_WW + rho I as one factorisation of it would, each row factored once."""
+    """grow() appends K's rows (float32) and, where a factor exists, the factor's rows: the factor after four
+    growths factors K_WW + rho I as one factorisation of it would, each row factored once. The last two append one
+    candidate each, whose row of K is C- and F-ordered at once (the factor's row once overwrote it)."""
     rng = np.random.default_rng(0)
     G = rng.normal(size=(300, 80)) / 9.0
     diag = np.einsum("ij,ij->i", G, G)
     op = ReducedGram(G, G @ rng.normal(size=80), diag, linalg=DEFAULT_POLICY.linalg, max_size=200)
     op.grow(np.arange(40, 90))
     solve = op.shifted_solver(0.3)
-    for new in (np.arange(0, 30), np.arange(150, 220), np.array([299, 5 + 290])):
+    for new in (np.arange(0, 30), np.arange(150, 220), np.array([299]), np.array([295])):
         op.grow(new)
     W = np.concatenate([np.arange(40, 90), np.arange(0, 30), np.arange(150, 220), [299, 295]])
     assert np.array_equal(op.W, W) and op.n == W.size and op.factored_rows == W.size

@@ -188,7 +188,7 @@ def test_an_unconverged_solve_returns_the_closest_iterate_any_strategy_reached(m
     smallest KKT violation: the first ADMM run's, not a later run's zero start."""
     import convalue.solvers.active_set as AS
     import convalue.solvers.admm as admm_module
-    import convalue.solvers.reference as ref_module
+    import convalue.solvers.penalised as penalised_module
     import convalue.solvers.working_set as WS
     from convalue.solvers.operators import GramOperator
     from convalue.solvers.penalised import solve_penalised
@@ -207,7 +207,8 @@ def test_an_unconverged_solve_returns_the_closest_iterate_any_strategy_reached(m
     monkeypatch.setattr(AS, "pdas", lambda op, gamma, w, *a, **k: (np.zeros(op.n), 1, False))
     monkeypatch.setattr(AS, "nnls_polish", lambda op, gamma, w, scale, deadline=None: (w, False))
     monkeypatch.setattr(AS, "coordinate_descent", lambda op, gamma, w, **k: (w, 0))
-    monkeypatch.setattr(ref_module, "solve_cvxpy", lambda problem, tolerance: (np.zeros(problem.n), {}))
+    # penalised.py holds its own name for the reference (imported at its top)
+    monkeypatch.setattr(penalised_module, "solve_cvxpy", lambda problem, tolerance: (np.zeros(problem.n), {}))
     monkeypatch.setattr(WS, "working_set_homotopy", lambda op, *a, **k: (np.zeros(op.n), 0, False))
     w, info = solve_penalised(GramOperator(K, beta), gamma)  # rank unknown: the ADMM chain
     # ADMM's first steps, then its rho and the policy's retries in full

@@ -18,7 +18,14 @@ from convalue.engine.selection.blocked import GramResult, Panel
 from convalue.engine.selection.solve import SolveSpec
 from convalue.engine.store.vectors import MANIFEST, BlockMeta
 from convalue.solvers import DEFAULT_POLICY, KMMSolution, SolverPolicy
-from convalue.solvers.sharded import Prior, Residuals, ShardedGradients, ShardPolicy, solve_sharded
+from convalue.solvers.sharded import (
+    Prior,
+    Residuals,
+    ShardedGradients,
+    ShardPolicy,
+    rows_to_keep,
+    solve_sharded,
+)
 
 #: rows of a block cast to float64 at a time inside a product task (a 512 x 8192 float64 chunk: 32 MiB)
 _CHUNK = 512
@@ -97,14 +104,15 @@ class Shards:
     as tasks near the blocks, in the run's metric (root: the diagonal Fisher's M^1/2, None: Euclidean)."""
 
     def __init__(self, n: int, p: int, panels: list[Panel], sources: dict, root: np.ndarray | None,
-                 driver_node: str | None):
+                 driver_node: str | None, cache: KeptRows | None = None):
         self.n, self.p, self.panels, self.sources, self.root = n, p, panels, dict(sources), root
         self.driver_node = driver_node
+        self.cache = cache  # rows a prior valuation kept (raw float32), read before any block
         self.owner = np.empty(n, dtype=np.intp)  # the panel holding each position
         for k, panel in enumerate(panels):
             self.owner[panel.positions] = k
         self.stats = {"passes": 0, "pass_seconds": 0.0, "row_reads": 0, "rows_read": 0, "bytes_moved": 0,
-                      "rows_bytes": 0, "tasks_per_node": {}, "blocks_loaded": 0}
+                      "rows_bytes": 0, "rows_cached": 0, "tasks_per_node": {}, "blocks_loaded": 0}
 
     def _refs(self, panel: Panel) -> list:
         out = []
@@ -150,10 +158,16 @@ class Shards:
         """G[idx] (float64, in the metric) for sorted positions idx: one task per panel holding any."""
         idx = np.asarray(idx, np.intp)
         out = np.empty((idx.size, self.p))
-        calls = []
-        for k in np.unique(self.owner[idx]):
+        calls, todo = [], idx
+        if self.cache is not None and self.cache.at.size:
+            at = np.minimum(np.searchsorted(self.cache.at, idx), self.cache.at.size - 1)
+            hit = self.cache.at[at] == idx
+            out[hit] = self.cache.rows[at[hit]]
+            todo = idx[~hit]
+            self.stats["rows_cached"] += int(hit.sum())
+        for k in np.unique(self.owner[todo]):
             panel = self.panels[k]
-            wanted = idx[self.owner[idx] == k]
+            wanted = todo[self.owner[todo] == k]
             calls.append(panel_rows.options(**_near(panel)).remote(panel, wanted, *self._refs(panel)))
         for call in calls:
             pos, X, node, moved = ray.get(call)
@@ -164,12 +178,28 @@ class Shards:
         if self.root is not None:
             out *= self.root
         self.stats["row_reads"] += 1
-        self.stats["rows_read"] += int(idx.size)
+        self.stats["rows_read"] += int(todo.size)
         return out
+
+    def keep(self, positions: np.ndarray) -> KeptRows:
+        """The raw rows at sorted `positions` (Euclidean), as a valuation keeps them."""
+        return KeptRows(at=np.asarray(positions, np.intp), rows=self.rows(positions).astype(np.float32))
 
     def operator(self, beta: np.ndarray, diag: np.ndarray) -> ShardedGradients:
         """The solver's view of these shards."""
-        return ShardedGradients(n=self.n, p=self.p, beta=beta, diag=diag, times=self.times, rows=self.rows)
+        near = None
+        if self.cache is not None:
+            near = np.zeros(self.n, dtype=bool)
+            near[self.cache.at] = True
+        return ShardedGradients(n=self.n, p=self.p, beta=beta, diag=diag, times=self.times, rows=self.rows, near=near)
+
+
+@dataclass(frozen=True, eq=False)
+class KeptRows:
+    """Rows of G a valuation keeps (raw, float32) at sorted positions of its pool."""
+
+    at: np.ndarray
+    rows: np.ndarray
 
 
 @dataclass(frozen=True, eq=False)
@@ -190,6 +220,8 @@ class ShardedProblem:
     shard: ShardPolicy
     prior: Prior | None = None
     policy: SolverPolicy = DEFAULT_POLICY
+    cache: KeptRows | None = None  # rows a prior valuation kept
+    keep_from: np.ndarray | None = None  # the candidates whose rows the next state may keep (None: any)
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -198,16 +230,25 @@ class ShardedSolver:
     solves a working set."""
 
     def solve(self, problem: ShardedProblem, panels: list[Panel], sources: dict,
-              driver_node: str | None) -> tuple[KMMSolution, dict]:
-        """(the solution, the shards' statistics)."""
-        shards = Shards(problem.n, problem.p, panels, sources, problem.root, driver_node)
+              driver_node: str | None) -> tuple[KMMSolution, dict, KeptRows | None]:
+        """(the solution, the shards' statistics, the rows the valuation keeps: Euclidean only)."""
+        shards = Shards(problem.n, problem.p, panels, sources, problem.root, driver_node, problem.cache)
         sol = solve_sharded(shards.operator(problem.beta, problem.diag), problem.g_tar, gamma=problem.gamma,
                             budget=problem.budget, costs=problem.costs, normalize=problem.normalize, tol=problem.tol,
                             policy=problem.policy, shard=problem.shard, prior=problem.prior)
-        return sol, shards.stats
+        kept = None
+        if problem.root is None:
+            left = sol.info["residuals"]
+            allowed = problem.keep_from
+            if allowed is not None and left.held is not None:
+                allowed = allowed.copy()
+                allowed[left.held] = True  # rows this solve read are in blocks it loaded
+            kept = shards.keep(rows_to_keep(sol.w, left.residual, left.held, problem.shard.keep_rows_bytes //
+                                            (4 * problem.p), allowed))
+        return sol, shards.stats, kept
 
     def residuals(self, panels: list[Panel], sources: dict, n: int, p: int, beta: np.ndarray, diag: np.ndarray,
-                  w: np.ndarray, normalize: str) -> Residuals:
+                  w: np.ndarray, normalize: str, keep_rows: int) -> tuple[Residuals, KeptRows]:
         """r~ = K~ w - beta~ for all rows (normalised space) and u = G~^T w: the support's rows read, then one pass
         (Euclidean; for the state a grown pool's valuation starts from)."""
         shards = Shards(n, p, panels, sources, None, None)
@@ -215,17 +256,19 @@ class ShardedSolver:
         on = np.flatnonzero(w)
         u = (s[on] * w[on]) @ shards.rows(on) if on.size else np.zeros(p)
         r = s * shards.times(u) - s * beta
-        return Residuals(residual=r, ref=np.zeros(n, dtype=np.intp), u_refs=u[None])
+        left = Residuals(residual=r, ref=np.zeros(n, dtype=np.intp), u_refs=u[None])
+        return left, shards.keep(rows_to_keep(w, r, None, keep_rows))
 
 
-def solve_sharded_on_actor(problem: ShardedProblem, panels: list[Panel], sources: dict) -> tuple[KMMSolution, dict]:
+def solve_sharded_on_actor(problem: ShardedProblem, panels: list[Panel],
+                           sources: dict) -> tuple[KMMSolution, dict, KeptRows | None]:
     """The sharded solve on a ShardedSolver actor of its own, on the driver's node (soft): (solution, statistics,
     with where G lived: bytes per node, and the bytes the tasks moved)."""
     here = ray.get_runtime_context().get_node_id()
     actor = ShardedSolver.options(scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True)).remote()
     try:
         # the refs ride inside a dict, so the actor receives them unresolved and hands them to its tasks
-        sol, stats = ray.get(actor.solve.remote(problem, panels, sources, here))
+        sol, stats, kept = ray.get(actor.solve.remote(problem, panels, sources, here))
     finally:
         ray.kill(actor)
     held: dict[str, int] = {}
@@ -234,22 +277,23 @@ def solve_sharded_on_actor(problem: ShardedProblem, panels: list[Panel], sources
             held[b.node or "store"] = held.get(b.node or "store", 0) + b.nbytes
     stats = stats | {"block_bytes_per_node": held, "panels": len(panels),
                      "pass_seconds": round(stats["pass_seconds"], 3)}
-    return sol, stats
+    return sol, stats, kept
 
 
 def residuals_on_actor(panels: list[Panel], sources: dict, n: int, p: int, beta: np.ndarray, diag: np.ndarray,
-                       w: np.ndarray, normalize: str) -> Residuals:
-    """ShardedSolver.residuals on an actor of its own (the support's rows never reach the driver)."""
+                       w: np.ndarray, normalize: str, keep_rows: int) -> tuple[Residuals, KeptRows]:
+    """ShardedSolver.residuals on an actor of its own (the support's rows reach the driver only as the kept rows)."""
     here = ray.get_runtime_context().get_node_id()
     actor = ShardedSolver.options(scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True)).remote()
     try:
-        return ray.get(actor.residuals.remote(panels, sources, n, p, beta, diag, w, normalize))
+        return ray.get(actor.residuals.remote(panels, sources, n, p, beta, diag, w, normalize, keep_rows))
     finally:
         ray.kill(actor)
 
 
 def problem_of(spec: SolveSpec, n: int, g_tar: np.ndarray, gram: GramResult, shard: ShardPolicy,
-               prior: Prior | None = None) -> ShardedProblem:
+               prior: Prior | None = None, cache: KeptRows | None = None,
+               keep_from: np.ndarray | None = None) -> ShardedProblem:
     """The sharded problem of a run's solve spec and its Gram stage's statistics (beta, K's diagonal and the metric,
     computed where the blocks live)."""
     root = None if gram.M is None else np.sqrt(gram.M)
@@ -259,4 +303,4 @@ def problem_of(spec: SolveSpec, n: int, g_tar: np.ndarray, gram: GramResult, sha
     spec = spec.resolved(gram.beta, gram.diag)  # gamma_ratio -> this problem's absolute gamma
     return ShardedProblem(n=n, p=int(g.size), g_tar=g, beta=gram.beta, diag=gram.diag, root=root, gamma=spec.gamma,
                           budget=spec.budget, costs=spec.costs, normalize=spec.normalize, tol=spec.tol, shard=shard,
-                          prior=prior)
+                          prior=prior, cache=cache, keep_from=keep_from)

@@ -55,6 +55,9 @@ class ShardPolicy:
     #: uncertain candidates (the bound does not clear them) are read as rows up to this share of N; more, and one
     #: pass over every shard computes all residuals
     read_rows_share: float = 0.05
+    #: rows of G (float32) kept with a valuation for the next one of a grown pool: the support, the last working
+    #: set, then the candidates closest to the KKT boundary (those a small change of w can make violate)
+    keep_rows_bytes: int = 128 << 20
 
     def holds_all(self, n: int, p: int) -> bool:
         """Whether all of G (n x p float64) fits in one process under this policy."""
@@ -79,6 +82,7 @@ class ShardedGradients:
     diag: np.ndarray
     times: Callable[[np.ndarray], np.ndarray]
     rows: Callable[[np.ndarray], np.ndarray]
+    near: np.ndarray | None = None  # a mask of rows held beside the solver (rows() reads them at no cost)
 
 
 @dataclass(frozen=True, eq=False)
@@ -101,6 +105,22 @@ class Residuals:
     residual: np.ndarray
     ref: np.ndarray
     u_refs: np.ndarray
+    held: np.ndarray | None = None  # the last working set's candidates
+
+
+def rows_to_keep(w: np.ndarray, residual: np.ndarray, held: np.ndarray | None, rows: int,
+                 allowed: np.ndarray | None = None) -> np.ndarray:
+    """Up to `rows` candidates (sorted) whose rows a valuation keeps: the support (largest |w| first), then the last
+    working set, then the largest |r~_i| off it (the closest to the boundary |r~_i| = gamma); only `allowed` ones
+    (a mask) where given."""
+    order = [np.flatnonzero(w)[np.argsort(-np.abs(w[w != 0]), kind="stable")]]
+    if held is not None:
+        order.append(np.asarray(held, np.intp))
+    order.append(np.argsort(-np.abs(residual), kind="stable"))
+    ranked = _unique_first(np.concatenate(order).astype(np.intp))
+    if allowed is not None:
+        ranked = ranked[allowed[ranked]]
+    return np.sort(ranked[:rows])
 
 
 @dataclass
@@ -169,7 +189,8 @@ def solve_sharded(op: ShardedGradients, g_tar: np.ndarray, *, gamma: float | Non
     rec = _Record()
 
     def done(v: np.ndarray, r_known: np.ndarray, kkt: float, lam: float, iters: int, info: dict,
-             r_ref: np.ndarray, ref: np.ndarray, u_refs: list[np.ndarray]) -> KMMSolution:
+             r_ref: np.ndarray, ref: np.ndarray, u_refs: list[np.ndarray], held: np.ndarray | None = None
+             ) -> KMMSolution:
         w = v / cost
         objective = objective_from_residual(v, r_known, beta_u, gamma * float(np.abs(v).sum()) if gamma is not None
                                             else 0.0)
@@ -177,7 +198,7 @@ def solve_sharded(op: ShardedGradients, g_tar: np.ndarray, *, gamma: float | Non
         if status != "optimal":
             raise KMMSolveError(f"sharded gradient-space KMM solver did not converge: KKT violation {kkt:.3g}")
         info = info | {"multiplier": lam, "strategy": "sharded_working_set", "sharded": rec.to_dict(op.p),
-                       "residuals": Residuals(residual=r_ref * cost, ref=ref, u_refs=np.stack(u_refs))}
+                       "residuals": Residuals(residual=r_ref * cost, ref=ref, u_refs=np.stack(u_refs), held=held)}
         return KMMSolution(w=w, objective=objective, status=status, kkt=kkt, form="penalised" if gamma is not None
                            else "budget", gamma=gamma, budget=budget, method="sharded_gradients", iterations=iters,
                            time_s=time.perf_counter() - t0, info=info)
@@ -247,7 +268,8 @@ def solve_sharded(op: ShardedGradients, g_tar: np.ndarray, *, gamma: float | Non
         uncertain = np.flatnonzero(~inside & (bound > lam + scale))
         u_refs.append(u)
         now, how = len(u_refs) - 1, "bound"
-        if uncertain.size and uncertain.size <= shard.read_rows_share * op.n and \
+        far = uncertain.size if op.near is None else int(np.count_nonzero(~op.near[uncertain]))
+        if uncertain.size and far <= shard.read_rows_share * op.n and \
                 8 * op.p * (m + min(uncertain.size, _READ)) <= shard.max_gather_bytes:
             how = "rows"
             for lo in range(0, uncertain.size, _READ):  # a few thousand rows at a time beside G_W
@@ -276,7 +298,7 @@ def solve_sharded(op: ShardedGradients, g_tar: np.ndarray, *, gamma: float | Non
             r_known = np.zeros(op.n)
             r_known[W] = r_W  # the objective needs r on the support only
             return done(v, r_known, kkt, lam, iters, {"converged": True, "working_set": int(m),
-                                                      "sub_step": sub.info.get("step")}, r_ref, ref, u_refs)
+                                                      "sub_step": sub.info.get("step")}, r_ref, ref, u_refs, W)
         room = cap - m
         if room <= 0:
             raise KMMSolveError(f"sharded gradient-space solve: {viol.size} candidates violate KKT outside a working "

@@ -165,6 +165,7 @@ def test_score_values_a_grown_file_from_its_prior_as_from_scratch(three_nodes, t
         np.testing.assert_allclose(K, G64 @ G64.T, rtol=1e-10, atol=1e-10)
     else:
         assert grown["gram"]["sharded"]["held_rows"] <= 700
+        assert grown["gram"]["sharded"]["blocks_loaded"] == 0  # the rows it needed were the ones the prior kept
         assert grown["gram"]["bytes_read"] < fresh["gram"]["bytes_read"] / 5  # the new rows' statistics only
 
 

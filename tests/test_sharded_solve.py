@@ -170,12 +170,14 @@ def test_products_run_where_the_blocks_live_and_give_the_one_process_answer(thre
     gram = GramResult(K=None, beta=beta, cosine=np.zeros(900), row_norm2=diag, M=None, diag=diag)
     spec = SolveSpec(gamma_ratio=0.05, normalize="cosine", space="gradients")
     shard = ShardPolicy(max_gather_bytes=8 * 32 * 300, start=64, min_growth=32)
-    sol, stats = solve_sharded_on_actor(problem_of(spec, 900, g, gram, shard), panels_of(blocks, panel_rows=200),
-                                        refs)
+    sol, stats, kept = solve_sharded_on_actor(problem_of(spec, 900, g, gram, shard),
+                                              panels_of(blocks, panel_rows=200), refs)
     want = spec.resolved(beta, diag).solve_vectors(G64, g)
     _same_answer(sol, want)
     assert len(stats["tasks_per_node"]) == 3 and stats["bytes_moved"] == 0  # every product ran beside its blocks
     assert len(stats["block_bytes_per_node"]) == 3 and sol.info["sharded"]["held_rows"] <= 300
+    support = np.flatnonzero(sol.w)  # the rows a valuation keeps for the next: the support first, as stored
+    assert set(support) <= set(kept.at) and np.array_equal(kept.rows[np.searchsorted(kept.at, support)], G32[support])
 
 
 def test_convalue_score_solves_a_G_beyond_the_policy_in_its_shards(three_nodes, tmp_path):

@@ -14,7 +14,7 @@ import numpy as np
 
 from convalue.actors.gram import build_gram
 from convalue.actors.incremental import extend_gram, new_row_stats, times_rows
-from convalue.actors.sharded import problem_of, residuals_on_actor, solve_sharded_on_actor
+from convalue.actors.sharded import KeptRows, problem_of, residuals_on_actor, solve_sharded_on_actor
 from convalue.actors.solver import solve_blocks_on_actor, solve_on_actor
 from convalue.engine.files.errors import StoreError
 from convalue.engine.files.folder import RunFolder
@@ -124,10 +124,11 @@ def value_rows(spec: SolveSpec, names: list[str], blocks: list[BlockRows], sourc
     spec = spec.resolved(gram.beta, gram.diag)  # gamma_ratio -> this problem's absolute gamma
     on_stage("solve")
     with timer.stage(f"solve{suffix}"):
+        kept = None
         if gram.K is not None:
             sol, residuals = _solve_gram(spec, gram, reuse)
         else:
-            sol, residuals = _solve_gradients(spec, gram, blocks, sources, n, g_tar, shard, reuse)
+            sol, residuals, kept = _solve_gradients(spec, gram, blocks, sources, n, g_tar, shard, reuse)
     if reuse is not None:
         gram.stats.setdefault("incremental", {})["prior"] = (
             sol.info.get("sharded", {}).get("prior") if "sharded" in sol.info else
@@ -136,7 +137,8 @@ def value_rows(spec: SolveSpec, names: list[str], blocks: list[BlockRows], sourc
                            normalize=spec.normalize, space=spec.space, gamma=sol.gamma, w=sol.w, beta=gram.beta,
                            diag=gram.diag, norm2=gram.row_norm2, cosine=gram.cosine, residual=residuals.residual,
                            ref=None if gram.K is not None else residuals.ref,
-                           u_refs=None if gram.K is not None else residuals.u_refs)
+                           u_refs=None if gram.K is not None else residuals.u_refs,
+                           rows_at=None if kept is None else kept.at, rows=None if kept is None else kept.rows)
     return Valued(gram, spec, sol, state)
 
 
@@ -155,17 +157,21 @@ def _solve_gram(spec: SolveSpec, gram: GramResult, reuse: Reuse | None) -> tuple
 
 
 def _solve_gradients(spec: SolveSpec, gram: GramResult, blocks: list[BlockRows], sources: dict, n: int,
-                     g_tar: np.ndarray, shard: ShardPolicy, reuse: Reuse | None) -> tuple[KMMSolution, Residuals]:
+                     g_tar: np.ndarray, shard: ShardPolicy,
+                     reuse: Reuse | None) -> tuple[KMMSolution, Residuals, KeptRows | None]:
     """G's solve: gathered on a solver actor where all of G fits the shard policy and there is no prior to start
-    from; else the sharded solve, from the prior where there is one. Either leaves its residuals."""
+    from; else the sharded solve, from the prior (and the rows it kept) where there is one. Either leaves its
+    residuals and the rows the next valuation keeps (Euclidean only)."""
     p = int(np.shape(g_tar)[0])
     panels = panels_of(blocks)
     if reuse is None and shard.holds_all(n, p):
         sol = solve_blocks_on_actor(spec, blocks, sources, n, g_tar)
         if spec.metric != "euclidean":  # no state: the diagonal Fisher metric is never reused
-            return sol, Residuals(np.zeros(n), np.zeros(n, dtype=np.intp), np.zeros((1, p)))
-        return sol, residuals_on_actor(panels, sources, n, p, gram.beta, gram.diag, sol.w, spec.normalize)
-    prior = None
+            return sol, Residuals(np.zeros(n), np.zeros(n, dtype=np.intp), np.zeros((1, p))), None
+        left, kept = residuals_on_actor(panels, sources, n, p, gram.beta, gram.diag, sol.w, spec.normalize,
+                                        shard.keep_rows_bytes // (4 * p))
+        return sol, left, kept
+    prior = cache = keep_from = None
     if reuse is not None:
         state = reuse.state
         if reuse.residual_exact and state.u_refs is not None and state.u_refs.shape[1] == p:
@@ -179,13 +185,20 @@ def _solve_gradients(spec: SolveSpec, gram: GramResult, blocks: list[BlockRows],
             prior = Prior(w=reuse.w0(), residual=residual, u_refs=state.u_refs, ref=ref)
         else:
             prior = Prior(w=reuse.w0())
-    problem = problem_of(spec, n, g_tar, gram, shard, prior)
+        cache = reuse.kept_rows()
+        keep_from = np.zeros(n, dtype=bool)  # the next state keeps rows it has without loading a block
+        keep_from[reuse.new_rows] = True
+        if cache is not None:
+            keep_from[cache[0]] = True
+            cache = KeptRows(at=cache[0], rows=cache[1])
+    problem = problem_of(spec, n, g_tar, gram, shard, prior, cache, keep_from)
     sol = answer_without_shards(n, p, problem.beta, problem.diag, problem.g_tar, prior=prior, gamma=problem.gamma,
                                 budget=problem.budget, costs=problem.costs, normalize=problem.normalize,
                                 tol=problem.tol, policy=problem.policy, shard=shard)
     stats = {"passes": 0, "blocks_loaded": 0, "panels": len(panels)}  # where the prior answers in the driver
+    kept = cache
     if sol is None:
-        sol, stats = solve_sharded_on_actor(problem, panels, sources)
+        sol, stats, kept = solve_sharded_on_actor(problem, panels, sources)
     gram.stats["sharded"] = stats | sol.info["sharded"]
-    return sol, sol.info["residuals"]
+    return sol, sol.info["residuals"], kept
 

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from convalue.engine.data.prepare import TARGET_KEY
+from convalue.engine.driver.appended import leading_unchanged, row_group_digests
 from convalue.engine.driver.session import Timer
 from convalue.engine.driver.views import write_view
 from convalue.engine.files.errors import StoreError
@@ -80,8 +81,10 @@ def _vector_array(column: pa.ChunkedArray | pa.Array, where: str) -> np.ndarray:
     return arr.flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(len(arr), p)
 
 
-def _parquet_batches(source: RunFolder, name: str) -> Iterator[tuple[list[str], np.ndarray, list[int]]]:
-    """(groups, vectors, n_examples) of a vectors Parquet, IMPORT_BLOCK_ROWS rows at a time."""
+def _parquet_batches(source: RunFolder, name: str,
+                     first_group: int = 0) -> Iterator[tuple[list[str], np.ndarray, list[int]]]:
+    """(groups, vectors, n_examples) of a vectors Parquet from row group `first_group` on, IMPORT_BLOCK_ROWS rows at
+    a time."""
     where = source / name
     with source.fs.open_input_file(source.path(name)) as fh:
         try:
@@ -92,7 +95,8 @@ def _parquet_batches(source: RunFolder, name: str) -> Iterator[tuple[list[str], 
         if missing:
             raise StoreError(f"{where}: missing column(s) {missing} (expected group, vector[, n_examples])")
         cols = ["group", "vector"] + (["n_examples"] if "n_examples" in pf.schema_arrow.names else [])
-        for batch in pf.iter_batches(batch_size=IMPORT_BLOCK_ROWS, columns=cols):
+        groups_from = range(first_group, pf.metadata.num_row_groups)
+        for batch in pf.iter_batches(batch_size=IMPORT_BLOCK_ROWS, columns=cols, row_groups=groups_from):
             groups = batch.column("group").to_pylist()
             if any(not isinstance(g, str) or not g for g in groups):
                 raise StoreError(f"{where}: column `group` must hold non-empty names")
@@ -157,15 +161,23 @@ def import_vectors(req: ScoreRequest, store: VectorStore) -> tuple[list[str], in
     file imports its new rows only); (candidate names in file order, p)."""
     source = as_folder(req.vectors)
     is_run = source.is_dir() and source.sub("vectors").is_file("manifest.json")
+    g = _target(req)
+    names, seen, p, stored = [], set(), None, store.done()
     if is_run:
         batches = _run_batches(source)
     else:
         folder, name = file_location(req.vectors)
         if not folder.is_file(name):
             raise FileNotFoundError(f"{req.vectors}: no such vectors file or run folder")
-        batches = _parquet_batches(folder, name)
-    g = _target(req)
-    names, seen, p, stored = [], set(), None, store.done()
+        digests = row_group_digests(folder, name)
+        before = [n for n in store.state.get("groups", []) if n != TARGET_KEY]
+        k = leading_unchanged(digests, store.state.get("row_groups")) if g is not None else 0
+        rows = sum(r for _, r in digests[:k])
+        if k and rows <= len(before) and all(n in stored for n in before[:rows]):  # imported before, unchanged
+            names, seen, p = before[:rows], set(before[:rows]), int(store.state["dim"])
+        else:
+            k = 0
+        batches = _parquet_batches(folder, name, k)
     for groups, X, counts in batches:
         for n in groups:
             if n in seen:
@@ -194,6 +206,8 @@ def import_vectors(req: ScoreRequest, store: VectorStore) -> tuple[list[str], in
                          f"(no row named {req.target_group!r})")
     if not names:
         raise StoreError(f"{req.vectors}: no candidate vectors")
+    if not is_run:  # recorded once every row is stored: the next import of a grown file skips these row groups
+        store.state["row_groups"] = digests
     return names, int(p)
 
 

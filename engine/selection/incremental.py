@@ -44,6 +44,8 @@ class ValuationState:
     residual: np.ndarray
     ref: np.ndarray | None = None  # gradient space: the index into u_refs at which residual[i] is exact
     u_refs: np.ndarray | None = None  # gradient space: k x p
+    rows_at: np.ndarray | None = None  # gradient space: rows of G kept (sorted positions) ...
+    rows: np.ndarray | None = None  # ... and the rows themselves (raw, float32)
 
     def to_bytes(self) -> bytes:
         """The .npz bytes (no pickles)."""
@@ -54,6 +56,8 @@ class ValuationState:
                   "diag": self.diag, "norm2": self.norm2, "cosine": self.cosine, "residual": self.residual}
         if self.u_refs is not None:
             arrays |= {"ref": self.ref, "u_refs": self.u_refs}
+        if self.rows is not None:
+            arrays |= {"rows_at": self.rows_at, "rows": self.rows}
         buf = io.BytesIO()
         np.savez(buf, **arrays)
         return buf.getvalue()
@@ -71,7 +75,8 @@ class ValuationState:
                         target=z["target"], metric=metric, normalize=normalize, space=space,
                         gamma=None if np.isnan(gamma) else gamma, w=z["w"], beta=z["beta"], diag=z["diag"],
                         norm2=z["norm2"], cosine=z["cosine"], residual=z["residual"],
-                        ref=z["ref"] if "ref" in z else None, u_refs=z["u_refs"] if "u_refs" in z else None)
+                        ref=z["ref"] if "ref" in z else None, u_refs=z["u_refs"] if "u_refs" in z else None,
+                        rows_at=z["rows_at"] if "rows_at" in z else None, rows=z["rows"] if "rows" in z else None)
         except (OSError, KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a valuation state ({exc})") from None
         n = len(state.order)
@@ -104,6 +109,18 @@ class Reuse:
         kept = self.kept
         w[kept] = self.state.w[self.old[kept]]
         return w
+
+    def kept_rows(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The rows the prior kept that this pool reuses: (sorted positions in the new order, raw float32 rows)."""
+        if self.state.rows_at is None:
+            return None
+        where = np.full(len(self.state.order), -1, dtype=np.intp)
+        kept = self.kept
+        where[self.old[kept]] = kept
+        at = where[self.state.rows_at]
+        on = at >= 0
+        order = np.argsort(at[on], kind="stable")
+        return at[on][order], self.state.rows[on][order]
 
     def carried(self, name: str, fresh: np.ndarray) -> np.ndarray:
         """The row statistic `name` (beta, diag, norm2, cosine) for all rows: the prior's on reused rows, `fresh` (a

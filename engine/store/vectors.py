@@ -177,7 +177,7 @@ class VectorStore:
         folder = self.folder
         self.fingerprint = json.loads(json.dumps(fingerprint, sort_keys=True))
         self.blocks: dict[str, BlockMeta] = {}
-        self.state: dict = {}  # dim, complete, groups, source (what an import read)
+        self.state: dict = {}  # dim, complete, groups, source and row_groups (what an import read)
         self.dropped: list[str] = []  # blocks set aside (missing, changed or truncated)
         self._flushed = 0.0
         if folder.exists(MANIFEST):
@@ -197,7 +197,7 @@ class VectorStore:
                     if name.startswith("block-"):
                         folder.delete(name)
             else:
-                self.state = {k: old[k] for k in ("dim", "complete", "groups", "source") if k in old}
+                self.state = {k: old[k] for k in ("dim", "complete", "groups", "source", "row_groups") if k in old}
                 for meta in committed_blocks(folder, old).values():
                     if folder.size(meta.file) == meta.size:
                         self.blocks[meta.file] = meta

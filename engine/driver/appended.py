@@ -1,0 +1,42 @@
+"""Which leading row groups of a vectors Parquet an earlier import already holds: a row group whose bytes (and the
+file's schema) are those imported before holds the same rows, so a grown file is decoded from its first changed
+row group on (`convalue score` with rows appended)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pyarrow.parquet as pq
+
+from convalue.engine.files.folder import RunFolder
+
+
+def row_group_digests(folder: RunFolder, name: str) -> list[list]:
+    """[[SHA-256 of the row group's bytes and the file's schema, rows], ...] of a Parquet file, reading the bytes
+    of each row group once (no decoding)."""
+    out = []
+    with folder.fs.open_input_file(folder.path(name)) as fh:
+        meta = pq.ParquetFile(fh).metadata
+        schema = str(meta.schema).encode()
+        for i in range(meta.num_row_groups):
+            rg = meta.row_group(i)
+            cols = [rg.column(j) for j in range(rg.num_columns)]
+            starts = [c.dictionary_page_offset if c.has_dictionary_page else c.data_page_offset for c in cols]
+            start = min(starts)
+            end = max(s + c.total_compressed_size for s, c in zip(starts, cols))
+            fh.seek(start)
+            digest = hashlib.sha256(schema)
+            for lo in range(start, end, 1 << 24):
+                digest.update(fh.read(min(1 << 24, end - lo)))
+            out.append([digest.hexdigest(), rg.num_rows])
+    return out
+
+
+def leading_unchanged(digests: list[list], before: list | None) -> int:
+    """How many leading row groups are those imported before (digest and rows)."""
+    k = 0
+    for now, then in zip(digests, before or []):
+        if list(now) != list(then):
+            break
+        k += 1
+    return k

@@ -3,8 +3,9 @@
 Clustered synthetic unit-norm gradients (many near-duplicate groups), p = 4096, both of the paper's
 gammas. Prints per-case times, ratios, KKT violations, objectives and top-20 agreement, and ends
 with one JSON line of the figures. convalue's ratio times its solve of a validated problem; the end-to-end
-ratio adds its validation (make_problem of a K the bench formed as G G^T, formed=True: finiteness, symmetry, norms,
-Cauchy-Schwarz and duplicates in O(N^2), no spectral check), as CVXPY's time includes its own checks. A second convalue row solves with tol (default 1e-6, the issue's accuracy: KKT <= 1e-6), where
+ratio adds its validation (make_problem of a K the bench formed as G G^T, formed=True: finiteness, symmetry, the
+diagonal and duplicates in O(N^2), no spectral check), as CVXPY's time includes its own checks (bench/end_to_end.py
+times the two together, interleaved). A second convalue row solves with tol (default 1e-6, the issue's accuracy: KKT <= 1e-6), where
 dense solutions may stop ADMM early instead of polishing to round-off; the exact default is the first row.
 
     .venv/bin/python bench/solvers.py                      # N in 100, 1000, 5000, 20000

@@ -124,7 +124,8 @@ def three_nodes():
 
 
 def _write_pool(path, G: np.ndarray, names: list[str]) -> None:
-    pq.write_table(pa.table({"group": names, "vector": [list(map(float, r)) for r in G.astype(np.float32)]}), path)
+    pq.write_table(pa.table({"group": names, "vector": [list(map(float, r)) for r in G.astype(np.float32)]}), path,
+                   row_group_size=500)
 
 
 def _score(tmp_path, pool: str, name: str, *extra: str) -> tuple[dict, np.ndarray]:
@@ -144,7 +145,7 @@ def test_score_values_a_grown_file_from_its_prior_as_from_scratch(three_nodes, t
     computes only their Gram tiles (or, sharded, their statistics and residual) and gives a fresh run's scores."""
     G, g = _clustered(1200, 32, seed=9)
     names = [f"g{i:04d}" for i in range(len(G))]
-    _write_pool(tmp_path / "pool.parquet", G[:1100], names[:1100])
+    _write_pool(tmp_path / "pool.parquet", G[:1100], names[:1100])  # row groups of 500 rows
     np.save(tmp_path / "target.npy", g.astype(np.float32))
     extra = ["--space", space] + (["--max-gather-gb", str(8 * 32 * 700 / 2**30)] if space == "gradients" else [])
     first, _ = _score(tmp_path, "pool.parquet", "grow", *extra)
@@ -153,6 +154,7 @@ def test_score_values_a_grown_file_from_its_prior_as_from_scratch(three_nodes, t
     fresh, w_fresh = _score(tmp_path, "pool.parquet", "fresh", *extra)
     assert grown["order"] == fresh["order"] == names
     assert grown["gram"]["incremental"]["reused_rows"] == 1100 and grown["gram"]["incremental"]["new_rows"] == 100
+    assert first["data"]["rows_decoded"] == 1100 and grown["data"]["rows_decoded"] < 1200  # unchanged row groups
     assert grown["solver"]["kkt"] <= 1e-9 and grown["solver"]["status"] == "optimal"
     assert grown["solver"]["objective"] == pytest.approx(fresh["solver"]["objective"], rel=1e-9)
     np.testing.assert_allclose(w, w_fresh, atol=1e-7)

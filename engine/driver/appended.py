@@ -17,7 +17,7 @@ def row_group_digests(folder: RunFolder, name: str) -> list[list]:
     out = []
     with folder.fs.open_input_file(folder.path(name)) as fh:
         meta = pq.ParquetFile(fh).metadata
-        schema = str(meta.schema).encode()
+        schema = str(meta.schema).split("\n", 1)[-1].encode()  # its first line names the Python object
         for i in range(meta.num_row_groups):
             rg = meta.row_group(i)
             cols = [rg.column(j) for j in range(rg.num_columns)]

@@ -156,13 +156,13 @@ def source_signature(req: ScoreRequest) -> dict:
     return out
 
 
-def import_vectors(req: ScoreRequest, store: VectorStore) -> tuple[list[str], int]:
+def import_vectors(req: ScoreRequest, store: VectorStore) -> tuple[list[str], int, int]:
     """Write the request's vectors (and target) into store as blocks, each row not already stored there (a grown
-    file imports its new rows only); (candidate names in file order, p)."""
+    file imports its new rows only); (candidate names in file order, p, rows decoded)."""
     source = as_folder(req.vectors)
     is_run = source.is_dir() and source.sub("vectors").is_file("manifest.json")
     g = _target(req)
-    names, seen, p, stored = [], set(), None, store.done()
+    names, seen, p, stored, decoded = [], set(), None, store.done(), 0
     if is_run:
         batches = _run_batches(source)
     else:
@@ -179,6 +179,7 @@ def import_vectors(req: ScoreRequest, store: VectorStore) -> tuple[list[str], in
             k = 0
         batches = _parquet_batches(folder, name, k)
     for groups, X, counts in batches:
+        decoded += len(groups)
         for n in groups:
             if n in seen:
                 raise StoreError(f"{req.vectors}: group {n!r} appears twice")
@@ -208,7 +209,7 @@ def import_vectors(req: ScoreRequest, store: VectorStore) -> tuple[list[str], in
         raise StoreError(f"{req.vectors}: no candidate vectors")
     if not is_run:  # recorded once every row is stored: the next import of a grown file skips these row groups
         store.state["row_groups"] = digests
-    return names, int(p)
+    return names, int(p), decoded
 
 
 def score(req: ScoreRequest) -> RunSummary:
@@ -251,13 +252,14 @@ def score(req: ScoreRequest) -> RunSummary:
                 if store.state.get("complete") and store.state.get("groups") and \
                         store.state.get("source", signature) == signature:  # imported before: read it again
                     names, p = [n for n in store.state["groups"] if n != TARGET_KEY], int(store.state["dim"])
+                    decoded = 0
                 else:
-                    names, p = import_vectors(req, store)
+                    names, p, decoded = import_vectors(req, store)
                     store.state["source"] = signature
                     store.mark_complete([TARGET_KEY, *names])
             check_k_fits(req.k, len(names), "--k")
             records.append(ImportRecord(data={"target": req.target or req.target_group, "candidates": len(names),
-                                              "p": p}))
+                                              "p": p, "rows_decoded": decoded}))
             started = connect_default()
             space = req.space if req.space != "auto" else ("gradients" if len(names) > 20_000 else "gram")
             prior = load_prior(run_dir)

@@ -28,7 +28,8 @@ def _node() -> str:
     return ray.get_runtime_context().get_node_id()
 
 
-@ray.remote(num_cpus=0, num_returns=2)
+# one CPU: with none, Ray starts a worker process for every block at once (40 blocks of 4 MB: 85 s against 4.4 s)
+@ray.remote(num_cpus=1, num_returns=2)
 def load_block(folder: RunFolder, meta: BlockMeta) -> tuple[str | None, np.ndarray | None]:
     """(None, a stored block's vectors) read into the object store of the node that reads it, or (why, None) when
     its checksum fails (the driver then sets it aside and computes its groups again)."""

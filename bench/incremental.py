@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,6 +29,8 @@ def score(workdir: Path, name: str, ratio: float, extra: list[str]) -> dict:
     cmd = [sys.executable, "-m", "convalue", "score", str(workdir / "pool.parquet"), "--target",
            str(workdir / "target.npy"), "--gamma-ratio", str(ratio), "--k", "10", "--out", str(workdir / "runs"),
            "--name", name, *extra]
+    if "--overwrite" in extra:  # valued from scratch: no store, no prior
+        shutil.rmtree(workdir / "runs" / name, ignore_errors=True)
     stop, peak = threading.Event(), {}
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

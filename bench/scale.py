@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -159,6 +160,7 @@ def case(workdir: Path, n: int, p: int, ratio: float, nodes: Nodes | None, max_g
            "--space", space]
     if max_gather_gb is not None:
         cmd += ["--max-gather-gb", str(max_gather_gb)]
+    shutil.rmtree(workdir / "runs" / name, ignore_errors=True)  # valued from scratch: no store, no prior
     env = dict(os.environ) | ({"RAY_ADDRESS": nodes.address} if nodes else {})
     stop, peak = threading.Event(), {}
     t0 = time.perf_counter()

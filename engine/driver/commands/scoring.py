@@ -23,7 +23,8 @@ def score_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=int, default=3, help="select the top-k positive groups")
     p.add_argument("--out", default="runs", help="parent folder of the run folder (local or URI)")
     p.add_argument("--name", default="scored", help="run folder name")
-    p.add_argument("--overwrite", action="store_true", help="import the vectors afresh")
+    p.add_argument("--overwrite", action="store_true", help="import and value the vectors afresh (without it, a "
+                   "run folder that valued some of them before values only what is new)")
     p.add_argument("--max-gather-gb", type=float, default=None,
                    help="gradient space: the most GB of G one process may gather; a larger G stays in its blocks "
                         "and is solved by products where they live (default 2)")

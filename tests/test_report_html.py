@@ -24,7 +24,7 @@ from convalue.engine.report.html_sections import RANKING_NEGATIVE, RANKING_TOP, 
 from convalue.engine.report.tables import evaluation_table, scores_table
 from convalue.engine.selection.bootstrap import outputs as bootstrap_outputs
 from convalue.engine.selection.select import select_top_k
-from convalue.engine.store.summary import ResolvingRecord, RunSummary, SolverRecord
+from convalue.engine.store.summary import RunSummary, SolverRecord
 
 VOID = {"meta", "img", "br", "hr", "link", "input", "col", "wbr"}
 #: blocks a browser would not nest in a <p> (it closes the paragraph first, so the page it shows would differ)
@@ -335,8 +335,6 @@ def test_a_running_run_says_it_has_not_finished(tmp_path):
     assert "This run has not finished" in doc.text and "Unfinished stage: featurize." in doc.text
     assert "no process holds the folder: it was stopped" in doc.text  # nothing holds the lock here
     assert "the run has not written scores.parquet yet" in doc.text
-    RunSummary(status="resolving", resolving=ResolvingRecord(status="complete", gamma=0.1)).write(run)
-    assert "This re-solve (convalue solve) has not finished" in Doc(render_report(run)).text
 
 
 def test_a_uri_a_stale_evaluation_and_the_gram_record(tmp_path):

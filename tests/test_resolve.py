@@ -187,7 +187,6 @@ DAMAGED_RUN_FOLDERS = [
     (_summary_edit(lambda s: s.update(solver="x")), r"field `solver` is malformed"),
     (_summary_edit(lambda s: s.update(space="other")), r"field `space` is malformed"),
     (_summary_edit(lambda s: s.update(status="running")), r"summary.json: field `status` is \"running\": the run was stopped"),
-    (_summary_edit(lambda s: s.update(status="resolving")), r"field `resolving.status` must name the status"),
     (lambda d: (d / "scores.parquet").unlink(), r"scores.parquet: missing"),
     (lambda d: (d / "scores.parquet").write_bytes(b"junk"), r"scores.parquet: not a readable Parquet file"),
     (_scores_edit(lambda t: t.drop_columns(["cosine"])), r"scores.parquet: missing column\(s\) \['cosine'\]"),

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import hashlib
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
+from convalue.engine.files.errors import StoreError
 from convalue.engine.files.folder import RunFolder
 
 
@@ -16,7 +18,10 @@ def row_group_digests(folder: RunFolder, name: str) -> list[list]:
     of each row group once (no decoding)."""
     out = []
     with folder.fs.open_input_file(folder.path(name)) as fh:
-        meta = pq.ParquetFile(fh).metadata
+        try:
+            meta = pq.ParquetFile(fh).metadata
+        except (pa.ArrowException, OSError) as exc:  # named as the import's own reader names it
+            raise StoreError(f"{folder / name}: not a Parquet file ({exc})") from None
         schema = str(meta.schema).split("\n", 1)[-1].encode()  # its first line names the Python object
         for i in range(meta.num_row_groups):
             rg = meta.row_group(i)

@@ -88,7 +88,8 @@ def _parquet_batches(source: RunFolder, name: str,
     where = source / name
     with source.fs.open_input_file(source.path(name)) as fh:
         try:
-            pf = pq.ParquetFile(fh)
+            # no pre-buffering: it keeps every row group read so far (1 GB after 250 of 293 batches at N = 300,000)
+            pf = pq.ParquetFile(fh, pre_buffer=False)
         except pa.ArrowInvalid as exc:
             raise StoreError(f"{where}: not a Parquet file ({exc})") from None
         missing = [c for c in ("group", "vector") if c not in pf.schema_arrow.names]

@@ -111,7 +111,7 @@ class Shards:
         self.owner = np.empty(n, dtype=np.intp)  # the panel holding each position
         for k, panel in enumerate(panels):
             self.owner[panel.positions] = k
-        self.stats = {"passes": 0, "pass_seconds": 0.0, "row_reads": 0, "rows_read": 0, "bytes_moved": 0,
+        self.stats = {"passes": 0, "pass_seconds": 0.0, "row_reads": 0, "rows_from_blocks": 0, "bytes_moved": 0,
                       "rows_bytes": 0, "rows_cached": 0, "tasks_per_node": {}, "blocks_loaded": 0}
 
     def _refs(self, panel: Panel) -> list:
@@ -178,7 +178,7 @@ class Shards:
         if self.root is not None:
             out *= self.root
         self.stats["row_reads"] += 1
-        self.stats["rows_read"] += int(todo.size)
+        self.stats["rows_from_blocks"] += int(todo.size)
         return out
 
     def keep(self, positions: np.ndarray) -> KeptRows:

@@ -191,7 +191,8 @@ def case(workdir: Path, n: int, p: int, ratio: float, nodes: Nodes | None, max_g
            "status": summary.get("status", f"exit {proc.returncode}"),
            "kkt": solver.get("kkt"), "nnz": solver.get("nnz"), "method": solver.get("method"),
            "space": summary.get("space"), "stages": summary.get("timings_s"), "returncode": proc.returncode,
-           "sharded": {k: sharded.get(k) for k in ("passes", "rows_read", "held_bytes", "block_bytes_per_node",
+           "sharded": {k: sharded.get(k) for k in ("passes", "rows_read", "rows_from_blocks", "held_bytes",
+                                                    "block_bytes_per_node",
                                                     "tasks_per_node", "pass_seconds") if k in sharded} or None}
     if proc.returncode != 0:
         row["error"] = err.strip().splitlines()[-1] if err.strip() else ""

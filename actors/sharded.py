@@ -107,12 +107,13 @@ class Shards:
                  driver_node: str | None, cache: KeptRows | None = None):
         self.n, self.p, self.panels, self.sources, self.root = n, p, panels, dict(sources), root
         self.driver_node = driver_node
+        self.here = _node()  # where the rows and products go (the solver actor's node)
         self.cache = cache  # rows a prior valuation kept (raw float32), read before any block
         self.owner = np.empty(n, dtype=np.intp)  # the panel holding each position
         for k, panel in enumerate(panels):
             self.owner[panel.positions] = k
         self.stats = {"passes": 0, "pass_seconds": 0.0, "row_reads": 0, "rows_from_blocks": 0, "bytes_moved": 0,
-                      "rows_bytes": 0, "rows_cached": 0, "tasks_per_node": {}, "blocks_loaded": 0}
+                      "bytes_to_solver": 0, "rows_cached": 0, "tasks_per_node": {}, "blocks_loaded": 0}
 
     def _refs(self, panel: Panel) -> list:
         out = []
@@ -133,10 +134,13 @@ class Shards:
             out.append(src)
         return out
 
-    def _count(self, node: str, moved: int) -> None:
+    def _count(self, node: str, moved: int, back: int) -> None:
+        """A task on `node` that read `moved` block bytes from other nodes and sent `back` bytes here."""
         per = self.stats["tasks_per_node"]
         per[node] = per.get(node, 0) + 1
         self.stats["bytes_moved"] += int(moved)
+        if node != self.here:
+            self.stats["bytes_to_solver"] += int(back)
 
     def times(self, u: np.ndarray) -> np.ndarray:
         """G u (in the metric) for all n rows: one task per panel."""
@@ -149,7 +153,7 @@ class Shards:
         for panel, call in calls:
             values, node, moved = ray.get(call)
             out[panel.positions] = values
-            self._count(node, moved)
+            self._count(node, moved, values.nbytes + u.nbytes)  # u out, G u back
         self.stats["passes"] += 1
         self.stats["pass_seconds"] += time.perf_counter() - t0
         return out
@@ -173,8 +177,7 @@ class Shards:
             pos, X, node, moved = ray.get(call)
             at = np.searchsorted(idx, pos)
             out[at] = X
-            self._count(node, moved)
-            self.stats["rows_bytes"] += int(X.nbytes)
+            self._count(node, moved, X.nbytes)
         if self.root is not None:
             out *= self.root
         self.stats["row_reads"] += 1

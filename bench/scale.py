@@ -178,7 +178,7 @@ def case(workdir: Path, n: int, p: int, ratio: float, nodes: Nodes | None, max_g
     solver, gram = summary.get("solver") or {}, summary.get("gram") or {}
     sharded = gram.get("sharded") or {}
     moved = {"gram_tiles": gram.get("bytes_moved", 0), "product_tasks": sharded.get("bytes_moved", 0),
-             "rows_to_solver": sharded.get("rows_bytes", 0)}
+             "to_solver": sharded.get("bytes_to_solver", 0)}
     gb = 2**30
     row = {"n": n, "p": p, "nodes": len(nodes.raylets) if nodes else 1, "gamma_ratio": ratio,
            "total_s": round(total, 2), "write_s": round(write_s, 2),

@@ -49,8 +49,9 @@ class ValuationState:
 
     def to_bytes(self) -> bytes:
         """The .npz bytes (no pickles)."""
+        files, index = np.unique(np.array(self.files, dtype=object), return_inverse=True)  # a few per thousand rows
         arrays = {"format": np.array(FORMAT), "order": np.array(self.order, dtype=str),
-                  "files": np.array(self.files, dtype=str), "target": self.target,
+                  "files": files.astype(str), "file_index": index.astype(np.int32), "target": self.target,
                   "settings": np.array([self.metric, self.normalize, self.space]),
                   "gamma": np.array(np.nan if self.gamma is None else self.gamma), "w": self.w, "beta": self.beta,
                   "diag": self.diag, "norm2": self.norm2, "cosine": self.cosine, "residual": self.residual}
@@ -71,7 +72,8 @@ class ValuationState:
                 raise ValueError(f"format {int(z['format'])}, expected {FORMAT}")
             metric, normalize, space = (str(s) for s in z["settings"])
             gamma = float(z["gamma"])
-            state = cls(order=[str(s) for s in z["order"]], files=[str(s) for s in z["files"]],
+            files = [str(f) for f in z["files"]]
+            state = cls(order=[str(s) for s in z["order"]], files=[files[i] for i in z["file_index"]],
                         target=z["target"], metric=metric, normalize=normalize, space=space,
                         gamma=None if np.isnan(gamma) else gamma, w=z["w"], beta=z["beta"], diag=z["diag"],
                         norm2=z["norm2"], cosine=z["cosine"], residual=z["residual"],

@@ -5,6 +5,7 @@ at the padded batch it trains on, its validation loss), each timed once on this 
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -14,6 +15,8 @@ import numpy as np
 
 from convalue.engine.config import RunConfig
 
+#: warm fine-tune steps and validation passes timed, their median kept (one pass can catch a busy moment)
+REPEATS = 3
 #: modules a fresh fine-tune worker imports before its first job (timed where this process has not imported them)
 JOB_IMPORTS = ("torch", "transformers", "peft")
 
@@ -55,10 +58,16 @@ def expected_padded_length(target: list[int], groups: list[list[int]], batch: in
     return rho * mean_max(target) + (1 - rho) * (float(np.mean(aux)) if aux else mean_max(target))
 
 
+def _timed(call) -> float:
+    t = time.perf_counter()
+    call()
+    return time.perf_counter() - t
+
+
 def measure(model_dir: Path, cfg: RunConfig, feature_length: int, step_length: int) -> Timing:
-    """Time, once each, with the run's worker threads: the imports a fresh worker makes, loading a replica and
-    attaching LoRA, a fine-tune step (cold, then warm) at step_length, a packed featurisation pass at
-    feature_length and a validation forward pass."""
+    """Time, with the run's worker threads: the imports a fresh worker makes, loading a replica and attaching LoRA,
+    a fine-tune step at step_length (cold once, warm the median of REPEATS), a packed featurisation pass at
+    feature_length and a validation forward pass (the median of REPEATS)."""
     t0 = time.perf_counter()
     missing = [m for m in JOB_IMPORTS if m not in sys.modules]
     # heavy, and what is timed: torch, transformers and peft are imported only when a plan is measured
@@ -85,7 +94,8 @@ def measure(model_dir: Path, cfg: RunConfig, feature_length: int, step_length: i
         opt.zero_grad(set_to_none=True)
         return time.perf_counter() - t
 
-    first, warm = step(), step()  # a job's first step pays its allocations
+    first = step()  # a job's first step pays its allocations
+    warm = statistics.median(step() for _ in range(REPEATS))
     rows = max(1, (cfg.model.token_budget or cfg.model.batch_size * feature_length) // max(feature_length, 1))
     ids = torch.randint(0, vocab, (rows, feature_length))
     model(input_ids=ids, labels=ids).loss.backward()  # warm-up at this shape
@@ -95,9 +105,7 @@ def measure(model_dir: Path, cfg: RunConfig, feature_length: int, step_length: i
     ids = torch.randint(0, vocab, (cfg.finetune.eval_batch_size, feature_length))
     with torch.no_grad():
         model(input_ids=ids)
-        t0 = time.perf_counter()
-        model(input_ids=ids)
-        eval_tps = ids.numel() / (time.perf_counter() - t0)
+        eval_tps = ids.numel() / statistics.median(_timed(lambda: model(input_ids=ids)) for _ in range(REPEATS))
     return Timing(tokens_per_second=tps, import_seconds=import_s, load_seconds=load_s + max(0.0, first - warm),
                   step_seconds=warm, eval_tokens_per_second=eval_tps, step_length=step_length)
 

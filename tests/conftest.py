@@ -134,7 +134,9 @@ def tiny_run_config(tmp_path: Path, model_dir: Path, target: Path, pool: Path, *
 
 def pipeline_run_config(tmp: Path, model_dir: Path) -> dict:
     """The pipeline tests' run config: five chatterbot languages of 6 pairs as groups of one pool, a Marathi
-    target of 12, fine-tunes at k = 2 and 1 against three baselines (tests switch them off where not needed)."""
+    target of 12, fine-tunes at k = 2 and 1 against three baselines (tests switch them off where not needed), on
+    one gradient worker (a run starts its workers afresh, and on two cores a second one costs more CPU time than
+    it saves; the tests of several workers set ray.workers themselves)."""
     rows = []
     for lang in ("english", "spanish", "german", "hindi", "italian"):
         rows += [r | {"group": lang} for r in chatterbot_pairs(lang, 6)]
@@ -142,7 +144,15 @@ def pipeline_run_config(tmp: Path, model_dir: Path) -> dict:
     target = write_jsonl(tmp / "marathi.jsonl", chatterbot_pairs("marathi", 12))
     return tiny_run_config(tmp, model_dir, target, pool,
                            finetune={"enabled": True, "steps": 3, "batch_size": 2, "ks": [2, 1],
-                                     "baselines": ["target_only", "alignment", "random"]})
+                                     "baselines": ["target_only", "alignment", "random"]},
+                           ray={"workers": 1})
+
+
+@pytest.fixture(scope="module")
+def pipeline_config(ray_session, tiny_model_dir, tmp_path_factory):
+    """(folder, config data) of the pipeline tests' run, nothing run yet: each module's runs in a folder of its own."""
+    tmp = tmp_path_factory.mktemp("pipe_config")
+    return tmp, pipeline_run_config(tmp, tiny_model_dir)
 
 
 @pytest.fixture(scope="session")

@@ -28,13 +28,15 @@ CONVALUE = [sys.executable, "-m", "convalue"]
 
 
 def _config_file(tmp_path: Path, model_dir: Path, **over) -> Path:
-    """A run config on disk: a Marathi target, five chatterbot languages, fine-tunes long enough to interrupt."""
+    """A run config on disk: a Marathi target, five chatterbot languages, fine-tunes long enough to interrupt, one
+    gradient worker (as the pipeline tests' config, for the same reason)."""
     rows = [r | {"group": lang} for lang in ("english", "spanish", "german", "hindi", "italian")
             for r in chatterbot_pairs(lang, 6)]
     pool = write_jsonl(tmp_path / "pool.jsonl", rows)
     target = write_jsonl(tmp_path / "marathi.jsonl", chatterbot_pairs("marathi", 12))
     data = tiny_run_config(tmp_path, model_dir, target, pool,
-                           finetune={"enabled": True, "steps": 60, "batch_size": 2, "ks": [1, 2]}, **over)
+                           finetune={"enabled": True, "steps": 60, "batch_size": 2, "ks": [1, 2]},
+                           **({"ray": {"workers": 1}} | over))
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(data))
     return path

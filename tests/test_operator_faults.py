@@ -44,7 +44,7 @@ def test_a_killed_fine_tune_task_is_retried_recorded_and_gives_the_same_losses(r
     rows = [r | {"group": lang} for lang in ("english", "spanish", "german") for r in chatterbot_pairs(lang, 6)]
     pool = write_jsonl(tmp_path / "pool.jsonl", rows)
     target = write_jsonl(tmp_path / "marathi.jsonl", chatterbot_pairs("marathi", 12))
-    base = tiny_run_config(tmp_path, tiny_model_dir, target, pool, select={"k": 1},
+    base = tiny_run_config(tmp_path, tiny_model_dir, target, pool, select={"k": 1}, ray={"workers": 1},
                            finetune={"enabled": True, "steps": 200, "batch_size": 2, "ks": [1]})
     clean = run(config_from_dict(base | {"name": "clean"}))
     killed: list[int] = []

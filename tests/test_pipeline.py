@@ -260,9 +260,9 @@ def test_a_rerun_with_every_fine_tune_stored_evaluates_only_a_missing_base(first
     assert base_records[0].is_file()  # stored again
 
 
-def test_same_seed_same_scores_with_one_worker_and_other_blocks(first_run):
-    tmp, data, _ = first_run
-    other = data | {"name": "t1", "ray": {"workers": 1, "cpus_per_worker": 1, "groups_per_call": 3},
+def test_same_seed_same_scores_with_two_workers_and_other_blocks(first_run):
+    tmp, data, _ = first_run  # the first run: one worker, two groups a call
+    other = data | {"name": "t1", "ray": {"workers": 2, "cpus_per_worker": 1, "groups_per_call": 3},
                     "finetune": {"enabled": False}}
     run(config_from_dict(other))
     a = {r["group"]: r for r in pq.read_table(tmp / "runs" / "t" / "scores.parquet").to_pylist()}

@@ -54,7 +54,7 @@ def main() -> None:
     (n, p), B = args.case, args.samples
     examples, names = per_example_vectors(n, p, args.m)
     spec, k = SolveSpec(gamma=5e-2, normalize="cosine", rank_bound=p), 5  # the demo's solve, in Gram space
-    ray.init(num_cpus=max(args.workers, 1), include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=max(args.workers, 1), include_dashboard=False, log_to_driver=False, configure_logging=False)
     times: dict[int, list[float]] = {1: [], args.workers: []}
     results = {}
     for _ in range(args.repeats):

@@ -54,7 +54,7 @@ def main() -> None:
     X_driver = embed_texts(texts, d)
     t_driver = time.perf_counter() - t0
 
-    ray.init(num_cpus=max(args.workers, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=max(args.workers, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False,
              configure_logging=False)
     try:
         embed_on_workers(texts[:64], d, workers=args.workers, cpus_per_worker=1, max_in_flight=2)  # warm-up

@@ -109,9 +109,10 @@ def variant(spec, *, dtype: str | None = None, device: str | None = None, **feat
     return replace(out, device=device) if device is not None else out
 
 
-def grpo_spec(spec):
-    """`spec` with the GRPO representation of the benches: numeric_closeness reward, G = 8, 24 new tokens."""
-    return variant(spec, representation="grpo", grpo_reward="numeric_closeness", grpo_generations=8,
+def grpo_spec(spec, generations: int = 8):
+    """`spec` with the GRPO representation of the benches: numeric_closeness reward, G = `generations`, 24 new
+    tokens."""
+    return variant(spec, representation="grpo", grpo_reward="numeric_closeness", grpo_generations=generations,
                    grpo_max_new_tokens=24)
 
 
@@ -124,7 +125,7 @@ def start_ray(num_cpus: int) -> None:
     """An embedded Ray for the bench (no dashboard, workers offline)."""
     import ray
 
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
              _node_ip_address="127.0.0.1", runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1"}})
 
 

@@ -58,7 +58,8 @@ def main() -> None:
     ap.add_argument("--groups-per-call", type=int, default=6)
     ap.add_argument("--dim", type=int, default=8192)
     ap.add_argument("--cpu-groups", type=int, default=3, help="groups also featurised on the CPU for the cosine")
-    ap.add_argument("--grpo-prompts", type=int, default=8, help="(g): prompts per mathematics group (2 groups, G = 8)")
+    ap.add_argument("--grpo-prompts", type=int, default=8, help="(g): prompts per mathematics group (2 groups)")
+    ap.add_argument("--grpo-generations", type=int, default=8, help="(g): G, completions sampled per prompt")
     ap.add_argument("--model", default="smollm2-135m-instruct",
                     help="model.source: the built-in SmolLM2-135M or a local Hugging Face folder (the tests pass a tiny one)")
     ap.add_argument("--skip-ray", action="store_true", help="leave out (d), for a machine without Ray installed")
@@ -208,7 +209,7 @@ def main() -> None:
 
     # (g) GRPO: completions sampled once on the device, then the surrogate gradient from them on each side
     math = grpo_bench_items(tok, args.grpo_prompts, args.max_length)
-    grpo = grpo_spec(spec)
+    grpo = grpo_spec(spec, args.grpo_generations)
 
     def timed_sampling(g) -> tuple[float, list]:
         """(seconds, completions) of one featuriser sampling every group, after a one-prompt warm-up (generate's

@@ -73,7 +73,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
     biggest = max(args.n) * args.p * 4
-    ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False, log_to_driver=False,
              object_store_memory=max(2 * biggest + (1 << 30), 1 << 30))
     results = [case(n, args.p, args.block_rows, args.rounds) for n in args.n]
     ray.shutdown()

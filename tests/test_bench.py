@@ -13,14 +13,15 @@ ROOT = Path(__file__).parents[1]
 
 def bench_json(script: str, *args: str, timeout: int = 300) -> dict:
     """Run bench/<script> with args and return the JSON line it ends with."""
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args],
-                         capture_output=True, text=True, check=True, timeout=timeout).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args],
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"bench/{script} exited {done.returncode}:\n{done.stderr[-4000:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def test_featurize_bench_gives_the_naive_loops_vectors_and_ends_with_json(tiny_model_dir):
     figures = bench_json("featurize.py", "--model", str(tiny_model_dir), "--groups", "2", "--m", "2",
-                         "--groups-per-call", "1", "--rounds", "1", "--ray-idle-s", "0")
+                         "--groups-per-call", "1", "--rounds", "1", "--ray-idle-s", "0", "--dim", "512")
     assert figures["bench"] == "featurize" and figures["groups"] == 2 and figures["rounds"] == 1
     assert figures["min_cosine_naive_vs_convalue"] >= 0.999 and figures["max_abs_diff_1w_vs_2w"] == 0.0
     assert figures["speedup_1w_vs_naive"] > 0 and figures["speedup_2w_vs_1w"] > 0
@@ -29,7 +30,8 @@ def test_featurize_bench_gives_the_naive_loops_vectors_and_ends_with_json(tiny_m
 def test_featurize_gpu_bench_dry_runs_on_the_cpu_and_ends_with_json(tiny_model_dir):
     figures = bench_json("featurize_gpu.py", "--device", "cpu", "--skip-ray", "--model", str(tiny_model_dir),
                          "--groups", "2", "--m", "2", "--max-length", "64", "--token-budget", "256",
-                         "--groups-per-call", "2", "--cpu-groups", "1", "--grpo-prompts", "1")
+                         "--groups-per-call", "2", "--cpu-groups", "1", "--grpo-prompts", "1",
+                         "--grpo-generations", "2", "--dim", "512")
     assert figures["bench"] == "featurize_gpu" and figures["device"] == "cpu" and figures["gpu"] == "none"
     assert figures["cos_fp32_vs_naive"] >= 0.999 and figures["cos_fp32_gpu_vs_cpu"] >= 0.999
 

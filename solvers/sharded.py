@@ -50,8 +50,10 @@ class ShardPolicy:
     start: int = 1024
     #: each round adds the worst violators outside W: up to this share of |W| ...
     growth: float = 1.0
-    #: ... or at least this many (where there are)
+    #: ... or at least this many (where there are); where W is full, its zeros with |r_i| below prune_below times
+    #: the multiplier leave it first
     min_growth: int = 256
+    prune_below: float = 0.75
     #: uncertain candidates (the bound does not clear them) are read as rows up to this share of N; more, and one
     #: pass over every shard computes all residuals
     read_rows_share: float = 0.05
@@ -299,13 +301,23 @@ def solve_sharded(op: ShardedGradients, g_tar: np.ndarray, *, gamma: float | Non
             r_known[W] = r_W  # the objective needs r on the support only
             return done(v, r_known, kkt, lam, iters, {"converged": True, "working_set": int(m),
                                                       "sub_step": sub.info.get("step")}, r_ref, ref, u_refs, W)
+        grow = min(viol.size, max(shard.min_growth, int(shard.growth * m)))
+        if cap - m < grow:  # full: W's zeros well inside (|r_i| < prune_below lambda) leave it first
+            keep = np.flatnonzero((vW != 0) | (np.abs(r_W) >= shard.prune_below * lam))
+            if keep.size < m:
+                for j, i in enumerate(keep):  # rows move forward only: in place, no second copy of G_W
+                    if i != j:
+                        buf[j] = buf[i]
+                inside[W] = False
+                W, m = W[keep], keep.size
+                inside[W] = True
+                rec.rounds[-1]["pruned_to"] = int(m)
         room = cap - m
         if room <= 0:
             raise KMMSolveError(f"sharded gradient-space solve: {viol.size} candidates violate KKT outside a working "
                                 f"set of {m} rows, the most ShardPolicy.max_gather_bytes = {shard.max_gather_bytes} "
                                 f"allows at p = {op.p}; raise it")
-        grow = min(viol.size, room, max(shard.min_growth, int(shard.growth * m)))
-        worst = viol[np.argsort(-np.abs(r_ref[viol]), kind="stable")][:grow]
+        worst = viol[np.argsort(-np.abs(r_ref[viol]), kind="stable")][:min(grow, room)]
         W = np.concatenate([W, worst])
 
 

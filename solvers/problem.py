@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import numpy as np
 import scipy.linalg as sla
+from scipy.sparse.linalg import lobpcg
 
+from convalue.solvers.homotopy import representatives
 from convalue.solvers.policy import DEFAULT_POLICY, SolverPolicy, ValidationPolicy
 from convalue.solvers.threads import blas_threads
 
@@ -127,8 +130,6 @@ def _plain_facts(K: np.ndarray, floor: float) -> tuple[float, int] | None:
 
 def ritz_floor(K: np.ndarray, policy: ValidationPolicy) -> float:
     """The smallest Ritz value of K after a fixed LOBPCG run: an upper bound on lambda_min(K), never below it."""
-    from scipy.sparse.linalg import lobpcg
-
     n = K.shape[0]
     X = np.random.default_rng(0).standard_normal((n, min(policy.estimate_block, n)))
     with warnings.catch_warnings():
@@ -188,10 +189,6 @@ def exactly_symmetric(K: np.ndarray, tile: int) -> bool:
 def distinct_count(K: np.ndarray, diag: np.ndarray, policy: SolverPolicy) -> int:
     """How many candidates are left after dropping exact duplicates (or negations) of another: an upper bound on
     rank(K), from one product K v and the pairs whose projections lie close (convalue.solvers.homotopy)."""
-    from types import SimpleNamespace
-
-    from convalue.solvers.homotopy import representatives
-
     view = SimpleNamespace(K=K, diag=diag, n=K.shape[0])
     return int(representatives(view, max_pairs=policy.homotopy.max_pairs).size)
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 import numpy as np
 import scipy.linalg as sla
 
+from convalue.solvers import admm
 from convalue.solvers.active_set import kkt_from, past_deadline
 from convalue.solvers.linalg import cholesky_solve, mixed_precision_solve, self_gram, solve_dense
 from convalue.solvers.policy import LinalgPolicy, SolverPolicy
@@ -265,8 +266,6 @@ def reduced_working_set(G: np.ndarray, beta: np.ndarray, diag: np.ndarray, gamma
     checks every candidate. Where W would outgrow reduced.max_size, its zeros with |r_i| below reduced.prune_below
     gamma leave it first. It gives up (uncertified, the closest iterate) where W is full of candidates that stay, where
     ADMM + polish does not certify on W, or at the deadline. record (a dict) receives the rounds."""
-    from convalue.solvers import admm
-
     rp = policy.reduced
     n = G.shape[0]
     op = ReducedGram(G, beta, diag, linalg=policy.linalg, max_size=rp.max_size, gather_max_bytes=rp.gather_max_bytes)

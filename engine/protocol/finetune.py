@@ -50,7 +50,7 @@ class FinetuneResult:
 def evaluate_loss(model, examples: list[TokenizedExample], batch_size: int, pad_id: int, device: str = "cpu",
                   autocast_dtype=None) -> float:
     """Mean over examples of the per-example response-token cross-entropy."""
-    import torch
+    import torch  # heavy: loaded where a fine-tune or evaluation runs, not where the driver plans one
 
     model.eval()
     total, n = 0.0, 0
@@ -98,6 +98,7 @@ def finetune(model, pad_id: int, cfg: FinetuneConfig, lora: LoraConfig, *, label
 
     autocast_dtype: bf16 autocast for the forward passes (CUDA replicas with model.dtype bfloat16), as in featurisation.
     """
+    # heavy: loaded where a fine-tune runs, not where the driver plans one
     import torch
     from transformers import get_cosine_schedule_with_warmup
 

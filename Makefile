@@ -9,7 +9,7 @@ export RAY_USAGE_STATS_ENABLED ?= 0
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install demo test test-lowest lint bench clean browser
+.PHONY: install demo test bench-check test-lowest lint bench clean browser
 
 install: $(STAMP)
 
@@ -24,12 +24,17 @@ demo: $(STAMP)
 	$(VENV)/bin/convalue run examples/demo.yaml --overwrite
 
 # two pytest workers, each with its own local Ray, taking whole files (the pipeline tests share one session run)
+# in collection order: the modules marked heavy first (tests/conftest.py), so the workers finish together
 TEST_WORKERS ?= 2
 
 test: $(STAMP) browser
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m 'not bench'
+
+# the tests that run each bench script at a tiny size (studies and their harnesses stay out of `make test`)
+bench-check: $(STAMP)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m bench
 
 # report.html's browser test needs chromium (and fonts for every script): installed where make runs as root with
 # apt-get, best effort (offline or refused, the test skips itself and the target goes on)

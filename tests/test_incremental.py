@@ -23,6 +23,8 @@ from convalue.engine.selection.incremental import (
 from convalue.solvers import solve_kmm_gradients
 from convalue.solvers.sharded import Prior, ShardedGradients, ShardPolicy, solve_sharded
 
+pytestmark = pytest.mark.heavy  # whole runs: scheduled before the light modules (conftest.py)
+
 NODES = ("node_a", "node_b", "node_c")
 
 
@@ -213,6 +215,7 @@ def test_a_run_with_more_candidates_featurises_and_values_only_the_new_groups(th
     np.testing.assert_allclose(np.load(tmp_path / "runs" / "t" / "gram.npy"), G64 @ G64.T, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.bench  # runs a bench script: `make bench-check`, not `make test`
 def test_the_incremental_bench_times_both_valuations_and_ends_with_json(tmp_path):
     import subprocess
     import sys

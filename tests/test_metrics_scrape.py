@@ -17,6 +17,8 @@ from run_helpers import ray_head, run_convalue, write_config
 
 from convalue.engine.driver.cluster import check_reachable
 
+pytestmark = pytest.mark.heavy  # whole runs: scheduled before the light modules (conftest.py)
+
 DASHBOARD = Path(__file__).resolve().parents[1] / "cluster" / "grafana" / "convalue-dashboard.json"
 SERIES = re.compile(r"^(ray_convalue_\w+)\{(.*)\} (\S+)$")
 LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')

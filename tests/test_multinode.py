@@ -8,6 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import RUNTIME_ENV, start_local_ray, tiny_run_config
 
+pytestmark = pytest.mark.heavy  # whole runs: scheduled before the light modules (conftest.py)
+
 NODES = ("node_a", "node_b", "node_c")
 
 

@@ -18,6 +18,8 @@ from test_faults import CONVALUE, _config_file, _without_file_permission_overrid
 from convalue.engine.config import config_from_dict
 from convalue.engine.driver.pipeline import run
 
+pytestmark = pytest.mark.heavy  # whole runs: scheduled before the light modules (conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -45,7 +47,8 @@ def test_a_killed_fine_tune_task_is_retried_recorded_and_gives_the_same_losses(r
     pool = write_jsonl(tmp_path / "pool.jsonl", rows)
     target = write_jsonl(tmp_path / "marathi.jsonl", chatterbot_pairs("marathi", 12))
     base = tiny_run_config(tmp_path, tiny_model_dir, target, pool, select={"k": 1}, ray={"workers": 1},
-                           finetune={"enabled": True, "steps": 200, "batch_size": 2, "ks": [1]})
+                           finetune={"enabled": True, "steps": 200, "batch_size": 2, "ks": [1],
+                                     "baselines": ["target_only"]})
     clean = run(config_from_dict(base | {"name": "clean"}))
     killed: list[int] = []
 

@@ -17,6 +17,8 @@ from convalue.engine.driver.resolve import resolve
 from convalue.engine.model.loading import ModelError
 from convalue.engine.store.vectors import StoreError
 
+pytestmark = pytest.mark.heavy  # whole runs: scheduled before the light modules (conftest.py)
+
 COLUMNS = ["group", "n_examples", "n_preview", "score", "beta", "cosine", "rank", "selected"]
 
 

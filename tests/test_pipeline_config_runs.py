@@ -17,6 +17,8 @@ from convalue.engine.config import config_from_dict
 from convalue.engine.driver.pipeline import run
 from convalue.engine.driver.resolve import resolve
 
+pytestmark = pytest.mark.heavy  # whole runs: scheduled before the light modules (conftest.py)
+
 
 def test_grpo_representation_from_config(pipeline_config):
     """GRPO on real prompts: sampled completions, a reward from a user file, group vectors, a certified solve."""

@@ -10,9 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 
 from convalue.engine.config import config_from_dict
 from convalue.engine.driver.pipeline import run
+
+pytestmark = pytest.mark.heavy  # whole runs: scheduled before the light modules (conftest.py)
 
 
 def test_two_representations_meet_in_one_evaluation(pipeline_config):

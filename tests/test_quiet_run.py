@@ -14,8 +14,11 @@ import sys
 import time
 
 import psutil
+import pytest
 from conftest import tiny_run_config
 from run_helpers import CONVALUE, write_config
+
+pytestmark = pytest.mark.heavy  # whole runs: scheduled before the light modules (conftest.py)
 
 #: a line convalue logs (the CLI's format); stdout holds the results
 OWN_LOG = re.compile(r"^\d\d:\d\d:\d\d convalue (INFO|WARNING|ERROR) ")

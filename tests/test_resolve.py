@@ -16,6 +16,8 @@ from convalue.engine.driver.resolve import resolve
 from convalue.engine.store.vectors import StoreError
 from convalue.solvers import KMMInputError, solve_kmm
 
+pytestmark = pytest.mark.heavy  # whole runs: scheduled before the light modules (conftest.py)
+
 COLUMNS = ["group", "n_examples", "n_preview", "score", "beta", "cosine", "rank", "selected"]
 
 

@@ -15,6 +15,8 @@ from convalue.engine.driver.cli import main
 from convalue.engine.driver.resolve import resolve
 from convalue.solvers import solve_kmm
 
+pytestmark = pytest.mark.heavy  # whole runs: scheduled before the light modules (conftest.py)
+
 
 def _pool(tmp_path, n: int = 300, p: int = 64, ragged: bool = False):
     rng = np.random.default_rng(5)

@@ -8,8 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from conftest import chatterbot_pairs, tiny_run_config, write_jsonl
+
+pytestmark = pytest.mark.bench  # runs a bench script: `make bench-check`, not `make test`
 
 ROOT = Path(__file__).parents[1]
 

@@ -15,6 +15,8 @@ from conftest import RUNTIME_ENV, start_local_ray
 from convalue.solvers import KMMSolveError, solve_kmm_gradients
 from convalue.solvers.sharded import Prior, ShardedGradients, ShardPolicy, solve_sharded
 
+pytestmark = pytest.mark.heavy  # whole runs: scheduled before the light modules (conftest.py)
+
 NODES = ("node_a", "node_b", "node_c")
 
 
@@ -203,6 +205,7 @@ def test_convalue_score_solves_a_G_beyond_the_policy_in_its_shards(three_nodes, 
     np.testing.assert_allclose(w_s, w_g, atol=1e-7)
 
 
+@pytest.mark.bench  # runs a bench script: `make bench-check`, not `make test`
 def test_the_scale_bench_runs_on_simulated_nodes_and_reports_each_ones_peak(tmp_path):
     import subprocess
     import sys

@@ -7,7 +7,7 @@ import pytest
 
 from convalue.engine.config import config_from_dict
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # heavy: scheduled before the light modules (conftest.py)
 
 
 def test_real_model_values_real_languages(ray_session, smollm2_dir, tmp_path):

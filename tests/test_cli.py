@@ -67,6 +67,7 @@ def test_dry_run_prints_the_plan_without_ray_or_a_run_folder(tiny_model_dir, poo
     assert "candidates: 4 groups" in r.stdout
     assert "fine-tunes: at most 10 (2 method(s) ['kmm', 'random'] x k in [1, 2] + target only x 2 seed(s)" in r.stdout
     assert "tokens/s per worker" in r.stdout and "ray" not in r.stderr.lower()
+    assert "Loading weights" not in r.stderr  # the model load it times draws no third-party progress bar
     assert not (tmp_path / "runs").exists()
 
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib
 import importlib.util
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,7 +17,7 @@ import numpy as np
 
 from convalue.engine.config import BUILTIN_EMBEDDINGS
 from convalue.engine.data.examples import DataError, Example, Group
-from convalue.engine.model.loading import checked_folder
+from convalue.engine.model.loading import checked_folder, quiet_loading
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -47,21 +46,6 @@ def embedding_dir(name: str) -> Path:
 def example_text(ex: Example) -> str:
     """The text an example is embedded by: its messages' contents, one per line."""
     return "\n".join(content for _, content in ex.messages)
-
-
-@contextlib.contextmanager
-def _quiet_loading() -> Iterator[None]:
-    """transformers' weight-loading bar off while loading (it would land amid the run's log lines)."""
-    # transformers: only while an encoder loads; the CLI imports this module without it
-    from transformers.utils import logging as hf_logging
-
-    bar = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if bar:
-            hf_logging.enable_progress_bar()
 
 
 @dataclass(frozen=True, eq=False)
@@ -137,7 +121,7 @@ def load_encoder(model_dir: Path) -> MeanPooling | SentenceEncoder:
     """The encoder of a folder (see encoder_kind), in eval mode on the CPU."""
     kind = encoder_kind(model_dir)[0]
     try:
-        with _quiet_loading():
+        with quiet_loading():
             if kind == "sentence-transformers":
                 # sentence-transformers: the optional `embeddings` extra, only for such an encoder
                 from sentence_transformers import SentenceTransformer

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -202,12 +203,28 @@ def autocast(device: str, dtype: torch.dtype | None = None) -> contextlib.Abstra
     return torch.autocast(device_type=device.split(":")[0], dtype=dtype)
 
 
+@contextlib.contextmanager
+def quiet_loading() -> Iterator[None]:
+    """transformers' weight-loading bar off while loading (it would land amid the run's own lines)."""
+    # transformers: only where a model or tokenizer is loaded; the CLI imports this module without it
+    from transformers.utils import logging as hf_logging
+
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if bar:
+            hf_logging.enable_progress_bar()
+
+
 def load_model(model_dir: str | Path, dtype: str = "float32", device: str = "cpu") -> PreTrainedModel:
     """The base causal LM theta_0 in eval mode."""
     # transformers: only where a model or tokenizer is loaded; the CLI imports this module without it
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype(dtype))
+    with quiet_loading():
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype(dtype))
     return model.to(device).eval()
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from convalue.engine.report.status_text import format_status
+from convalue.engine.report.status_text import best_k_measure, format_status
 from convalue.engine.store.status import run_status
 
 
@@ -47,3 +47,11 @@ def test_a_complete_summary_that_promises_nothing_is_damaged(tmp_path):
     (tmp_path / "summary.json").write_text("{")
     status = run_status(tmp_path)
     assert status.state == "damaged" and "not readable JSON" in status.problems[0]
+
+
+def test_best_k_is_shown_on_the_evaluation_that_chose_it():
+    """status and list name the measure select_by used (a named evaluation), not the target's validation loss."""
+    named = {"k": 1, "val_loss": 3.4536, "val_loss_sd": 0.011, "evaluation": "greetings", "metric": "loss",
+             "value": 2.8843, "value_sd": 0.0188}
+    assert best_k_measure(named) == "greetings loss 2.8843 ± 0.0188"
+    assert best_k_measure({"k": 3, "val_loss": 2.9084}) == "validation loss 2.9084"  # no evaluation named

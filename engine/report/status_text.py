@@ -61,13 +61,22 @@ def format_status(status: RunStatus) -> str:
     if status.selected is not None:
         lines.append(f"selected: {', '.join(escaped(s) for s in status.selected) or 'none'}")
     for m, b in (status.best_k or {}).items():
-        sd = f" ± {b['val_loss_sd']:.4f}" if b.get("val_loss_sd") is not None else ""
-        lines.append(f"  best k of {m}: {b['k']} (validation loss {b['val_loss']:.4f}{sd})")
+        lines.append(f"  best k of {m}: {b['k']} ({best_k_measure(b)})")
     if status.summary_status == "complete":
         lines.append(verdict_line({"verdict": status.verdict} if status.verdict is not None else None))
     if status.finetune_stale:
         lines.append(f"note: {status.finetune_stale}")
     return "\n".join(lines)
+
+
+def best_k_measure(best: dict) -> str:
+    """What decided a best k, as `select_by` named it: `greetings loss 2.8843 ± 0.0188` (the target's validation loss
+    where the run names no evaluation, or a summary from before evaluations were named)."""
+    if best.get("evaluation") and best.get("value") is not None:
+        value, sd, what = best["value"], best.get("value_sd"), f"{best['evaluation']} {best.get('metric', 'loss')}"
+    else:
+        value, sd, what = best["val_loss"], best.get("val_loss_sd"), "validation loss"
+    return f"{what} {value:.4f}" + (f" ± {sd:.4f}" if sd is not None else "")
 
 
 def list_runs(runs_dir: RunFolder | Path | str) -> list[dict]:
@@ -103,7 +112,7 @@ def _row(name: str, folder: RunFolder) -> dict:
     return row | {"target": data.get("target"), "candidates": data.get("candidates"),
                   "representation": s.config_section("features").get("representation"),
                   "solver": s.solver.describe() if s.solver else None, "best_k": best.get("k"),
-                  "val_loss": best.get("val_loss")}
+                  "val_loss": best.get("val_loss"), "best": best_k_measure(best) if "val_loss" in best else None}
 
 
 def format_runs(rows: list[dict]) -> str:
@@ -117,8 +126,7 @@ def format_runs(rows: list[dict]) -> str:
             picks = f"(failed in {escaped(r.get('failed_stage') or '?')})"
         elif r["status"] == "damaged":
             picks = f"({escaped(r.get('error') or 'damaged')[:100]})"
-        val = r.get("val_loss")
-        best = f"  [KMM best k={r['best_k']}: {val:.4f}]" if isinstance(val, (int, float)) else ""
+        best = f"  [KMM best k={r['best_k']}: {r['best']}]" if r.get("best") else ""
         cand = r.get("candidates")
         lines.append(f"{escaped(r['name'])[:20]:20s} {r['status']:12s} {escaped(r.get('target') or '-')[:16]:16s} "
                      f"{cand if isinstance(cand, int) else '-':>5}  {picks}{best}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -171,6 +172,21 @@ def test_target_with_no_response_tokens(tmp_path, smollm2_dir):
     pool = [r | {"g": "a"} for r in chatterbot_pairs("english", 4)]
     with pytest.raises(DataError, match="target group .* has no response tokens"):
         prepare(_prep_cfg(tmp_path, target, pool, preview_size=2), tok, 64)
+
+
+def test_target_examples_that_lose_their_response_are_counted_in_a_warning(tmp_path, smollm2_dir):
+    """A target example whose response is cut off by max_length is not trained on, and the run says so (a target
+    of 8 must not become 6 in silence)."""
+    from convalue.engine.model.loading import load_tokenizer
+
+    tok = load_tokenizer(smollm2_dir)
+    target = chatterbot_pairs("marathi", 10)
+    target[0] = target[0] | {"prompt": " ".join(["word"] * 200)}  # longer than the context: no response left
+    pool = [r | {"g": "a"} for r in chatterbot_pairs("english", 4)]
+    data = prepare(_prep_cfg(tmp_path, target, pool, preview_size=2), tok, 64)
+    assert len(data.target_train) + len(data.target_val) == 9
+    assert [w for w in data.warnings if re.match(r"target group .* (train|validation) split: 1 of \d+ example\(s\) "
+                                                  r"without response tokens", w)], data.warnings
 
 
 def _imported_modules(path: Path) -> set[str]:

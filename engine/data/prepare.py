@@ -115,6 +115,11 @@ def prepare(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, max_length: int
     warnings += [g.warning() for g in leakage.groups]
     train_tok = _usable(tokenize_examples(tokenizer, train, max_length))
     val_tok = _usable(tokenize_examples(tokenizer, val, max_length))
+    for split, kept, drawn in (("train", train_tok, train), ("validation", val_tok, val)):
+        if 0 < len(kept) < len(drawn):  # none left is the error below
+            warnings.append(f"target group {target.name!r} {split} split: {len(drawn) - len(kept)} of {len(drawn)} "
+                            f"example(s) without response tokens after truncation to model.max_length={max_length} "
+                            f"were not used")
     if not train_tok or not val_tok:
         raise DataError(f"target group {target.name!r} ({target.origin}) has no response tokens in its "
                         f"{'train' if not train_tok else 'validation'} split after formatting and truncation "

@@ -3,6 +3,7 @@ and a Ray head of their own (`ray start --head`), stopped with every process it 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -23,6 +24,15 @@ from convalue.engine.driver.cluster import ClusterError, check_reachable
 
 #: the `convalue` console script of this environment
 CONVALUE = str(Path(sys.executable).with_name("convalue"))
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def bench_json(script: str, *args: str, timeout: int = 300) -> dict:
+    """Run bench/<script> with args and return the JSON line it ends with (its stderr where it fails)."""
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args],
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"bench/{script} exited {done.returncode}:\n{done.stderr[-4000:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def free_port() -> int:
@@ -82,7 +92,7 @@ def ray_head(log: Path, num_cpus: int = 4) -> Iterator[Head]:
         except psutil.NoSuchProcess:
             started = []
         head.send_signal(signal.SIGTERM)
-        try:  # `ray start --block` stops its processes one by one, up to half a minute: they are killed below
+        try:  # `ray start --block` stops its processes one at a time; whatever is left after 5 s is killed below
             head.wait(timeout=5)
         except subprocess.TimeoutExpired:
             head.kill()

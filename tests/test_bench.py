@@ -3,25 +3,10 @@ timing asserted)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from run_helpers import bench_json
 
 pytestmark = pytest.mark.bench  # runs a bench script: `make bench-check`, not `make test`
-
-ROOT = Path(__file__).parents[1]
-
-
-def bench_json(script: str, *args: str, timeout: int = 300) -> dict:
-    """Run bench/<script> with args and return the JSON line it ends with."""
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args],
-                          capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, f"bench/{script} exited {done.returncode}:\n{done.stderr[-4000:]}"
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
 
 def test_featurize_bench_gives_the_naive_loops_vectors_and_ends_with_json(tiny_model_dir):
     figures = bench_json("featurize.py", "--model", str(tiny_model_dir), "--groups", "2", "--m", "2",

@@ -3,21 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
-
-ROOT = Path(__file__).parents[1]
-
-
-def bench_json(script: str, *args: str, timeout: int = 300) -> dict:
-    """Run bench/<script> with args and return the JSON line it ends with."""
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args],
-                         capture_output=True, text=True, check=True, timeout=timeout).stdout
-    return json.loads(out.strip().splitlines()[-1])
+from run_helpers import ROOT, bench_json
 
 
 def test_solver_bench_runs_and_ends_with_json():

@@ -182,6 +182,11 @@ def test_score_again_on_an_unchanged_file_reuses_the_prior_as_it_is(three_nodes,
     assert again["gram"]["incremental"] == {"reused_rows": 400, "new_rows": 0, "prior": "certified"}
     assert again["gram"]["sharded"]["blocks_loaded"] == 0 and again["gram"]["sharded"]["passes"] == 0
     np.testing.assert_array_equal(w1, w2)
+    # --overwrite values afresh: every row read again, no prior, the same certified answer
+    fresh, w3 = _score(tmp_path, "pool.parquet", "same", "--space", "gradients", "--overwrite")
+    assert fresh["data"]["rows_decoded"] == 400 and "incremental" not in fresh["gram"]
+    assert fresh["solver"]["objective"] == pytest.approx(first["solver"]["objective"], rel=1e-9)
+    np.testing.assert_allclose(w3, w1, atol=1e-7)
 
 
 def test_a_run_with_more_candidates_featurises_and_values_only_the_new_groups(three_nodes, tiny_model_dir,

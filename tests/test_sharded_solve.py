@@ -124,6 +124,21 @@ def test_a_working_set_the_policy_cannot_hold_is_refused_naming_the_policy():
                       shard=ShardPolicy(max_gather_bytes=8 * 40 * 30, start=16, min_growth=8))
 
 
+def test_a_full_working_set_sheds_its_far_inside_zeros_and_still_certifies():
+    """At a cap of 42 rows (about twice the support), a solve that keeps every row it gathered runs out of room;
+    one that lets W's zeros with |r_i| < prune_below lambda go first reaches the gradient solver's answer."""
+    G, g = _clustered(600, 24, seed=0)
+    gamma = 0.05 * float(np.max(np.abs(G @ g) / np.linalg.norm(G, axis=1)))
+    cap = 8 * 24 * 42
+    with pytest.raises(KMMSolveError, match="max_gather_bytes"):
+        solve_sharded(Counted(G, g).op, g, gamma=gamma, normalize="cosine",
+                      shard=ShardPolicy(max_gather_bytes=cap, start=16, min_growth=16, prune_below=0.0))
+    got = solve_sharded(Counted(G, g).op, g, gamma=gamma, normalize="cosine",
+                        shard=ShardPolicy(max_gather_bytes=cap, start=16, min_growth=16))
+    _same_answer(got, solve_kmm_gradients(G, g, gamma=gamma, normalize="cosine"))
+    assert got.info["sharded"]["held_rows"] <= 42
+
+
 @pytest.fixture(scope="module")
 def three_nodes():
     """A head and two workers, two CPUs each, told apart by a custom resource; this process's local Ray (if any)

@@ -172,7 +172,7 @@ def import_vectors(req: ScoreRequest, store: VectorStore) -> tuple[list[str], in
             raise FileNotFoundError(f"{req.vectors}: no such vectors file or run folder")
         digests = row_group_digests(folder, name)
         before = [n for n in store.state.get("groups", []) if n != TARGET_KEY]
-        k = leading_unchanged(digests, store.state.get("row_groups")) if g is not None and not req.overwrite else 0
+        k = leading_unchanged(digests, store.state.get("row_groups")) if g is not None else 0
         rows = sum(r for _, r in digests[:k])
         if k and rows <= len(before) and all(n in stored for n in before[:rows]):  # imported before, unchanged
             names, seen, p = before[:rows], set(before[:rows]), int(store.state["dim"])
@@ -249,8 +249,10 @@ def score(req: ScoreRequest) -> RunSummary:
             with timer.stage("import"):
                 store = VectorStore(run_dir.sub("vectors"), {"imported": req.vectors, "target": req.target},
                                     overwrite=req.overwrite)
+                if req.overwrite:
+                    store.forget_import()
                 signature = source_signature(req)
-                if store.state.get("complete") and store.state.get("groups") and not req.overwrite and \
+                if store.state.get("complete") and store.state.get("groups") and \
                         store.state.get("source", signature) == signature:  # imported before: read it again
                     names, p = [n for n in store.state["groups"] if n != TARGET_KEY], int(store.state["dim"])
                     decoded = 0

@@ -112,7 +112,7 @@ def _row(name: str, folder: RunFolder) -> dict:
     return row | {"target": data.get("target"), "candidates": data.get("candidates"),
                   "representation": s.config_section("features").get("representation"),
                   "solver": s.solver.describe() if s.solver else None, "best_k": best.get("k"),
-                  "val_loss": best.get("val_loss"), "best": best_k_measure(best) if "val_loss" in best else None}
+                  "best": best_k_measure(best) if "val_loss" in best else None}
 
 
 def format_runs(rows: list[dict]) -> str:

@@ -227,6 +227,12 @@ class VectorStore:
         log.warning("%s: %s; set aside in %s; its groups %s are computed again", self.folder / meta.file, why,
                     self.folder / DAMAGED, meta.groups[:5])
 
+    def forget_import(self) -> None:
+        """Forget what an earlier import read (its groups, source and row groups; each row stays in its block), so
+        that the next import reads and values every row again."""
+        for key in ("complete", "groups", "source", "row_groups"):
+            self.state.pop(key, None)
+
     def flush(self) -> None:
         """Write the consolidated manifest (the sidecars stay the blocks' own record)."""
         manifest = {"format": FORMAT, "fingerprint": self.fingerprint, **self.state,

@@ -209,6 +209,13 @@ def train_jobs(req: EvaluationRequest, jobs: list[PlannedRun], tasks: list[tuple
                                    progress)
         window = max(1, cfg.ray.max_in_flight)
 
+    def finished_now() -> list[dict]:
+        """The fine-tunes done so far (stored ones included), as a stopped run's summary lists them."""
+        return [{"label": jobs[j].label, "groups": list(jobs[j].groups), "weights": jobs[j].weight_map(),
+                 "rho": effective_rho(jobs[j], cfg), "seed": seed, "val_loss": results[i]["val_loss"],
+                 "reused": i not in trained} for i, (j, seed) in enumerate(tasks) if results[i] is not None]
+
+    outcome.finished = finished_now()  # kept current: a stopped run asks for it while this still awaits its jobs
     payloads = [FinetuneTask(i, jobs[tasks[i][0]].label, tasks[i][1]) for i in todo]
     if base is None and not todo:
         payloads.append(FinetuneTask(-1, "base", None))
@@ -222,6 +229,7 @@ def train_jobs(req: EvaluationRequest, jobs: list[PlannedRun], tasks: list[tuple
             i = task.index
             results[i] = result.to_dict()
             store.put(keys[i], results[i])
+            outcome.finished = finished_now()
             progress.advance.remote(stage)
             if results[i]["base_val_loss"] is not None:
                 base = _as_plain(results[i].get("base_evaluations")) or {TARGET_VAL: {
@@ -229,11 +237,8 @@ def train_jobs(req: EvaluationRequest, jobs: list[PlannedRun], tasks: list[tuple
                 _put_base(store, base, names)
             log.info("fine-tune %d/%d done: %s (seed %d), validation loss %.4f", done, len(todo), task.label,
                      task.seed, results[i]["val_loss"])
-    finally:  # on a failure (or Ctrl-C) the fine-tunes are incomplete: say what there is
-        outcome.finished = [{"label": jobs[j].label, "groups": list(jobs[j].groups), "weights": jobs[j].weight_map(),
-                             "rho": effective_rho(jobs[j], cfg), "seed": seed, "val_loss": results[i]["val_loss"],
-                             "reused": i not in trained}
-                            for i, (j, seed) in enumerate(tasks) if results[i] is not None]
+    finally:  # on a failure the fine-tunes are incomplete: say what there is
+        outcome.finished = finished_now()
     if base is not None and base[TARGET_VAL].get("accuracy") is None:  # read back from a record that measured it
         accuracy = next((r.get("base_val_accuracy") for r in results if r and r.get("base_val_accuracy")
                          is not None), None)

@@ -90,7 +90,10 @@ def _dispatch(method: str, request: EvaluationRequest, progress: Any, outcome: F
     theirs. On a failure `outcome.finished` gets the fine-tunes done so far."""
     here = ray.get_runtime_context().get_node_id()
     near = NodeAffinitySchedulingStrategy(here, soft=True)
-    with ActorPool(SolverActor, 1, options={"num_cpus": 0, "scheduling_strategy": near}) as pool:
+    # two threads: `finished()` is answered while the dispatch still awaits its jobs (a stopped run then ends in
+    # seconds, its actor killed with the jobs it owns, instead of after every running fine-tune)
+    options = {"num_cpus": 0, "scheduling_strategy": near, "max_concurrency": 2}
+    with ActorPool(SolverActor, 1, options=options) as pool:
         actor = pool.actors[0]
         try:
             ref, seen = getattr(actor, method).remote(request, progress.actor, *args), None
@@ -105,7 +108,7 @@ def _dispatch(method: str, request: EvaluationRequest, progress: Any, outcome: F
             return ray.get(ref)
         except BaseException:
             try:
-                outcome.finished = ray.get(actor.finished.remote(), timeout=30)
+                outcome.finished = ray.get(actor.finished.remote(), timeout=10)
             except Exception:  # the actor is gone too: nothing more to say
                 pass
             raise

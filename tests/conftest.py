@@ -162,15 +162,28 @@ def pipeline_config(ray_session, tiny_model_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def first_run(ray_session, tiny_model_dir, tmp_path_factory):
-    """The pipeline tests' shared run (fine-tunes included): (its tmp folder, its config data, its summary)."""
+def first_run(ray_session, tiny_model_dir, tmp_path_factory, worker_id):
+    """The pipeline tests' shared run (fine-tunes included): (its tmp folder, its config data, its summary). Run
+    once per `make test`: the first xdist worker to need it runs it under a lock, the other waits and reads it
+    (the run costs about a minute of both cores); tests that change its folder work on `own_copy`."""
+    import fcntl
+    import pickle
+
     from convalue.engine.config import config_from_dict
     from convalue.engine.driver.pipeline import run
 
-    tmp = tmp_path_factory.mktemp("pipe")
-    data = pipeline_run_config(tmp, tiny_model_dir)
-    summary = run(config_from_dict(data))
-    return tmp, data, summary
+    base = tmp_path_factory.getbasetemp()
+    shared = base if worker_id == "master" else base.parent  # xdist workers' temp folders share this parent
+    tmp, done = shared / "first_run", shared / "first_run" / "summary.pickle"
+    with open(shared / "first_run.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.is_file():
+            tmp.mkdir(exist_ok=True)
+            data = pipeline_run_config(tmp, tiny_model_dir)
+            summary = run(config_from_dict(data))
+            (tmp / "data.json").write_text(json.dumps(data))
+            done.write_bytes(pickle.dumps(summary))
+    return tmp, json.loads((tmp / "data.json").read_text()), pickle.loads(done.read_bytes())
 
 
 def forget_checksum(run_dir: Path, name: str) -> None:

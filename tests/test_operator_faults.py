@@ -47,7 +47,7 @@ def test_a_killed_fine_tune_task_is_retried_recorded_and_gives_the_same_losses(r
     pool = write_jsonl(tmp_path / "pool.jsonl", rows)
     target = write_jsonl(tmp_path / "marathi.jsonl", chatterbot_pairs("marathi", 12))
     base = tiny_run_config(tmp_path, tiny_model_dir, target, pool, select={"k": 1}, ray={"workers": 1},
-                           finetune={"enabled": True, "steps": 200, "batch_size": 2, "ks": [1],
+                           finetune={"enabled": True, "steps": 80, "batch_size": 2, "ks": [1],
                                      "baselines": ["target_only"]})
     clean = run(config_from_dict(base | {"name": "clean"}))
     killed: list[int] = []
@@ -57,7 +57,7 @@ def test_a_killed_fine_tune_task_is_retried_recorded_and_gives_the_same_losses(r
         while time.monotonic() < deadline and not killed:
             pids = _finetune_pids()
             if pids:
-                time.sleep(1.0)  # past its start (reported to the run), well inside its 200 steps
+                time.sleep(0.5)  # past its start (reported to the run), well inside its 80 steps
                 try:
                     os.kill(pids[0], signal.SIGKILL)
                     killed.append(pids[0])

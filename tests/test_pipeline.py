@@ -262,17 +262,17 @@ def test_a_rerun_with_every_fine_tune_stored_evaluates_only_a_missing_base(first
     assert base_records[0].is_file()  # stored again
 
 
-def test_same_seed_same_scores_with_two_workers_and_other_blocks(first_run):
+def test_same_seed_same_scores_with_two_workers_and_other_blocks(first_run, tmp_path):
     tmp, data, _ = first_run  # the first run: one worker, two groups a call
-    other = data | {"name": "t1", "ray": {"workers": 2, "cpus_per_worker": 1, "groups_per_call": 3},
-                    "finetune": {"enabled": False}}
+    other = data | {"name": "t1", "out": str(tmp_path), "finetune": {"enabled": False},
+                    "ray": {"workers": 2, "cpus_per_worker": 1, "groups_per_call": 3}}
     run(config_from_dict(other))
     a = {r["group"]: r for r in pq.read_table(tmp / "runs" / "t" / "scores.parquet").to_pylist()}
-    b = {r["group"]: r for r in pq.read_table(tmp / "runs" / "t1" / "scores.parquet").to_pylist()}
+    b = {r["group"]: r for r in pq.read_table(tmp_path / "t1" / "scores.parquet").to_pylist()}
     for g in a:
         assert b[g]["beta"] == pytest.approx(a[g]["beta"], rel=1e-5)
         assert b[g]["score"] == pytest.approx(a[g]["score"], abs=1e-6)
-    np.testing.assert_allclose(np.load(tmp / "runs" / "t1" / "gram.npy"), np.load(tmp / "runs" / "t" / "gram.npy"),
+    np.testing.assert_allclose(np.load(tmp_path / "t1" / "gram.npy"), np.load(tmp / "runs" / "t" / "gram.npy"),
                                rtol=1e-5)
 
 

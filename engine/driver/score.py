@@ -221,7 +221,12 @@ def score(req: ScoreRequest) -> RunSummary:
     from convalue.engine.driver.incremental import load_prior, value_rows
     from convalue.engine.driver.pool import load_pool
     from convalue.engine.driver.session import connect_default
-    from convalue.engine.driver.stages import check_k_fits, check_nonzero, make_run_folder
+    from convalue.engine.driver.stages import (
+        check_k_fits,
+        check_nonzero,
+        choose_space,
+        make_run_folder,
+    )
 
     SolverConfig(gamma=req.gamma, gamma_ratio=req.gamma_ratio, budget=req.budget,
                  normalize=req.normalize).validate()  # the same checks, and messages, as a config's solver section
@@ -264,7 +269,7 @@ def score(req: ScoreRequest) -> RunSummary:
             records.append(ImportRecord(data={"target": req.target or req.target_group, "candidates": len(names),
                                               "p": p, "rows_decoded": decoded}))
             started = connect_default()
-            space = req.space if req.space != "auto" else ("gradients" if len(names) > 20_000 else "gram")
+            space = choose_space(req.space, len(names))
             prior = None if req.overwrite else load_prior(run_dir)  # --overwrite: valued afresh
             with timer.stage("load"):  # in gradient space with a prior, only the blocks of new rows
                 features, sources = load_pool(store, names, prior if space == "gradients" else None,

@@ -29,9 +29,14 @@ TAGS = {"one_step": "one_step", "task_vector": "tv", "grpo": "grpo"}
 
 
 def solver_space(cfg: RunConfig, n: int) -> str:
-    """`gram` or `gradients` (solver.space, with `auto` choosing gradients above GRADIENT_SPACE_MIN_N)."""
-    if cfg.solver.space != "auto":
-        return cfg.solver.space
+    """`gram` or `gradients` for a run of n candidates (solver.space, `auto` resolved by `choose_space`)."""
+    return choose_space(cfg.solver.space, n)
+
+
+def choose_space(space: str, n: int) -> str:
+    """`gram` or `gradients`: `auto` chooses gradients above GRADIENT_SPACE_MIN_N candidates."""
+    if space != "auto":
+        return space
     return "gradients" if n > GRADIENT_SPACE_MIN_N else "gram"
 
 

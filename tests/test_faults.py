@@ -165,7 +165,8 @@ def test_a_killed_gradient_worker_is_recorded_and_the_scores_are_the_same(ray_se
     pool = write_jsonl(tmp_path / "pool.jsonl", rows)
     target = write_jsonl(tmp_path / "marathi.jsonl", chatterbot_pairs("marathi", 12))
     base = tiny_run_config(tmp_path, tiny_model_dir, target, pool, ray={"workers": 2, "groups_per_call": 1})
-    clean = run(config_from_dict(base | {"name": "clean"}))
+    # the undisturbed run on one worker: each group's vector is made alone, the same bits in any worker
+    clean = run(config_from_dict(base | {"name": "clean", "ray": base["ray"] | {"workers": 1}}))
     killed: list[int] = []
 
     def kill_a_worker() -> None:

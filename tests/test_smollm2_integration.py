@@ -25,7 +25,7 @@ def test_real_model_values_real_languages(ray_session, smollm2_dir, tmp_path):
         "solver": {"gamma": 0.05, "normalize": "cosine"},
         "select": {"k": 1},
         "finetune": {"enabled": True, "steps": 2, "batch_size": 2, "eval_batch_size": 8},
-        "ray": {"workers": 2, "cpus_per_worker": 1, "groups_per_call": 1},
+        "ray": {"workers": 1, "cpus_per_worker": 1, "groups_per_call": 1},
     }
     summary = run(config_from_dict(cfg))
     assert summary.status == "complete"

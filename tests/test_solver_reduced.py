@@ -74,7 +74,7 @@ def test_support_solves_are_refined_to_float64_accuracy(gather_max_bytes):
     np.testing.assert_allclose(op.sub(A), Kaa, rtol=0, atol=1e-13)
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=5, deadline=None)
 @given(seed=st.integers(0, 2**16), ratio=st.sampled_from([5e-3, 2e-3, 1e-3]))
 def test_the_reduced_working_set_certifies_the_cvxpy_optimum(seed, ratio):
     """On clustered gradients (N > p, supports well below p) it certifies at round-off on all N candidates, at an

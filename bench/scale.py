@@ -110,12 +110,14 @@ def peak_memory(driver: subprocess.Popen, nodes: list[psutil.Process], extra: ps
             pss = {name: {q.pid: _pss(q) for q in procs} for name, procs in groups.items()}
             rss = sum(q.memory_info().rss for procs in groups.values() for q in procs if q.is_running())
             out["rss"] = max(out["rss"], rss)
-            out["driver"] = max(out["driver"], sum(pss["driver"].values()))
             for k in range(len(nodes)):
                 out["nodes"][k] = max(out["nodes"][k], sum(pss[f"node{k}"].values()))
-            if not nodes:  # an embedded Ray: everything below the driver is its one node
-                out["nodes"][0] = max(out["nodes"][0], sum(pss["driver"].values()) - _pss(root))
-                out["driver"] = max(out["driver"], _pss(root))
+            if nodes:
+                out["driver"] = max(out["driver"], sum(pss["driver"].values()))
+            else:  # an embedded Ray: the driver is its own process, everything below it its one node
+                own = pss["driver"].get(root.pid, 0)
+                out["nodes"][0] = max(out["nodes"][0], sum(pss["driver"].values()) - own)
+                out["driver"] = max(out["driver"], own)
             total = sum(sum(v.values()) for v in pss.values())
             if total > out["pss"]:
                 names = {q.pid: " ".join(q.cmdline()[:3])[:60] for procs in groups.values() for q in procs}

@@ -119,7 +119,9 @@ def assemble(n: int, panels: list[Panel], tiles: list[TileResult], g: np.ndarray
              M: np.ndarray | None = None) -> GramResult:
     """K, beta and the cosine of n rows from the tiles of `panels` (each pair i <= j once)."""
     K = np.empty((n, n)) if with_K else None
-    beta, dot, norm2, diag = np.empty(n), np.empty(n), np.empty(n), np.empty(n)
+    # zeros, not np.empty: an incremental Gram computes only the new rows' tiles, and the reused rows' statistics
+    # come from the prior afterwards (uninitialised memory here made NaN/overflow warnings in the cosine)
+    beta, dot, norm2, diag = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
     for t in tiles:
         pi, pj = panels[t.i].positions, panels[t.j].positions
         if K is not None:

@@ -27,7 +27,7 @@ def score_arguments(p: argparse.ArgumentParser) -> None:
                    "run folder that valued some of them before values only what is new)")
     p.add_argument("--max-gather-gb", type=float, default=None,
                    help="gradient space: the most GB of G one process may gather; a larger G stays in its blocks "
-                        "and is solved by products where they live (default 2)")
+                        "and is solved by products where they live (default 1)")
 
 
 def score(args: argparse.Namespace) -> int:

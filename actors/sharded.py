@@ -12,7 +12,7 @@ import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from convalue.actors.gram import load_block
+from convalue.actors.gram import _near, load_block
 from convalue.engine.files.folder import RunFolder
 from convalue.engine.selection.blocked import GramResult, Panel
 from convalue.engine.selection.solve import SolveSpec
@@ -76,18 +76,6 @@ def manifest_digest(folder: RunFolder) -> str | None:
         return hashlib.sha256(folder.read_bytes(MANIFEST)).hexdigest()
     except OSError:
         return None
-
-
-def _near(panel: Panel) -> dict:
-    """Task options placing it on the node holding most of the panel's block bytes (soft); none where the blocks
-    live in a store only."""
-    weight: dict[str, int] = {}
-    for b in panel.blocks:
-        if b.node is not None:
-            weight[b.node] = weight.get(b.node, 0) + b.nbytes
-    if not weight:
-        return {}
-    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(max(weight, key=weight.get), soft=True)}
 
 
 @dataclass(frozen=True)

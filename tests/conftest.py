@@ -49,6 +49,28 @@ def start_local_ray():
     return ray
 
 
+def three_node_cluster(nodes: tuple[str, str, str]):
+    """A head and two workers, two CPUs each, told apart by a custom resource (the names in `nodes`): a module
+    fixture yields from it; this process's local Ray (if any) yields to the cluster and comes back afterwards."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    restart = ray.is_initialized()
+    if restart:
+        ray.shutdown()
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 2, "resources": {nodes[0]: 1}, "object_store_memory": 128 * 2**20, "include_dashboard": False})
+    for name in nodes[1:]:
+        cluster.add_node(num_cpus=2, resources={name: 1}, object_store_memory=128 * 2**20)
+    ray.init(address=cluster.address, runtime_env=RUNTIME_ENV, log_to_driver=False)
+    cluster.wait_for_nodes()
+    yield ray
+    ray.shutdown()
+    cluster.shutdown()
+    if restart:
+        start_local_ray()
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """One local Ray per pytest process (`make test` runs two workers, so two small clusters side by side); a test

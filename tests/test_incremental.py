@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import RUNTIME_ENV, start_local_ray, tiny_run_config, write_jsonl
+from conftest import three_node_cluster, tiny_run_config, write_jsonl
 
 from convalue.engine.selection.blocked import BlockRows
 from convalue.engine.selection.incremental import (
@@ -105,24 +105,8 @@ def test_a_solve_chained_from_the_last_ones_residuals_equals_a_fresh_solve():
 
 @pytest.fixture(scope="module")
 def three_nodes():
-    """A head and two workers, two CPUs each (as tests/test_multinode.py starts them)."""
-    import ray
-    from ray.cluster_utils import Cluster
-
-    restart = ray.is_initialized()
-    if restart:
-        ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 2, "resources": {NODES[0]: 1}, "object_store_memory": 128 * 2**20, "include_dashboard": False})
-    for name in NODES[1:]:
-        cluster.add_node(num_cpus=2, resources={name: 1}, object_store_memory=128 * 2**20)
-    ray.init(address=cluster.address, runtime_env=RUNTIME_ENV, log_to_driver=False)
-    cluster.wait_for_nodes()
-    yield ray
-    ray.shutdown()
-    cluster.shutdown()
-    if restart:
-        start_local_ray()
+    """The three-node cluster of conftest.three_node_cluster for this module's tests."""
+    yield from three_node_cluster(NODES)
 
 
 def _write_pool(path, G: np.ndarray, names: list[str]) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import RUNTIME_ENV, start_local_ray, tiny_run_config
+from conftest import three_node_cluster, tiny_run_config
 
 pytestmark = pytest.mark.heavy  # whole runs: scheduled before the light modules (conftest.py)
 
@@ -15,25 +15,8 @@ NODES = ("node_a", "node_b", "node_c")
 
 @pytest.fixture(scope="module")
 def three_nodes():
-    """A head and two workers, one CPU each, told apart by a custom resource; this process's local Ray (if any)
-    yields to it and comes back afterwards."""
-    import ray
-    from ray.cluster_utils import Cluster
-
-    restart = ray.is_initialized()
-    if restart:
-        ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 2, "resources": {NODES[0]: 1}, "object_store_memory": 128 * 2**20, "include_dashboard": False})
-    for name in NODES[1:]:
-        cluster.add_node(num_cpus=2, resources={name: 1}, object_store_memory=128 * 2**20)
-    ray.init(address=cluster.address, runtime_env=RUNTIME_ENV, log_to_driver=False)
-    cluster.wait_for_nodes()
-    yield ray
-    ray.shutdown()
-    cluster.shutdown()
-    if restart:
-        start_local_ray()
+    """The three-node cluster of conftest.three_node_cluster for this module's tests."""
+    yield from three_node_cluster(NODES)
 
 
 def test_tiles_run_where_their_blocks_live_and_equal_the_product(three_nodes):

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import RUNTIME_ENV, start_local_ray
+from conftest import three_node_cluster
 
 from convalue.solvers import KMMSolveError, solve_kmm_gradients
 from convalue.solvers.sharded import Prior, ShardedGradients, ShardPolicy, solve_sharded
@@ -141,25 +141,8 @@ def test_a_full_working_set_sheds_its_far_inside_zeros_and_still_certifies():
 
 @pytest.fixture(scope="module")
 def three_nodes():
-    """A head and two workers, two CPUs each, told apart by a custom resource; this process's local Ray (if any)
-    yields to it and comes back afterwards."""
-    import ray
-    from ray.cluster_utils import Cluster
-
-    restart = ray.is_initialized()
-    if restart:
-        ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 2, "resources": {NODES[0]: 1}, "object_store_memory": 128 * 2**20, "include_dashboard": False})
-    for name in NODES[1:]:
-        cluster.add_node(num_cpus=2, resources={name: 1}, object_store_memory=128 * 2**20)
-    ray.init(address=cluster.address, runtime_env=RUNTIME_ENV, log_to_driver=False)
-    cluster.wait_for_nodes()
-    yield ray
-    ray.shutdown()
-    cluster.shutdown()
-    if restart:
-        start_local_ray()
+    """The three-node cluster of conftest.three_node_cluster for this module's tests."""
+    yield from three_node_cluster(NODES)
 
 
 def test_products_run_where_the_blocks_live_and_give_the_one_process_answer(three_nodes):

@@ -140,7 +140,9 @@ def target_jsonl(tmp_path) -> Path:
 
 
 def tiny_run_config(tmp_path: Path, model_dir: Path, target: Path, pool: Path, **over) -> dict:
-    """A small run config as plain data (tests override pieces)."""
+    """A small run config as plain data (tests override pieces), on one gradient worker: a run starts its workers
+    afresh, each importing torch, transformers and peft (about 5 s of CPU), so the tests of several workers ask for
+    them (ray.workers) and the rest take one."""
     cfg = {
         "name": "t",
         "out": str(tmp_path / "runs"),
@@ -153,7 +155,7 @@ def tiny_run_config(tmp_path: Path, model_dir: Path, target: Path, pool: Path, *
         "solver": {"gamma": 0.01, "normalize": "cosine"},
         "select": {"k": 2},
         "finetune": {"enabled": False, "steps": 3, "batch_size": 2},
-        "ray": {"workers": 2, "cpus_per_worker": 1, "groups_per_call": 2},
+        "ray": {"workers": 1, "cpus_per_worker": 1, "groups_per_call": 2},
     }
     for k, v in over.items():
         cfg[k] = cfg[k] | v if isinstance(v, dict) and isinstance(cfg.get(k), dict) else v
@@ -162,9 +164,7 @@ def tiny_run_config(tmp_path: Path, model_dir: Path, target: Path, pool: Path, *
 
 def pipeline_run_config(tmp: Path, model_dir: Path) -> dict:
     """The pipeline tests' run config: five chatterbot languages of 6 pairs as groups of one pool, a Marathi
-    target of 12, fine-tunes at k = 2 and 1 against three baselines (tests switch them off where not needed), on
-    one gradient worker (a run starts its workers afresh, and on two cores a second one costs more CPU time than
-    it saves; the tests of several workers set ray.workers themselves)."""
+    target of 12, fine-tunes at k = 2 and 1 against three baselines (tests switch them off where not needed)."""
     rows = []
     for lang in ("english", "spanish", "german", "hindi", "italian"):
         rows += [r | {"group": lang} for r in chatterbot_pairs(lang, 6)]
@@ -172,8 +172,7 @@ def pipeline_run_config(tmp: Path, model_dir: Path) -> dict:
     target = write_jsonl(tmp / "marathi.jsonl", chatterbot_pairs("marathi", 12))
     return tiny_run_config(tmp, model_dir, target, pool,
                            finetune={"enabled": True, "steps": 3, "batch_size": 2, "ks": [2, 1],
-                                     "baselines": ["target_only", "alignment", "random"]},
-                           ray={"workers": 1})
+                                     "baselines": ["target_only", "alignment", "random"]})
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,10 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from run_helpers import ROOT, bench_json
+
+pytestmark = pytest.mark.bench  # runs the solver bench scripts: `make bench-check`, not `make test`
 
 
 def test_solver_bench_runs_and_ends_with_json():

@@ -26,7 +26,7 @@ def test_the_plan_shows_the_solve_the_evaluation_the_verdict_and_the_estimate(ti
     cfg = _cfg(tmp_path, tiny_model_dir, target_jsonl, pool_jsonl, out=S3_OUT,
                solver={"gamma": 0.1, "normalize": "cosine"},
                finetune={"enabled": True, "steps": 3, "batch_size": 2, "ks": [1, 2], "repeats": 3,
-                         "baselines": ["target_only", "alignment"]})
+                         "baselines": ["target_only", "alignment"]}, ray={"workers": 2})
     plan = make_plan(cfg)
     text = format_plan(plan, cfg)
     lines = {line.split(":", 1)[0]: line for line in text.splitlines()}

@@ -114,5 +114,4 @@ def finetune_result(metrics: dict[str, Any]) -> FinetuneResult:
 
 # launchers hold no resources (the trainer's workers do) and are not retried (the trainer restarts its workers)
 train_job_task = ray.remote(num_cpus=0, max_retries=0)(run_train_job)
-train_metrics_task = ray.remote(num_cpus=0, max_retries=0)(run_train_metrics)
 base_eval_job_task = ray.remote(num_cpus=0, max_retries=0)(run_base_eval_job)

@@ -3,6 +3,7 @@ not read or write, a model whose weights changed, a damaged vector block, a grad
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -17,9 +18,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import chatterbot_pairs, forget_checksum, own_copy, tiny_run_config, write_jsonl
+from conftest import forget_checksum, own_copy, tiny_run_config, write_jsonl
 
-from convalue.engine.config import ConfigError, config_from_dict
+from convalue.engine.config import ConfigError, SourceConfig, config_from_dict
+from convalue.engine.data.sources import load_source
 from convalue.engine.driver.pipeline import run
 from convalue.engine.driver.resolve import resolve
 from convalue.engine.store.status import run_status
@@ -28,29 +30,54 @@ from convalue.engine.store.vectors import StoreError
 pytestmark = pytest.mark.heavy  # whole runs: scheduled before the light modules (conftest.py)
 
 CONVALUE = [sys.executable, "-m", "convalue"]
+#: fine-tunes long enough to interrupt
+FINETUNE = {"enabled": True, "steps": 60, "batch_size": 2, "ks": [1, 2]}
+LANGUAGES = ("english", "spanish", "german", "hindi", "italian", "persian", "marathi")
+
+
+@functools.cache
+def pairs() -> dict[str, list[dict]]:
+    """12 real prompt/response pairs of each chatterbot language these tests use (conftest's chatterbot_pairs, read
+    in one pass: each read parses the whole corpus, a second of CPU apiece)."""
+    groups = load_source(SourceConfig(kind="chatterbot", group_by="language", include=list(LANGUAGES)))
+    return {lang: [{"prompt": e.messages[0][1], "response": e.messages[1][1]} for e in groups[lang].examples[:12]]
+            for lang in LANGUAGES}
 
 
 def _config_file(tmp_path: Path, model_dir: Path, **over) -> Path:
     """A run config on disk: a Marathi target, five chatterbot languages, fine-tunes long enough to interrupt, one
     gradient worker (as the pipeline tests' config, for the same reason)."""
-    rows = [r | {"group": lang} for lang in ("english", "spanish", "german", "hindi", "italian")
-            for r in chatterbot_pairs(lang, 6)]
+    rows = [r | {"group": lang} for lang in LANGUAGES[:5] for r in pairs()[lang][:6]]
     pool = write_jsonl(tmp_path / "pool.jsonl", rows)
-    target = write_jsonl(tmp_path / "marathi.jsonl", chatterbot_pairs("marathi", 12))
-    data = tiny_run_config(tmp_path, model_dir, target, pool,
-                           finetune={"enabled": True, "steps": 60, "batch_size": 2, "ks": [1, 2]},
-                           **({"ray": {"workers": 1}} | over))
+    target = write_jsonl(tmp_path / "marathi.jsonl", pairs()["marathi"])
+    data = tiny_run_config(tmp_path, model_dir, target, pool, finetune=FINETUNE, **({"ray": {"workers": 1}} | over))
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
 
 
+def stored_vectors(first_run, run_dir: Path) -> Path:
+    """run_dir holding the first run's vector store and nothing else: a run with its model and data reuses every
+    group's vector (no gradient worker starts), and the folder holds no complete run, so a failed attempt's summary
+    is moved in."""
+    shutil.copytree(first_run[0] / "runs" / "t" / "vectors", run_dir / "vectors")
+    return run_dir
+
+
 @pytest.mark.parametrize("sig, when, code", [(signal.SIGTERM, "stage featurize", 143),
                                              (signal.SIGINT, "dispatched by the solver actor", 130)])
-def test_a_signal_ends_the_run_with_its_exit_code_and_is_recorded(tiny_model_dir, tmp_path, sig, when, code):
+def test_a_signal_ends_the_run_with_its_exit_code_and_is_recorded(tiny_model_dir, tmp_path, sig, when, code,
+                                                                 request):
     """SIGTERM and SIGINT (twice, as an impatient operator sends them) end `convalue run` with 128 + the signal's
-    number, no traceback, and summary.json failed in the stage it stopped, naming the signal."""
-    cfg = _config_file(tmp_path, tiny_model_dir)
+    number, no traceback, and summary.json failed in the stage it stopped, naming the signal. SIGINT comes in the
+    fine-tune stage: the run folder holds the first run's vectors, so the run gets there without featurising."""
+    if sig == signal.SIGTERM:
+        cfg = _config_file(tmp_path, tiny_model_dir)
+    else:
+        first_run = request.getfixturevalue("first_run")
+        stored_vectors(first_run, tmp_path / "runs" / "t")
+        cfg = tmp_path / "run.yaml"
+        cfg.write_text(yaml.safe_dump(first_run[1] | {"out": str(tmp_path / "runs"), "finetune": FINETUNE}))
     proc = subprocess.Popen([*CONVALUE, "run", str(cfg)], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
                             text=True)
     lines: list[str] = []
@@ -75,6 +102,8 @@ def test_a_signal_ends_the_run_with_its_exit_code_and_is_recorded(tiny_model_dir
     summary = json.loads((tmp_path / "runs" / "t" / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["signal"] == sig.name
     assert summary["failed_stage"] == ("featurize" if sig == signal.SIGTERM else "finetune")
+    if sig == signal.SIGINT:  # every vector read back: no gradient worker started
+        assert summary["featurize"]["groups_computed"] == 0, summary["featurize"]
 
 
 def _without_file_permission_override(*args: str) -> list[str]:
@@ -116,25 +145,6 @@ def test_a_read_only_run_folder_is_refused_by_solve(first_run, tmp_path):
     assert r.returncode == 2 and "cannot be written by this process" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_a_changed_model_is_refused_then_recomputed_never_reused(ray_session, tiny_model_dir, tmp_path):
-    """Weights overwritten in place: the stored vectors belong to the old model, so the rerun refuses them (naming
-    the model's digest) and --overwrite computes every group again."""
-    import torch
-    from transformers import LlamaForCausalLM
-
-    model_dir = Path(shutil.copytree(tiny_model_dir, tmp_path / "model"))
-    cfg = config_from_dict(yaml.safe_load(_config_file(tmp_path, model_dir).read_text())
-                           | {"finetune": {"enabled": False}})
-    first = run(cfg)
-    torch.manual_seed(1)
-    LlamaForCausalLM(LlamaForCausalLM.config_class.from_pretrained(model_dir)).save_pretrained(model_dir)
-    with pytest.raises(StoreError, match=r"other settings \(differs in \['model_digest'\]\)"):
-        run(cfg)
-    again = run(cfg, overwrite=True)
-    assert again.featurize["groups_computed"] == len(first.order) + 1 and again.featurize["groups_reused"] == 0
-    assert again.model["digest"] != first.model["digest"]
-
-
 def test_a_damaged_block_is_reported_set_aside_and_recomputed(first_run, tmp_path, capsys):
     from convalue.engine.driver.cli import main
 
@@ -155,18 +165,33 @@ def test_a_damaged_block_is_reported_set_aside_and_recomputed(first_run, tmp_pat
     assert run_status(run_dir).state == "complete" and run_status(run_dir).vectors.damaged == []
 
 
-def test_a_killed_gradient_worker_is_recorded_and_the_scores_are_the_same(ray_session, tiny_model_dir, tmp_path):
-    """SIGKILL a gradient worker's process while blocks are in flight: Ray restarts it and retries its calls, the
-    run records the restart, and the scores equal those of an undisturbed run."""
+def test_a_changed_model_is_refused_then_recomputed_and_a_killed_gradient_worker_changes_no_score(
+        ray_session, tiny_model_dir, tmp_path):
+    """Two faults of the vector store's making, sharing their runs (each run starts its gradient workers afresh):
+    weights overwritten in place make the stored vectors the old model's, so the rerun refuses them (naming the
+    model's digest) and --overwrite computes every group again; then a gradient worker's process SIGKILLed while
+    blocks are in flight is restarted by Ray, its calls retried, the run records the restart, and the scores equal
+    those of that undisturbed --overwrite run."""
     import ray
+    import torch
+    from transformers import LlamaForCausalLM
 
-    rows = [r | {"group": f"{lang}-{i}"} for lang in ("english", "spanish", "german", "hindi", "italian", "persian")
-            for i in range(2) for r in chatterbot_pairs(lang, 12)[6 * i:6 * i + 6]]
+    model_dir = Path(shutil.copytree(tiny_model_dir, tmp_path / "model"))
+    rows = [r | {"group": f"{lang}-{i}"} for lang in LANGUAGES[:6] for i in range(2)
+            for r in pairs()[lang][6 * i:6 * i + 6]]
     pool = write_jsonl(tmp_path / "pool.jsonl", rows)
-    target = write_jsonl(tmp_path / "marathi.jsonl", chatterbot_pairs("marathi", 12))
-    base = tiny_run_config(tmp_path, tiny_model_dir, target, pool, ray={"workers": 2, "groups_per_call": 1})
-    # the undisturbed run on one worker: each group's vector is made alone, the same bits in any worker
-    clean = run(config_from_dict(base | {"name": "clean", "ray": base["ray"] | {"workers": 1}}))
+    target = write_jsonl(tmp_path / "marathi.jsonl", pairs()["marathi"])
+    base = tiny_run_config(tmp_path, model_dir, target, pool, ray={"workers": 2, "groups_per_call": 1})
+    # the undisturbed runs on one worker: each group's vector is made alone, the same bits in any worker
+    clean = config_from_dict(base | {"name": "clean", "ray": base["ray"] | {"workers": 1}})
+    first = run(clean)
+    torch.manual_seed(1)
+    LlamaForCausalLM(LlamaForCausalLM.config_class.from_pretrained(model_dir)).save_pretrained(model_dir)
+    with pytest.raises(StoreError, match=r"other settings \(differs in \['model_digest'\]\)"):
+        run(clean)
+    again = run(clean, overwrite=True)
+    assert again.featurize["groups_computed"] == len(first.order) + 1 and again.featurize["groups_reused"] == 0
+    assert again.model["digest"] != first.model["digest"]
     killed: list[int] = []
 
     def kill_a_worker() -> None:
@@ -195,7 +220,7 @@ def test_a_killed_gradient_worker_is_recorded_and_the_scores_are_the_same(ray_se
     for column in ("score", "beta", "cosine"):  # to round-off: the retried blocks may reach the Gram in another order
         np.testing.assert_allclose([r[column] for r in scores["hurt"]], [r[column] for r in scores["clean"]],
                                    rtol=1e-9, atol=1e-12)
-    assert clean.recovered is None
+    assert first.recovered is None and again.recovered is None
 
 
 def test_a_budget_larger_than_the_pool_is_refused_before_featurisation(ray_session, tiny_model_dir, tmp_path):

@@ -12,8 +12,13 @@ import warnings
 from pathlib import Path
 
 import pytest
-from conftest import chatterbot_pairs, tiny_run_config, write_jsonl
-from test_faults import CONVALUE, _config_file, _without_file_permission_override
+from test_faults import (
+    CONVALUE,
+    _config_file,
+    _without_file_permission_override,
+    pairs,
+    stored_vectors,
+)
 
 from convalue.engine.config import config_from_dict
 from convalue.engine.driver.pipeline import run
@@ -40,15 +45,15 @@ def _finetune_pids() -> list[int]:
     return found
 
 
-def test_a_killed_fine_tune_task_is_retried_recorded_and_gives_the_same_losses(ray_session, tiny_model_dir, tmp_path):
+def test_a_killed_fine_tune_task_is_retried_recorded_and_gives_the_same_losses(first_run, tmp_path):
     """SIGKILL the process of a running fine-tune task: Ray retries it, the run records the retry, and every
-    fine-tune's loss equals an undisturbed run's (each job is seeded: a retry trains the same model)."""
-    rows = [r | {"group": lang} for lang in ("english", "spanish", "german") for r in chatterbot_pairs(lang, 6)]
-    pool = write_jsonl(tmp_path / "pool.jsonl", rows)
-    target = write_jsonl(tmp_path / "marathi.jsonl", chatterbot_pairs("marathi", 12))
-    base = tiny_run_config(tmp_path, tiny_model_dir, target, pool, select={"k": 1}, ray={"workers": 1},
-                           finetune={"enabled": True, "steps": 80, "batch_size": 2, "ks": [1],
-                                     "baselines": ["target_only"]})
+    fine-tune's loss equals an undisturbed run's (each job is seeded: a retry trains the same model). Both runs
+    read the first run's vectors back (the fault is in the fine-tunes): no gradient worker starts."""
+    base = first_run[1] | {"out": str(tmp_path / "runs"), "select": {"k": 1},
+                           "finetune": {"enabled": True, "steps": 80, "batch_size": 2, "ks": [1],
+                                        "baselines": ["target_only"]}}
+    for name in ("clean", "hurt"):
+        stored_vectors(first_run, tmp_path / "runs" / name)
     clean = run(config_from_dict(base | {"name": "clean"}))
     killed: list[int] = []
 
@@ -75,6 +80,7 @@ def test_a_killed_fine_tune_task_is_retried_recorded_and_gives_the_same_losses(r
     losses = {s.config["name"]: sorted((r["label"], r["val_loss"]) for r in s.finetune) for s in (clean, hurt)}
     assert losses["hurt"] == losses["clean"]
     assert clean.recovered is None
+    assert clean.featurize["groups_computed"] == hurt.featurize["groups_computed"] == 0
 
 
 def test_run_on_a_read_only_run_folder_is_a_clear_error(tiny_model_dir, tmp_path):
@@ -139,4 +145,4 @@ def test_a_fine_tune_warns_nothing(tiny_model_dir):
 
 def chatterbot_pairs_as_text() -> list[tuple[str, str]]:
     """Six real chatterbot prompt/response pairs."""
-    return [(r["prompt"], r["response"]) for r in chatterbot_pairs("english", 6)]
+    return [(r["prompt"], r["response"]) for r in pairs()["english"][:6]]

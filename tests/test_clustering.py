@@ -1,16 +1,21 @@
-"""A flat pool split into groups: real MiniLM embeddings of real chatterbot text, seeded k-means."""
+"""A flat pool split into groups: real MiniLM embeddings of real chatterbot text, seeded k-means.
+
+The chatterbot corpus is read and the topics embedded once per module (each read parses every language's YAML,
+each embedding runs MiniLM): the tests share them where they only read them."""
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import chatterbot_pairs, write_jsonl
 
 from convalue.engine.config import SourceConfig
-from convalue.engine.data.clustering import kmeans_labels
-from convalue.engine.data.examples import DataError
+from convalue.engine.data.clustering import embed_texts, kmeans_labels
+from convalue.engine.data.examples import DataError, Group
 from convalue.engine.data.sources import load_source
 from convalue.engine.report.tables import clusters_table
 
@@ -19,33 +24,80 @@ pytestmark = pytest.mark.heavy  # whole runs: scheduled before the light modules
 TOPICS = ["english/computers", "english/food", "english/sports"]
 
 
+@dataclass(frozen=True)
+class Clustered:
+    """A source's clusters and what they were made from: the pooled texts and their embeddings, in pool order."""
+
+    groups: dict[str, Group]
+    texts: list[str]
+    X: np.ndarray
+
+
 @pytest.fixture(scope="module")
-def topic_clusters():
-    """Three real English chatterbot topics (78 pairs) pooled and split into 3 clusters."""
-    return load_source(SourceConfig(kind="chatterbot", group_by="language/topic", include=TOPICS, clusters=3))
+def topic_sources() -> dict[str, Group]:
+    """Three real English chatterbot topics (78 pairs), as the source's groups."""
+    return load_source(SourceConfig(kind="chatterbot", group_by="language/topic", include=TOPICS))
 
 
-def test_clusters_recover_the_topics_of_a_pooled_source(topic_clusters):
-    assert list(topic_clusters) == ["chatterbot/c0", "chatterbot/c1", "chatterbot/c2"]
+@pytest.fixture(scope="module")
+def topic_clusters() -> Clustered:
+    """The three topics pooled and split into 3 clusters, embedded by the built-in encoder in this process (the
+    default embedder, its texts and embeddings kept for the tests that compare another encoding with them)."""
+    seen: list[tuple[list[str], np.ndarray]] = []
+
+    def kept(texts: list[str], model_dir: Path) -> np.ndarray:
+        seen.append((texts, embed_texts(texts, model_dir)))
+        return seen[-1][1]
+
+    groups = load_source(SourceConfig(kind="chatterbot", group_by="language/topic", include=TOPICS, clusters=3),
+                         embed=kept)
+    [(texts, X)] = seen
+    return Clustered(groups, texts, X)
+
+
+@pytest.fixture(scope="module")
+def english() -> list[dict]:
+    """30 real English chatterbot pairs (a test needing n <= 30 takes the first n, as chatterbot_pairs does)."""
+    return chatterbot_pairs("english", 30)
+
+
+@dataclass(frozen=True)
+class FlatPool:
+    """A flat JSONL pool (no group column) and its clusters."""
+
+    path: Path
+    groups: dict[str, Group]
+
+
+@pytest.fixture(scope="module")
+def flat_pool(english, tmp_path_factory) -> FlatPool:
+    """The 30 pairs as a flat JSONL pool split into 4 clusters."""
+    pool = write_jsonl(tmp_path_factory.mktemp("flat") / "pool.jsonl", english)
+    return FlatPool(pool, load_source(SourceConfig(kind="jsonl", path=str(pool), clusters=4)))
+
+
+def test_clusters_recover_the_topics_of_a_pooled_source(topic_clusters, topic_sources):
+    clusters, sources = topic_clusters.groups, topic_sources
+    assert list(clusters) == ["chatterbot/c0", "chatterbot/c1", "chatterbot/c2"]
     # every example is in exactly one cluster, and members point back to it
-    sources = load_source(SourceConfig(kind="chatterbot", group_by="language/topic", include=TOPICS))
-    seen = [m for g in topic_clusters.values() for m in g.members]
+    seen = [m for g in clusters.values() for m in g.members]
     assert sorted(seen) == sorted((name, i) for name, g in sources.items() for i in range(len(g.examples)))
-    for g in topic_clusters.values():
+    for g in clusters.values():
         assert [sources[s].examples[i] for s, i in g.members] == g.examples
     # the embedding sees the topics: each cluster is mostly one topic, each topic mostly one cluster
-    majority = [Counter(s for s, _ in g.members).most_common(1)[0] for g in topic_clusters.values()]
+    majority = [Counter(s for s, _ in g.members).most_common(1)[0] for g in clusters.values()]
     assert sorted(t for t, _ in majority) == TOPICS
     assert sum(n for _, n in majority) >= 0.9 * len(seen)
 
 
-def test_clusters_are_seeded_and_named_by_first_member(topic_clusters):
+def test_clusters_are_seeded_and_named_by_first_member(topic_clusters, topic_sources):
+    clusters, sources = topic_clusters.groups, topic_sources
+    # a second run of the whole default path (read, embed in this process, k-means) makes the same clusters
     again = load_source(SourceConfig(kind="chatterbot", group_by="language/topic", include=TOPICS, clusters=3))
-    assert {k: g.members for k, g in again.items()} == {k: g.members for k, g in topic_clusters.items()}
+    assert {k: g.members for k, g in again.items()} == {k: g.members for k, g in clusters.items()}
     # the pool is the source's groups in order; c0 holds the pool's first example, c1 the first one not in c0, ...
-    sources = load_source(SourceConfig(kind="chatterbot", group_by="language/topic", include=TOPICS))
     offset = dict(zip(sources, np.cumsum([0] + [len(g.examples) for g in sources.values()])))
-    firsts = [min(offset[s] + i for s, i in g.members) for g in topic_clusters.values()]
+    firsts = [min(offset[s] + i for s, i in g.members) for g in clusters.values()]
     assert firsts[0] == 0 and firsts == sorted(firsts)
 
 
@@ -57,10 +109,8 @@ def test_kmeans_labels_are_numbered_by_first_row_without_gaps():
     assert labels.tolist() == [0] * 5 + [1] * 5 + [2] * 5 + [3] * 5
 
 
-def test_flat_jsonl_pool_and_the_clusters_table(tmp_path):
-    rows = chatterbot_pairs("english", 30)
-    pool = write_jsonl(tmp_path / "pool.jsonl", rows)
-    groups = load_source(SourceConfig(kind="jsonl", path=str(pool), clusters=4))
+def test_flat_jsonl_pool_and_the_clusters_table(flat_pool, english):
+    rows, pool, groups = english, flat_pool.path, flat_pool.groups
     assert len(groups) == 4 and all(name.startswith("pool/c") for name in groups)
     table = clusters_table(list(groups.values()), valued={"pool/c0", "pool/c1"})
     assert table.num_rows == 30 and sorted(table["index"].to_pylist()) == list(range(30))
@@ -72,8 +122,8 @@ def test_flat_jsonl_pool_and_the_clusters_table(tmp_path):
                           set()) is None
 
 
-def test_more_clusters_than_examples_or_distinct_examples(tmp_path):
-    rows = chatterbot_pairs("english", 5)
+def test_more_clusters_than_examples_or_distinct_examples(tmp_path, english):
+    rows = english[:5]
     small = write_jsonl(tmp_path / "small.jsonl", rows)
     with pytest.raises(DataError, match=r"'small'.*clusters=6.*only 5 examples"):
         load_source(SourceConfig(kind="jsonl", path=str(small), clusters=6))
@@ -82,13 +132,13 @@ def test_more_clusters_than_examples_or_distinct_examples(tmp_path):
         load_source(SourceConfig(kind="jsonl", path=str(twice), clusters=3))
 
 
-def test_an_encoder_folder_that_does_not_load_is_a_clear_error(tmp_path):
+def test_an_encoder_folder_that_does_not_load_is_a_clear_error(tmp_path, english):
     import shutil
 
     from convalue.engine.data.clustering import embedding_dir
     from convalue.engine.model.loading import ModelError
 
-    pool = write_jsonl(tmp_path / "pool.jsonl", chatterbot_pairs("english", 6))
+    pool = write_jsonl(tmp_path / "pool.jsonl", english[:6])
     broken = tmp_path / "encoder"
     broken.mkdir()
     (broken / "config.json").write_text('{"model_type": "bert"}')
@@ -108,15 +158,17 @@ def test_an_encoder_folder_that_does_not_load_is_a_clear_error(tmp_path):
         load_source(SourceConfig(kind="jsonl", path=str(pool), clusters=2, embedding=str(copy)))
 
 
-def test_embedding_on_ray_workers_matches_the_driver(ray_session):
+def test_embedding_on_ray_workers_matches_the_driver(ray_session, topic_sources):
     from convalue.actors.embedder import embed_on_workers
-    from convalue.engine.data.clustering import embed_texts, embedding_dir, example_text
+    from convalue.engine.data.clustering import embedding_dir, example_text
 
-    texts = [example_text(e) for e in load_source(SourceConfig(kind="chatterbot", group_by="language/topic",
-                                                                include=["english/food"]))["english/food"].examples]
+    texts = [example_text(e) for e in topic_sources["english/food"].examples]
+    assert sorted(texts, key=len) != texts  # chunks go by length: their rows are put back by position
     d = embedding_dir("minilm")
     here = embed_texts(texts, d)
-    there = embed_on_workers(texts, d, workers=2, cpus_per_worker=1, max_in_flight=2, chunk=5)  # 4 chunks
+    # one actor (each loads torch and the encoder: seconds of CPU), two of the 4 chunks in flight on it at once;
+    # spreading calls over several actors and taking them in completion order is windowed's (tests/test_pool.py)
+    there = embed_on_workers(texts, d, workers=1, cpus_per_worker=1, max_in_flight=2, chunk=5)
     assert there.shape == here.shape == (17, 384)
     np.testing.assert_allclose(there, here, atol=1e-5)  # batches differ, so the last bits may
 
@@ -139,7 +191,7 @@ def test_an_encoder_that_fails_on_the_workers_is_reported_as_a_data_error(ray_se
 
 
 def test_embedding_cache_reuses_by_content_and_keeps_only_the_run_s_own(tmp_path, caplog):
-    from convalue.engine.data.clustering import EmbeddingCache, embed_texts, embedding_dir
+    from convalue.engine.data.clustering import EmbeddingCache, embedding_dir
     from convalue.engine.store.artifacts import write_npy
 
     calls = []
@@ -178,12 +230,10 @@ def test_embedding_cache_reuses_by_content_and_keeps_only_the_run_s_own(tmp_path
     assert calls == [2, 1, 2, 2, 2] and "do not fit 2 texts" in caplog.text
 
 
-def test_cluster_samples_name_size_and_first_prompts(tmp_path):
+def test_cluster_samples_name_size_and_first_prompts(flat_pool):
     from convalue.engine.report.tables import format_cluster_samples
 
-    rows = chatterbot_pairs("english", 30)
-    pool = write_jsonl(tmp_path / "pool.jsonl", rows)
-    groups = load_source(SourceConfig(kind="jsonl", path=str(pool), clusters=4))
+    groups = flat_pool.groups
     table = clusters_table(list(groups.values()), valued=set(groups))
     text = format_cluster_samples(table, ["pool/c1", "pool/c0"], n=2, width=20)
     lines = text.splitlines()
@@ -206,10 +256,12 @@ def mean_pooled(model_dir):
     return MeanPooling(AutoTokenizer.from_pretrained(model_dir), AutoModel.from_pretrained(model_dir).eval())
 
 
-def test_the_built_in_encoder_runs_through_sentence_transformers_as_mean_pooling_did(topic_clusters):
+def test_the_built_in_encoder_runs_through_sentence_transformers_as_mean_pooling_did(topic_clusters,
+                                                                                      topic_sources):
     """minilm's folder has modules.json: sentence-transformers encodes it (its pooling, normalisation, length,
     prompts), which for this folder is the mean pooling convalue used before, to float round-off; the clusters of
-    the three topics are the same either way."""
+    the three topics are the same either way (the topics' sentence-transformers embeddings are those the module's
+    clusters were made from)."""
     pytest.importorskip("sentence_transformers")
     from convalue.engine.data.clustering import (
         SentenceEncoder,
@@ -223,18 +275,25 @@ def test_the_built_in_encoder_runs_through_sentence_transformers_as_mean_pooling
     assert encoder_kind(d) == ("sentence-transformers", None)
     encoder = load_encoder(d)
     assert isinstance(encoder, SentenceEncoder)
-    sources = load_source(SourceConfig(kind="chatterbot", group_by="language/topic", include=TOPICS))
-    texts = [example_text(e) for g in sources.values() for e in g.examples] + ["a long text " * 200]  # > 256 tokens
+    pooled = [example_text(e) for g in topic_sources.values() for e in g.examples]
+    assert topic_clusters.texts == pooled
+    long = "a long text " * 200  # > 256 tokens
+    texts = [*pooled, long]
     mean = mean_pooled(d)
-    X, Y = encoder.encode(texts), mean.encode(texts)
+    X, Y = np.concatenate([topic_clusters.X, encoder.encode([long])]), mean.encode(texts)
     assert X.shape == Y.shape == (len(texts), 384) and X.dtype == np.float32
     np.testing.assert_allclose(X, Y, atol=2e-6, rtol=0)
+
+    def mean_embedded(t: list[str], _: Path) -> np.ndarray:
+        assert t == pooled
+        return Y[:-1]
+
     again = load_source(SourceConfig(kind="chatterbot", group_by="language/topic", include=TOPICS, clusters=3),
-                        embed=lambda t, _: mean.encode(t))
-    assert {k: g.members for k, g in again.items()} == {k: g.members for k, g in topic_clusters.items()}
+                        embed=mean_embedded)
+    assert {k: g.members for k, g in again.items()} == {k: g.members for k, g in topic_clusters.groups.items()}
 
 
-def test_a_bare_encoder_folder_is_mean_pooled_with_a_warning(tmp_path, caplog):
+def test_a_bare_encoder_folder_is_mean_pooled_with_a_warning(tmp_path, caplog, english):
     from convalue.engine.data.clustering import MeanPooling, embedding_dir, load_encoder
 
     minilm = embedding_dir("minilm")
@@ -244,7 +303,7 @@ def test_a_bare_encoder_folder_is_mean_pooled_with_a_warning(tmp_path, caplog):
                  "special_tokens_map.json"):
         (bare / name).symlink_to(minilm / name)
     assert isinstance(load_encoder(bare), MeanPooling)
-    pool = write_jsonl(tmp_path / "pool.jsonl", chatterbot_pairs("english", 12))
+    pool = write_jsonl(tmp_path / "pool.jsonl", english[:12])
     with caplog.at_level("WARNING", logger="convalue"):
         groups = load_source(SourceConfig(kind="jsonl", path=str(pool), clusters=2, embedding=str(bare)))
     assert len(groups) == 2

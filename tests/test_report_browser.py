@@ -1,20 +1,22 @@
 """report.html in a real headless browser (Debian's chromium): a run folder of real chatterbot prompts in a dozen
 scripts, the page's DOM as the browser built it (the sections, the question without a stray `None`, the Gram's
-nodes by name) and a screenshot that is a real, non-blank picture. Skipped where no chromium is installed
-(`make test` installs it where it can: root with apt-get)."""
+nodes by name) and a screenshot that is a real, non-blank picture. One browser launch (per module) makes both.
+Skipped where no chromium is installed (`make test` installs it where it can: root with apt-get)."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import chatterbot_pairs
 from test_report_html import Doc, make_run
 
+from convalue.engine.config import SourceConfig
+from convalue.engine.data.sources import load_source
 from convalue.engine.report.html import write_report
 from convalue.engine.report.html_sections import TARGET_KEY
 from convalue.engine.store.summary import RunSummary
@@ -29,6 +31,8 @@ pytestmark = pytest.mark.skipif(BROWSER is None, reason=f"no headless chromium i
 LANGS = ["hindi", "bengali", "oriya", "tamil", "persian", "urdu", "telugu", "hebrew", "thai", "chinese", "japanese",
          "korean", "russian"]
 NODE = "812e6dbec2857197d0aa863f76fd18ed3e2ec0216d786664cfd0685c"
+#: the screenshot's window: the page's top 4000 pixels (the DOM holds the whole page whatever the window)
+WINDOW = (1280, 4000)
 
 
 def _browser(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
@@ -43,9 +47,18 @@ def _browser(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     return out
 
 
-def _multilingual_run(tmp_path: Path) -> Path:
+def _pairs(languages: list[str], n: int) -> dict[str, list[dict]]:
+    """n real prompt/response pairs of each chatterbot language, as conftest's chatterbot_pairs gives them (the
+    corpus read once: each read parses every language's YAML)."""
+    groups = load_source(SourceConfig(kind="chatterbot", group_by="language", include=languages))
+    return {lang: [{"prompt": e.messages[0][1], "response": e.messages[1][1]} for e in groups[lang].examples[:n]]
+            for lang in languages}
+
+
+def _multilingual_run(tmp_path: Path, pairs: dict[str, list[dict]]) -> Path:
     """A finished run folder valuing chatterbot languages for Marathi, as the demo's config writes it (the pool's
-    source without a path), with real prompts of every script and the Gram's tiles on one node."""
+    source without a path), with real prompts of every script (3 of each language in `pairs`) and the Gram's
+    tiles on one node."""
     run = make_run(tmp_path, LANGS, k=10, seed=1, gram={"panels": 2, "tiles": 3, "tiles_per_node": {NODE: 3},
                                               "nodes": {NODE: {"ip": "127.0.0.1", "host": "buildhost",
                                                                "driver": True}},
@@ -56,16 +69,38 @@ def _multilingual_run(tmp_path: Path) -> Path:
                               "candidates": [{"kind": "chatterbot", "path": None, "group_by": "language",
                                               "include": None, "exclude": ["marathi"], "clusters": None}]}
     summary.write(run)
-    rows = [(g, p) for g in [TARGET_KEY, *LANGS]
-            for p in chatterbot_pairs("marathi" if g == TARGET_KEY else g, 3)]
+    rows = [(g, p) for g in [TARGET_KEY, *LANGS] for p in pairs["marathi" if g == TARGET_KEY else g]]
     pq.write_table(pa.table({"group": [g for g, _ in rows], "prompt": [p["prompt"] for _, p in rows],
                              "response": [p["response"] for _, p in rows]}), run / "examples.parquet")
     return run
 
 
-def test_the_browser_builds_every_section_names_the_source_and_the_node(tmp_path):
-    path = write_report(_multilingual_run(tmp_path))
-    doc = Doc(_browser(tmp_path, "--dump-dom", path.as_uri()).stdout)
+@dataclass(frozen=True)
+class Rendered:
+    """What one headless chromium made of the multilingual run's report.html."""
+
+    report: Path
+    pairs: dict[str, list[dict]]
+    dom: str
+    screenshot: Path
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> Rendered:
+    """The report of the multilingual run, opened once: chromium writes the DOM it built to stdout and a
+    screenshot of its window to a file in the same launch (--dump-dom and --screenshot together)."""
+    tmp = tmp_path_factory.mktemp("browser")
+    pairs = _pairs(["marathi", *LANGS], 3)
+    path = write_report(_multilingual_run(tmp, pairs))
+    shot = tmp / "report.png"
+    out = _browser(tmp, "--dump-dom", f"--screenshot={shot}", f"--window-size={WINDOW[0]},{WINDOW[1]}",
+                   "--hide-scrollbars", path.as_uri())
+    return Rendered(path, pairs, out.stdout, shot)
+
+
+def test_the_browser_builds_every_section_names_the_source_and_the_node(rendered):
+    path = rendered.report
+    doc = Doc(rendered.dom)
     assert {a.get("id") for a in doc.all("section")} == {"question", "ranking", "selection", "evaluation",
                                                           "certificate", "cost", "provenance"}
     assert len(doc.candidates()) == len(LANGS) and len(doc.all("img")) == 2
@@ -80,18 +115,16 @@ def test_the_browser_builds_every_section_names_the_source_and_the_node(tmp_path
     selected = RunSummary.read(path.parent).selected
     assert len(selected) == 10
     for lang in selected:  # the selected groups' prompts, in their own scripts
-        assert " ".join(chatterbot_pairs(lang, 1)[0]["prompt"].split()) in doc.text
+        assert " ".join(rendered.pairs[lang][0]["prompt"].split()) in doc.text
 
 
-def test_the_screenshot_is_a_real_picture_of_the_page(tmp_path):
+def test_the_screenshot_is_a_real_picture_of_the_page(rendered):
     from PIL import Image  # matplotlib's dependency; only this test decodes a PNG
 
-    path = write_report(_multilingual_run(tmp_path))
-    shot = tmp_path / "report.png"
-    _browser(tmp_path, f"--screenshot={shot}", "--window-size=1280,4000", "--hide-scrollbars", path.as_uri())
+    shot = rendered.screenshot
     assert shot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     image = Image.open(shot).convert("L")
-    assert image.size == (1280, 4000)
+    assert image.size == WINDOW
     histogram = image.histogram()
     dark = sum(histogram[:128]) / sum(histogram)  # text, borders, the plots
     assert 0.002 < dark < 0.5, f"{dark:.4f} of the pixels are dark: a blank or black page"

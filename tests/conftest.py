@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -110,13 +111,20 @@ def tiny_model_dir(tmp_path_factory, smollm2_dir) -> Path:
     return out
 
 
-def chatterbot_pairs(language: str, n: int) -> list[dict]:
-    """n real prompt/response pairs of one chatterbot language."""
+@functools.cache
+def _chatterbot_by_language() -> dict[str, list[tuple[str, str]]]:
+    """Every chatterbot language's (prompt, response) pairs, read once per process (a read parses the whole
+    corpus: about a second of CPU, which the tests' fifty-odd calls would otherwise each pay)."""
     from convalue.engine.config import SourceConfig
     from convalue.engine.data.sources import load_source
 
-    g = load_source(SourceConfig(kind="chatterbot", group_by="language", include=[language]))[language]
-    return [{"prompt": e.messages[0][1], "response": e.messages[1][1]} for e in g.examples[:n]]
+    groups = load_source(SourceConfig(kind="chatterbot", group_by="language"))
+    return {name: [(e.messages[0][1], e.messages[1][1]) for e in g.examples] for name, g in groups.items()}
+
+
+def chatterbot_pairs(language: str, n: int) -> list[dict]:
+    """n real prompt/response pairs of one chatterbot language (new dicts: callers may change them)."""
+    return [{"prompt": p, "response": r} for p, r in _chatterbot_by_language()[language][:n]]
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:

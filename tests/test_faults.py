@@ -3,7 +3,6 @@ not read or write, a model whose weights changed, a damaged vector block, a grad
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
@@ -18,10 +17,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import forget_checksum, own_copy, tiny_run_config, write_jsonl
+from conftest import chatterbot_pairs, forget_checksum, own_copy, tiny_run_config, write_jsonl
 
-from convalue.engine.config import ConfigError, SourceConfig, config_from_dict
-from convalue.engine.data.sources import load_source
+from convalue.engine.config import ConfigError, config_from_dict
 from convalue.engine.driver.pipeline import run
 from convalue.engine.driver.resolve import resolve
 from convalue.engine.store.status import run_status
@@ -35,21 +33,12 @@ FINETUNE = {"enabled": True, "steps": 60, "batch_size": 2, "ks": [1, 2]}
 LANGUAGES = ("english", "spanish", "german", "hindi", "italian", "persian", "marathi")
 
 
-@functools.cache
-def pairs() -> dict[str, list[dict]]:
-    """12 real prompt/response pairs of each chatterbot language these tests use (conftest's chatterbot_pairs, read
-    in one pass: each read parses the whole corpus, a second of CPU apiece)."""
-    groups = load_source(SourceConfig(kind="chatterbot", group_by="language", include=list(LANGUAGES)))
-    return {lang: [{"prompt": e.messages[0][1], "response": e.messages[1][1]} for e in groups[lang].examples[:12]]
-            for lang in LANGUAGES}
-
-
 def _config_file(tmp_path: Path, model_dir: Path, **over) -> Path:
     """A run config on disk: a Marathi target, five chatterbot languages, fine-tunes long enough to interrupt, one
     gradient worker (as the pipeline tests' config, for the same reason)."""
-    rows = [r | {"group": lang} for lang in LANGUAGES[:5] for r in pairs()[lang][:6]]
+    rows = [r | {"group": lang} for lang in LANGUAGES[:5] for r in chatterbot_pairs(lang, 6)]
     pool = write_jsonl(tmp_path / "pool.jsonl", rows)
-    target = write_jsonl(tmp_path / "marathi.jsonl", pairs()["marathi"])
+    target = write_jsonl(tmp_path / "marathi.jsonl", chatterbot_pairs("marathi", 12))
     data = tiny_run_config(tmp_path, model_dir, target, pool, finetune=FINETUNE, **({"ray": {"workers": 1}} | over))
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -178,9 +167,9 @@ def test_a_changed_model_is_refused_then_recomputed_and_a_killed_gradient_worker
 
     model_dir = Path(shutil.copytree(tiny_model_dir, tmp_path / "model"))
     rows = [r | {"group": f"{lang}-{i}"} for lang in LANGUAGES[:6] for i in range(2)
-            for r in pairs()[lang][6 * i:6 * i + 6]]
+            for r in chatterbot_pairs(lang, 12)[6 * i:6 * i + 6]]
     pool = write_jsonl(tmp_path / "pool.jsonl", rows)
-    target = write_jsonl(tmp_path / "marathi.jsonl", pairs()["marathi"])
+    target = write_jsonl(tmp_path / "marathi.jsonl", chatterbot_pairs("marathi", 12))
     base = tiny_run_config(tmp_path, model_dir, target, pool, ray={"workers": 2, "groups_per_call": 1})
     # the undisturbed runs on one worker: each group's vector is made alone, the same bits in any worker
     clean = config_from_dict(base | {"name": "clean", "ray": base["ray"] | {"workers": 1}})

@@ -12,11 +12,11 @@ import warnings
 from pathlib import Path
 
 import pytest
+from conftest import chatterbot_pairs
 from test_faults import (
     CONVALUE,
     _config_file,
     _without_file_permission_override,
-    pairs,
     stored_vectors,
 )
 
@@ -145,4 +145,4 @@ def test_a_fine_tune_warns_nothing(tiny_model_dir):
 
 def chatterbot_pairs_as_text() -> list[tuple[str, str]]:
     """Six real chatterbot prompt/response pairs."""
-    return [(r["prompt"], r["response"]) for r in pairs()["english"][:6]]
+    return [(r["prompt"], r["response"]) for r in chatterbot_pairs("english", 6)]

@@ -4,7 +4,6 @@ on each; finetune.select_by (`EVAL:METRIC`) picks the one that decides best k, B
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 
 import pyarrow.parquet as pq
@@ -20,25 +19,20 @@ from convalue.engine.config import (
 )
 from convalue.engine.data.examples import DataError
 from convalue.engine.data.prepare import evaluation_sets, prepare
-from convalue.engine.data.sources import load_source, split_target
+from convalue.engine.data.sources import split_target
 from convalue.engine.protocol.measures import Measure
 from convalue.engine.protocol.summaries import summarise_measure
 from convalue.engine.report.tables import evaluation_table, format_evaluation
-from tests.conftest import tiny_run_config, write_jsonl
+from tests.conftest import chatterbot_pairs, tiny_run_config, write_jsonl
 
 pytestmark = pytest.mark.heavy  # whole runs: scheduled before the light modules (conftest.py)
 
 GREETINGS = {"kind": "chatterbot", "group_by": "language/topic", "include": ["marathi/greetings"]}
 
 
-@functools.cache
-def _corpus() -> dict:
-    """The chatterbot languages these tests use, parsed once."""
-    return load_source(SourceConfig(kind="chatterbot", include=["marathi", "hindi", "english", "german"]))
-
-
 def _pairs(lang: str, start: int, stop: int) -> list[dict]:
-    return [{"prompt": e.messages[0][1], "response": e.messages[1][1]} for e in _corpus()[lang].examples[start:stop]]
+    """Pairs start..stop of one chatterbot language (from conftest's reading of the corpus, made once a process)."""
+    return chatterbot_pairs(lang, stop)[start:]
 
 
 def test_data_eval_and_select_by_are_read_and_checked(tmp_path, target_jsonl, pool_jsonl):
@@ -152,9 +146,11 @@ def test_a_run_with_two_evaluations_reports_each_and_selects_by_the_named_one(ra
     rows = [r | {"group": lang} for lang in ("english", "hindi", "german") for r in _pairs(lang, 0, 6)]
     pool = write_jsonl(tmp_path / "pool.jsonl", rows + [r | {"group": "copy"} for r in marathi])
     held = write_jsonl(tmp_path / "held.jsonl", _pairs("hindi", 6, 14))
+    # one fine-tune in flight: they run one after another in one task process, which imports torch once
     data = tiny_run_config(tmp_path, tiny_model_dir, target, pool,
                            finetune={"enabled": True, "steps": 2, "batch_size": 2, "ks": [1, 2], "repeats": 2,
-                                     "baselines": ["target_only", "alignment"], "select_by": "greetings:loss"})
+                                     "baselines": ["target_only", "alignment"], "select_by": "greetings:loss"},
+                           ray={"max_in_flight": 1})
     data["data"] |= {"eval": {"greetings": GREETINGS, "held": {"kind": "jsonl", "path": str(held)}}, "eval_size": 8}
     summary = run(config_from_dict(data))
     run_dir = tmp_path / "runs" / "t"

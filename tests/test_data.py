@@ -233,3 +233,16 @@ def test_no_data_module_imports_one_that_imports_it_back():
                 if n not in seen:
                     seen.add(n)
                     stack.append((n, chain + [n]))
+
+
+def test_the_corpus_reads_the_same_through_libyaml_as_through_pyyaml():
+    """The chatterbot source parses with libyaml's safe loader where PyYAML has it: the same data as PyYAML's own."""
+    import yaml
+
+    from convalue.engine.data.sources import SAFE_LOADER, chatterbot_root
+
+    files = sorted(chatterbot_root().glob("*/*.yml"))
+    assert len(files) > 200
+    for f in files:
+        text = f.read_text("utf-8")
+        assert yaml.load(text, Loader=SAFE_LOADER) == yaml.safe_load(text), f

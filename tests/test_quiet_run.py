@@ -12,15 +12,11 @@ import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
-from conftest import tiny_run_config, write_jsonl
+from conftest import tiny_run_config
 from run_helpers import CONVALUE, write_config
-
-from convalue.engine.config import SourceConfig
-from convalue.engine.data.sources import load_source
 
 pytestmark = pytest.mark.heavy  # whole runs: scheduled before the light modules (conftest.py)
 
@@ -32,23 +28,6 @@ THIRD_PARTY = re.compile(r"Token authentication|Generated new authentication tok
                          r"|fontManager|[Uu]sage stats|^\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d|^\[\d{4}-\d\d-\d\d"
                          r"|^\((raylet|pid=\d+|\w+ pid=\d+)")
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
-#: the pool's languages (6 pairs each, a `group` column) and the target's (12 pairs): conftest's pool_jsonl and
-#: target_jsonl
-POOL, TARGET = ("english", "spanish", "german", "hindi"), "marathi"
-
-
-def pool_and_target(tmp_path: Path) -> tuple[Path, Path]:
-    """The rows of conftest's pool_jsonl and target_jsonl, written from one read of the chatterbot corpus (each
-    read parses every language's YAML: those fixtures read it five times)."""
-    groups = load_source(SourceConfig(kind="chatterbot", group_by="language", include=[*POOL, TARGET]))
-
-    def pairs(language: str, n: int) -> list[dict]:
-        return [{"prompt": e.messages[0][1], "response": e.messages[1][1]} for e in groups[language].examples[:n]]
-
-    pool = write_jsonl(tmp_path / "pool.jsonl", [r | {"group": lang} for lang in POOL for r in pairs(lang, 6)])
-    return pool, write_jsonl(tmp_path / "marathi.jsonl", pairs(TARGET, 12))
-
-
 def listening(root: int) -> set[tuple[str, int, str]]:
     """(address, port, process name) of every listening TCP socket of process `root` and its descendants (the
     embedded cluster's GCS, raylet, agents and workers are all started under the driver)."""
@@ -67,16 +46,15 @@ def listening(root: int) -> set[tuple[str, int, str]]:
 
 
 def test_an_embedded_run_says_only_its_own_lines_listens_on_loopback_and_keeps_its_token_private(
-        tiny_model_dir, tmp_path):
+        tiny_model_dir, pool_jsonl, target_jsonl, tmp_path):
     home = tmp_path / "home"
     home.mkdir()
-    pool_jsonl, target_jsonl = pool_and_target(tmp_path)
     # fine-tunes on (their processes print too), one call in flight: the two fine-tunes run one after the other in
     # one Ray worker, which imports torch and the model once (two in flight: two workers, each importing them)
     config = write_config(tmp_path / "run.yaml", tiny_run_config(
         tmp_path, tiny_model_dir, target_jsonl, pool_jsonl,
         finetune={"enabled": True, "steps": 2, "batch_size": 2, "ks": [1], "baselines": ["target_only"]},
-        ray={"workers": 1, "max_in_flight": 1}))
+        ray={"max_in_flight": 1}))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "RAY_ADDRESS"))} | {"HOME": str(home)}
     out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
     with out.open("w") as stdout, err.open("w") as stderr:

@@ -22,8 +22,7 @@ from convalue.solvers import solve_kmm
 
 def test_a_run_on_s3_writes_resumes_and_re_solves_there(ray_session, tiny_model_dir, pool_jsonl, target_jsonl,
                                                           tmp_path, s3_base):
-    data = tiny_run_config(tmp_path, tiny_model_dir, target_jsonl, pool_jsonl, out=s3_base, name="remote",
-                           ray={"workers": 1})
+    data = tiny_run_config(tmp_path, tiny_model_dir, target_jsonl, pool_jsonl, out=s3_base, name="remote")
     first = run(config_from_dict(data))
     folder = RunFolder.at(s3_base, "remote")
     assert first.status == "complete" and folder.local is None

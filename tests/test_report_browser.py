@@ -13,10 +13,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import chatterbot_pairs
 from test_report_html import Doc, make_run
 
-from convalue.engine.config import SourceConfig
-from convalue.engine.data.sources import load_source
 from convalue.engine.report.html import write_report
 from convalue.engine.report.html_sections import TARGET_KEY
 from convalue.engine.store.summary import RunSummary
@@ -45,14 +44,6 @@ def _browser(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]
     return out
-
-
-def _pairs(languages: list[str], n: int) -> dict[str, list[dict]]:
-    """n real prompt/response pairs of each chatterbot language, as conftest's chatterbot_pairs gives them (the
-    corpus read once: each read parses every language's YAML)."""
-    groups = load_source(SourceConfig(kind="chatterbot", group_by="language", include=languages))
-    return {lang: [{"prompt": e.messages[0][1], "response": e.messages[1][1]} for e in groups[lang].examples[:n]]
-            for lang in languages}
 
 
 def _multilingual_run(tmp_path: Path, pairs: dict[str, list[dict]]) -> Path:
@@ -90,7 +81,7 @@ def rendered(tmp_path_factory) -> Rendered:
     """The report of the multilingual run, opened once: chromium writes the DOM it built to stdout and a
     screenshot of its window to a file in the same launch (--dump-dom and --screenshot together)."""
     tmp = tmp_path_factory.mktemp("browser")
-    pairs = _pairs(["marathi", *LANGS], 3)
+    pairs = {lang: chatterbot_pairs(lang, 3) for lang in ["marathi", *LANGS]}
     path = write_report(_multilingual_run(tmp, pairs))
     shot = tmp / "report.png"
     out = _browser(tmp, "--dump-dom", f"--screenshot={shot}", f"--window-size={WINDOW[0]},{WINDOW[1]}",

@@ -76,11 +76,12 @@ def node_addresses(ids) -> dict[str, dict]:
                 "driver": i == here} for i in ids}
 
 
-def _refs(panel: Panel, refs: dict[str, ray.ObjectRef]) -> list[ray.ObjectRef]:
+def panel_refs(panel: Panel, refs: dict[str, ray.ObjectRef]) -> list[ray.ObjectRef]:
+    """The object refs of the panel's blocks, in its order."""
     return [refs[b.file] for b in panel.blocks]
 
 
-def _near(*panels: Panel) -> dict:
+def near(*panels: Panel) -> dict:
     """Task options that place it on the node holding most of the panels' block bytes (soft: elsewhere when that
     node is gone); none where the blocks live in a store only."""
     weight: dict[str, int] = {}
@@ -101,16 +102,16 @@ def build_gram(blocks: list[BlockRows], refs: dict[str, ray.ObjectRef], n: int, 
     panels = panels_of(blocks)
     root = M = None
     if metric == "diag_fisher":
-        sums = ray.get([column_squares.options(**_near(p)).remote(p, *_refs(p, refs)) for p in panels])
+        sums = ray.get([column_squares.options(**near(p)).remote(p, *panel_refs(p, refs)) for p in panels])
         M, root = fisher_root(sums, n)
     g_ref, root_ref = ray.put(np.asarray(g, np.float64)), ray.put(root)
     calls = []
     for i, pi in enumerate(panels):
-        calls.append(gram_tile.options(**_near(pi)).remote(i, i, g_ref, root_ref, pi, None, *_refs(pi, refs),
+        calls.append(gram_tile.options(**near(pi)).remote(i, i, g_ref, root_ref, pi, None, *panel_refs(pi, refs),
                                                            with_K=with_K))
         if with_K:
-            calls += [gram_tile.options(**_near(pi, pj)).remote(i, j, g_ref, root_ref, pi, pj, *_refs(pi, refs),
-                                                                *_refs(pj, refs))
+            calls += [gram_tile.options(**near(pi, pj)).remote(i, j, g_ref, root_ref, pi, pj, *panel_refs(pi, refs),
+                                                                *panel_refs(pj, refs))
                       for j, pj in enumerate(panels[i + 1:], start=i + 1)]
     result = assemble(n, panels, ray.get(calls), np.asarray(g, np.float64), with_K=with_K, M=M)
     result.stats["nodes"] = node_addresses(result.stats["tiles_per_node"])

@@ -7,20 +7,10 @@ from __future__ import annotations
 import numpy as np
 import ray
 
-from convalue.actors.gram import _near, _refs, gram_tile, node_addresses
+from convalue.actors.gram import gram_tile, near, node_addresses, panel_refs
 from convalue.actors.sharded import panel_times
 from convalue.engine.selection.blocked import BlockRows, GramResult, Panel, assemble, panels_of
-from convalue.engine.selection.incremental import Reuse, place_old_gram, split_blocks
-
-
-def _carry(result: GramResult, reuse: Reuse, n: int) -> GramResult:
-    """The new rows' statistics from the tiles, the reused rows' from the prior."""
-    result.beta = reuse.carried("beta", result.beta)
-    result.diag = reuse.carried("diag", result.diag)
-    result.row_norm2 = reuse.carried("norm2", result.row_norm2)
-    result.cosine = reuse.carried("cosine", result.cosine)
-    result.stats["incremental"] = {"reused_rows": int(reuse.kept.size), "new_rows": int(reuse.new_rows.size)}
-    return result
+from convalue.engine.selection.incremental import Reuse, carry_prior, place_old_gram, split_blocks
 
 
 def extend_gram(old_K: np.ndarray, reuse: Reuse, blocks: list[BlockRows], refs: dict[str, ray.ObjectRef], n: int,
@@ -34,14 +24,14 @@ def extend_gram(old_K: np.ndarray, reuse: Reuse, blocks: list[BlockRows], refs: 
     calls = []
     for j in range(len(old_panels), len(panels)):
         pj = panels[j]
-        calls.append(gram_tile.options(**_near(pj)).remote(j, j, g_ref, None, pj, None, *_refs(pj, refs)))
-        calls += [gram_tile.options(**_near(pi, pj)).remote(i, j, g_ref, None, pi, pj, *_refs(pi, refs),
-                                                            *_refs(pj, refs))
+        calls.append(gram_tile.options(**near(pj)).remote(j, j, g_ref, None, pj, None, *panel_refs(pj, refs)))
+        calls += [gram_tile.options(**near(pi, pj)).remote(i, j, g_ref, None, pi, pj, *panel_refs(pi, refs),
+                                                            *panel_refs(pj, refs))
                   for i, pi in enumerate(panels[:j])]
     result = assemble(n, panels, ray.get(calls), np.asarray(g, np.float64), with_K=True)
     place_old_gram(result.K, old_K, reuse)
     result.stats["nodes"] = node_addresses(result.stats["tiles_per_node"])
-    return _carry(result, reuse, n)
+    return carry_prior(result, reuse)
 
 
 def new_row_stats(reuse: Reuse, blocks: list[BlockRows], refs: dict[str, ray.ObjectRef], n: int,
@@ -51,18 +41,18 @@ def new_row_stats(reuse: Reuse, blocks: list[BlockRows], refs: dict[str, ray.Obj
     _, new_parts = split_blocks(blocks, reuse.old < 0)
     panels = panels_of(new_parts)
     g_ref = ray.put(np.asarray(g, np.float64))
-    calls = [gram_tile.options(**_near(p)).remote(i, i, g_ref, None, p, None, *_refs(p, refs), with_K=False)
+    calls = [gram_tile.options(**near(p)).remote(i, i, g_ref, None, p, None, *panel_refs(p, refs), with_K=False)
              for i, p in enumerate(panels)]
     result = assemble(n, panels, ray.get(calls), np.asarray(g, np.float64), with_K=False)
     result.stats["nodes"] = node_addresses(result.stats["tiles_per_node"])
-    return _carry(result, reuse, n)
+    return carry_prior(result, reuse)
 
 
 def times_rows(parts: list[BlockRows], refs: dict[str, ray.ObjectRef], u: np.ndarray, n: int) -> np.ndarray:
     """(G u) on the rows of `parts` (a length-n vector, NaN elsewhere): one task per panel, near its blocks."""
     panels: list[Panel] = panels_of(parts)
     u_ref = ray.put(np.asarray(u, np.float64))
-    calls = [(p, panel_times.options(**_near(p)).remote(p, u_ref, *_refs(p, refs))) for p in panels]
+    calls = [(p, panel_times.options(**near(p)).remote(p, u_ref, *panel_refs(p, refs))) for p in panels]
     out = np.full(n, np.nan)
     for p, call in calls:
         out[p.positions] = ray.get(call)[0]

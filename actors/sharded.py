@@ -12,7 +12,7 @@ import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from convalue.actors.gram import _near, load_block
+from convalue.actors.gram import load_block, near
 from convalue.engine.files.folder import RunFolder
 from convalue.engine.selection.blocked import GramResult, Panel
 from convalue.engine.selection.solve import SolveSpec
@@ -135,7 +135,7 @@ class Shards:
         t0 = time.perf_counter()
         u = np.asarray(u, np.float64) * (1.0 if self.root is None else self.root)
         u_ref = ray.put(u)
-        calls = [(panel, panel_times.options(**_near(panel)).remote(panel, u_ref, *self._refs(panel)))
+        calls = [(panel, panel_times.options(**near(panel)).remote(panel, u_ref, *self._refs(panel)))
                  for panel in self.panels]
         out = np.empty(self.n)
         for panel, call in calls:
@@ -160,7 +160,7 @@ class Shards:
         for k in np.unique(self.owner[todo]):
             panel = self.panels[k]
             wanted = todo[self.owner[todo] == k]
-            calls.append(panel_rows.options(**_near(panel)).remote(panel, wanted, *self._refs(panel)))
+            calls.append(panel_rows.options(**near(panel)).remote(panel, wanted, *self._refs(panel)))
         for call in calls:
             pos, X, node, moved = ray.get(call)
             at = np.searchsorted(idx, pos)

@@ -5,6 +5,10 @@ ratio, whether the scores agree (objective, KKT, largest score difference, suppo
 
     .venv/bin/python bench/incremental.py --n 20000 --p 8192               # 1 % appended, both gammas
     .venv/bin/python bench/incremental.py --n 100000 --p 8192 --gamma-ratio 0.05
+    .venv/bin/python bench/incremental.py --n 20000 --p 8192 --space gradients --new aligned   # the answer changes
+
+`--new drawn` (the default) appends rows drawn as the pool's own, which here leave the prior's answer standing;
+`--new aligned` appends rows near the target's direction, which enter the support, so the prior only seeds the solve.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 from scale import peak_memory, write_pool
 
@@ -49,6 +54,32 @@ def score(workdir: Path, name: str, ratio: float, extra: list[str]) -> dict:
             "w": np.array([scores[g] for g in summary["order"]])}
 
 
+def align_new_rows(path: Path, old_rows: int, seed: int = 1) -> None:
+    """Rewrite the pool file with every row from old_rows on replaced by the target's direction plus noise (unit
+    norm, cosine about 0.9 with the target); row groups are written as write_pool wrote them, so the leading ones
+    keep their bytes."""
+    g = np.load(path.with_name("target.npy")).astype(np.float64)
+    g /= np.linalg.norm(g)
+    rng = np.random.default_rng(seed)
+    src = pq.ParquetFile(path)
+    tables = [src.read_row_group(i) for i in range(src.num_row_groups)]
+    tmp = path.with_suffix(".aligned")
+    with pq.ParquetWriter(tmp, src.schema_arrow) as writer:
+        start = 0
+        for t in tables:
+            if start + t.num_rows > old_rows:
+                X = t.column("vector").combine_chunks().flatten().to_numpy().reshape(t.num_rows, -1).copy()
+                lo = max(0, old_rows - start)
+                noise = rng.standard_normal((t.num_rows - lo, X.shape[1])) * 0.5 / np.sqrt(X.shape[1])
+                V = g + noise
+                X[lo:] = (V / np.linalg.norm(V, axis=1, keepdims=True)).astype(np.float32)
+                vec = pa.FixedSizeListArray.from_arrays(pa.array(X.reshape(-1)), X.shape[1])
+                t = t.set_column(t.schema.get_field_index("vector"), t.schema.field("vector"), vec)
+            writer.write_table(t)
+            start += t.num_rows
+    tmp.replace(path)
+
+
 def main() -> None:
     """Value, grow, value again against a fresh valuation; end with one JSON line."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -58,6 +89,8 @@ def main() -> None:
     ap.add_argument("--gamma-ratio", type=float, nargs="+", default=[5e-2, 5e-4])
     ap.add_argument("--space", choices=["auto", "gram", "gradients"], default="auto")
     ap.add_argument("--max-gather-gb", type=float, default=None, help="passed to convalue score")
+    ap.add_argument("--new", choices=["drawn", "aligned"], default="drawn",
+                    help="the appended rows: drawn as the pool's own, or near the target (they enter the support)")
     ap.add_argument("--workdir", type=Path, default=None, help="where the pool and runs go (default: a temp folder)")
     args = ap.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="convalue-incremental-"))
@@ -70,11 +103,13 @@ def main() -> None:
         write_pool(workdir / "pool.parquet", total, args.p, rows=args.n)  # the pool before it grew
         prior = score(workdir, f"grown-{ratio:g}", ratio, extra + ["--overwrite"])
         write_pool(workdir / "pool.parquet", total, args.p)  # the same file, the new rows appended
+        if args.new == "aligned":
+            align_new_rows(workdir / "pool.parquet", args.n)
         full = score(workdir, f"fresh-{ratio:g}", ratio, extra + ["--overwrite"])
         inc = score(workdir, f"grown-{ratio:g}", ratio, extra)
         s_full, s_inc = full["summary"], inc["summary"]
         assert s_inc["order"] == s_full["order"]
-        row = {"n": args.n, "added": total - args.n, "p": args.p, "gamma_ratio": ratio,
+        row = {"n": args.n, "added": total - args.n, "new": args.new, "p": args.p, "gamma_ratio": ratio,
                "space": s_full.get("space"), "prior_s": prior["wall_s"], "full_s": full["wall_s"],
                "incremental_s": inc["wall_s"], "ratio": round(inc["wall_s"] / full["wall_s"], 4),
                "full_stages": s_full.get("timings_s"), "incremental_stages": s_inc.get("timings_s"),

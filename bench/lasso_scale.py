@@ -219,7 +219,7 @@ def main() -> None:
     libraries = [lib for lib in args.libraries if available(lib)]
     missing = sorted(set(args.libraries) - set(libraries))
     if missing:
-        print(f"not installed, skipped: {', '.join(missing)} (pip install skglm celer)")
+        print(f"not installed, skipped: {', '.join(missing)} (.venv/bin/pip install -e '.[bench]')")
     tmp = None
     if args.data_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="lasso_scale_")

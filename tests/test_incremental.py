@@ -157,13 +157,42 @@ def test_score_values_a_grown_file_from_its_prior_as_from_scratch(three_nodes, t
         assert grown["gram"]["bytes_read"] < fresh["gram"]["bytes_read"] / 5  # the new rows' statistics only
 
 
+def test_score_values_rows_the_prior_certifies_in_the_driver_alone(three_nodes, tmp_path):
+    """Appended rows that stay unselected (unselected rows nearest orthogonal to the target, again and perturbed)
+    leave the prior certified: the grown pool is valued from the new rows' blocks in the driver, no task on the
+    cluster, and gives a fresh valuation's certified answer."""
+    G, g = _clustered(600, 16, seed=12)
+    names = [f"g{i:03d}" for i in range(600)]
+    np.save(tmp_path / "target.npy", g.astype(np.float32))
+    _write_pool(tmp_path / "pool.parquet", G, names)
+    first, w1 = _score(tmp_path, "pool.parquet", "grow", "--space", "gradients")
+    cos = np.abs(G @ g) / np.linalg.norm(G, axis=1)
+    far = [i for i in np.argsort(cos) if w1[i] == 0][:30]
+    grown = np.vstack([G, G[far] + 1e-4 * np.random.default_rng(1).normal(size=(30, 16))])
+    grown_names = names + [f"new{i:02d}" for i in range(30)]
+    _write_pool(tmp_path / "pool.parquet", grown, grown_names)
+    again, w = _score(tmp_path, "pool.parquet", "grow", "--space", "gradients")
+    fresh, w_fresh = _score(tmp_path, "pool.parquet", "fresh", "--space", "gradients")
+    assert again["gram"]["incremental"] == {"reused_rows": 600, "new_rows": 30, "on_cluster": False,
+                                            "prior": "certified"}
+    assert again["gram"]["tiles_per_node"] == {"driver": 1} and again["gram"]["sharded"]["passes"] == 0
+    assert again["solver"]["kkt"] <= 1e-9 and again["solver"]["status"] == "optimal"
+    assert again["solver"]["objective"] == pytest.approx(fresh["solver"]["objective"], rel=1e-9)
+    np.testing.assert_allclose(w, w_fresh, atol=1e-7)
+    assert set(np.flatnonzero(w > 1e-8)) == set(np.flatnonzero(w_fresh > 1e-8)) and not w[600:].any()
+    # the state it leaves values the next growth the same way
+    again2, _ = _score(tmp_path, "pool.parquet", "grow", "--space", "gradients")
+    assert again2["gram"]["incremental"]["prior"] == "certified" and again2["gram"]["incremental"]["new_rows"] == 0
+
+
 def test_score_again_on_an_unchanged_file_reuses_the_prior_as_it_is(three_nodes, tmp_path):
     G, g = _clustered(400, 16, seed=10)
     _write_pool(tmp_path / "pool.parquet", G, [f"g{i:03d}" for i in range(400)])
     np.save(tmp_path / "target.npy", g.astype(np.float32))
     first, w1 = _score(tmp_path, "pool.parquet", "same", "--space", "gradients")
     again, w2 = _score(tmp_path, "pool.parquet", "same", "--space", "gradients")
-    assert again["gram"]["incremental"] == {"reused_rows": 400, "new_rows": 0, "prior": "certified"}
+    assert again["gram"]["incremental"] == {"reused_rows": 400, "new_rows": 0, "prior": "certified",
+                                            "on_cluster": False}  # valued in the driver: nothing to compute
     assert again["gram"]["sharded"]["blocks_loaded"] == 0 and again["gram"]["sharded"]["passes"] == 0
     np.testing.assert_array_equal(w1, w2)
     # --overwrite values afresh: every row read again, no prior, the same certified answer

@@ -26,7 +26,7 @@ from convalue.engine.data.costs import load_costs
 from convalue.engine.data.prepare import TARGET_KEY, PreparedData, prepare
 from convalue.engine.driver import signals
 from convalue.engine.driver.featurize import fingerprint
-from convalue.engine.driver.incremental import load_prior
+from convalue.engine.driver.prior import load_prior
 from convalue.engine.driver.session import RaySession, Timer, check_reachable, cluster_address
 from convalue.engine.driver.stages import (
     Valuation,

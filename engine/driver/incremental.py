@@ -5,10 +5,8 @@ starts from (`valuation.npz`)."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -16,25 +14,19 @@ from convalue.actors.gram import build_gram
 from convalue.actors.incremental import extend_gram, new_row_stats, times_rows
 from convalue.actors.sharded import KeptRows, problem_of, residuals_on_actor, solve_sharded_on_actor
 from convalue.actors.solver import solve_blocks_on_actor, solve_on_actor
-from convalue.engine.files.errors import StoreError
-from convalue.engine.files.folder import RunFolder
+from convalue.engine.driver.prior import PriorRun, Valued, prior_of, state_of
 from convalue.engine.selection.blocked import BlockRows, GramResult, panels_of
 from convalue.engine.selection.incremental import (
-    STATE_FILE,
     Reuse,
-    ValuationState,
     files_of,
     gram_residual,
     reuse_of,
     split_blocks,
 )
 from convalue.engine.selection.solve import KMMProblemData, SolveSpec
-from convalue.engine.store.artifacts import read_npy
-from convalue.engine.store.summary import RunSummary
 from convalue.solvers import KMMSolution
 from convalue.solvers.sharded import (
     DEFAULT_SHARD_POLICY,
-    Prior,
     Residuals,
     ShardPolicy,
     answer_without_shards,
@@ -42,59 +34,6 @@ from convalue.solvers.sharded import (
 )
 
 log = logging.getLogger("convalue")
-
-
-@dataclass(frozen=True, eq=False)
-class PriorRun:
-    """The complete run a folder holds, as the next valuation reuses it: its state and, in Gram space, its K."""
-
-    state: ValuationState
-    gram: Callable[[], np.ndarray] | None  # K read (memory-mapped where local) and verified; None: no gram.npy
-
-
-def load_prior(folder: RunFolder) -> PriorRun | None:
-    """The folder's complete run's valuation state (verified against summary.json's checksum), or None."""
-    try:
-        summary = RunSummary.read(folder)
-    except (FileNotFoundError, StoreError, OSError):
-        return None
-    entry = (summary.artifacts or {}).get(STATE_FILE)
-    if summary.status != "complete" or entry is None:
-        return None
-    try:
-        data = folder.read_bytes(STATE_FILE)
-        if hashlib.sha256(data).hexdigest() != entry["sha256"]:
-            raise ValueError("its bytes are not those the run wrote")
-        state = ValuationState.from_bytes(data)
-    except (OSError, ValueError) as exc:
-        log.warning("%s: %s; the pool is valued from scratch", folder / STATE_FILE, exc)
-        return None
-    if list(summary.order or []) != state.order:
-        return None
-    gram = (summary.artifacts or {}).get("gram.npy")
-
-    def load_gram() -> np.ndarray:
-        if folder.local is None:
-            return read_npy(folder, "gram.npy", gram["sha256"])
-        path, digest = folder.local / "gram.npy", hashlib.sha256()
-        with open(path, "rb") as fh:  # streamed: K is read twice (here and mapped), never held twice
-            for chunk in iter(lambda: fh.read(1 << 24), b""):
-                digest.update(chunk)
-        if digest.hexdigest() != gram["sha256"]:
-            raise StoreError(f"{path}: its bytes are not those the run wrote")
-        return np.load(path, mmap_mode="r", allow_pickle=False)
-
-    return PriorRun(state, load_gram if gram is not None and state.space == "gram" else None)
-
-
-@dataclass(eq=False)
-class Valued:
-    """One valuation's Gram statistics, solution, and the state the next one starts from."""
-
-    gram: GramResult
-    spec: SolveSpec  # gamma_ratio made absolute
-    sol: KMMSolution
-    state: ValuationState
 
 
 def value_rows(spec: SolveSpec, names: list[str], blocks: list[BlockRows], sources: dict, g_tar: np.ndarray,
@@ -133,12 +72,7 @@ def value_rows(spec: SolveSpec, names: list[str], blocks: list[BlockRows], sourc
         gram.stats.setdefault("incremental", {})["prior"] = (
             sol.info.get("sharded", {}).get("prior") if "sharded" in sol.info else
             "certified" if sol.method == "prior" else "solved")
-    state = ValuationState(order=list(names), files=files, target=np.asarray(g_tar, np.float64), metric=spec.metric,
-                           normalize=spec.normalize, space=spec.space, gamma=sol.gamma, w=sol.w, beta=gram.beta,
-                           diag=gram.diag, norm2=gram.row_norm2, cosine=gram.cosine, residual=residuals.residual,
-                           ref=None if gram.K is not None else residuals.ref,
-                           u_refs=None if gram.K is not None else residuals.u_refs,
-                           rows_at=None if kept is None else kept.at, rows=None if kept is None else kept.rows)
+    state = state_of(names, files, g_tar, spec, sol, gram, residuals, None if kept is None else (kept.at, kept.rows))
     return Valued(gram, spec, sol, state)
 
 
@@ -173,18 +107,8 @@ def _solve_gradients(spec: SolveSpec, gram: GramResult, blocks: list[BlockRows],
         return sol, left, kept
     prior = cache = keep_from = None
     if reuse is not None:
-        state = reuse.state
-        if reuse.residual_exact and state.u_refs is not None and state.u_refs.shape[1] == p:
-            new, kept = reuse.new_rows, reuse.kept
-            s = 1.0 / np.sqrt(gram.diag) if spec.normalize == "cosine" else np.ones(n)
-            _, new_parts = split_blocks(blocks, reuse.old < 0)
-            u = state.u_refs[-1]  # G~^T w of the prior; the new rows' w is 0
-            residual, ref = np.empty(n), np.full(n, len(state.u_refs) - 1, dtype=np.intp)
-            residual[kept], ref[kept] = state.residual[reuse.old[kept]], state.ref[reuse.old[kept]]
-            residual[new] = s[new] * times_rows(new_parts, sources, u, n)[new] - s[new] * gram.beta[new]
-            prior = Prior(w=reuse.w0(), residual=residual, u_refs=state.u_refs, ref=ref)
-        else:
-            prior = Prior(w=reuse.w0())
+        _, new_parts = split_blocks(blocks, reuse.old < 0)
+        prior = prior_of(reuse, gram, spec.normalize, p, lambda u: times_rows(new_parts, sources, u, n))
         cache = reuse.kept_rows()
         keep_from = np.zeros(n, dtype=bool)  # the next state keeps rows it has without loading a block
         keep_from[reuse.new_rows] = True

@@ -16,7 +16,7 @@ from convalue.actors.gram import load_block
 from convalue.actors.sharded import StoredBlock, manifest_digest
 from convalue.engine.data.prepare import TARGET_KEY
 from convalue.engine.driver.featurize import FeaturizeResult, FeaturizeStats
-from convalue.engine.driver.incremental import PriorRun
+from convalue.engine.driver.prior import PriorRun, stored_rows
 from convalue.engine.files.errors import StoreError
 from convalue.engine.selection.incremental import reuse_of
 from convalue.engine.store.vectors import MANIFEST, BlockMeta, VectorStore
@@ -58,15 +58,7 @@ def load_pool(store: VectorStore, names: list[str], prior: PriorRun | None, metr
     into the object store, spread over the nodes that read the store, except where a prior valuation reuses rows in
     gradient space (`prior` given): blocks holding reused rows only stay in the store (actors.sharded.StoredBlock)
     until a product needs them."""
-    keys = store.done()
-    where: dict[str, tuple[BlockMeta, int]] = {}  # each stored row's block, from the metadata alone
-    for meta in store.blocks.values():
-        for r, (g, k) in enumerate(zip(meta.groups, meta.keys)):
-            if keys.get(g) == k:
-                where.setdefault(g, (meta, r))
-    if missing := [n for n in [TARGET_KEY, *names] if n not in where]:
-        raise StoreError(f"{store.folder}: no stored vector for {missing[:5]} (blocks set aside: "
-                         f"{store.dropped[:5]}); import the vectors again with --overwrite")
+    where = stored_rows(store, names)
     refs: dict = {}
     nodes: dict = {}
     spread = readers(store)

@@ -218,8 +218,9 @@ def score(req: ScoreRequest) -> RunSummary:
     solve: an embedded one unless RAY_ADDRESS names a cluster)."""
     # Ray and the actors load only when vectors are scored: the CLI imports this module for every command
     from convalue.engine.config import ConfigError, SolverConfig
-    from convalue.engine.driver.incremental import load_prior, value_rows
+    from convalue.engine.driver.incremental import value_rows
     from convalue.engine.driver.pool import load_pool
+    from convalue.engine.driver.prior import load_prior, value_in_driver
     from convalue.engine.driver.session import connect_default
     from convalue.engine.driver.stages import (
         check_k_fits,
@@ -268,17 +269,24 @@ def score(req: ScoreRequest) -> RunSummary:
             check_k_fits(req.k, len(names), "--k")
             records.append(ImportRecord(data={"target": req.target or req.target_group, "candidates": len(names),
                                               "p": p, "rows_decoded": decoded}))
-            started = connect_default()
             space = choose_space(req.space, len(names))
             prior = None if req.overwrite else load_prior(run_dir)  # --overwrite: valued afresh
-            with timer.stage("load"):  # in gradient space with a prior, only the blocks of new rows
-                features, sources = load_pool(store, names, prior if space == "gradients" else None,
-                                              req.metric, req.normalize)
             spec = SolveSpec(gamma=req.gamma, gamma_ratio=req.gamma_ratio, budget=req.budget,
                              normalize=req.normalize, rank_bound=p, metric=req.metric, space=space)
-            done = value_rows(spec, names, features.blocks, sources, features.g_tar, timer, prior=prior,
-                              shard=req.shard,
-                              check=lambda gram: check_nonzero(None, names, gram.row_norm2, features.g_tar))
+            # a grown pool the prior still certifies is valued here, from its new rows alone: no cluster starts
+            here = None if prior is None else value_in_driver(
+                spec, names, store, prior, timer, req.shard,
+                check=lambda gram: check_nonzero(None, names, gram.row_norm2, prior.state.target))
+            if here is not None:
+                done = here
+            else:
+                started = connect_default()
+                with timer.stage("load"):  # in gradient space with a prior, only the blocks of new rows
+                    features, sources = load_pool(store, names, prior if space == "gradients" else None,
+                                                  req.metric, req.normalize)
+                done = value_rows(spec, names, features.blocks, sources, features.g_tar, timer, prior=prior,
+                                  shard=req.shard,
+                                  check=lambda gram: check_nonzero(None, names, gram.row_norm2, features.g_tar))
             gram, spec, sol = done.gram, done.spec, done.sol
             solver = SolverRecord.from_solution(sol, spec.normalize, spec.rank_bound)
             if req.gamma_ratio is not None:

@@ -163,7 +163,9 @@ class Timer:
         try:
             yield
         finally:
-            self.seconds[name] = round(time.perf_counter() - t0, 3)
-            log.info("stage %s done in %.1f s", name, self.seconds[name])
+            took = time.perf_counter() - t0
+            # summed where a stage is entered again (a valuation tried in the driver, then on the cluster)
+            self.seconds[name] = round(self.seconds.get(name, 0.0) + took, 3)
+            log.info("stage %s done in %.1f s", name, took)
             if (p := self.progress()) is not None:
-                p.end(name, self.seconds[name])
+                p.end(name, round(took, 3))

@@ -12,7 +12,8 @@ import numpy as np
 from convalue.engine.config import ConfigError, RunConfig
 from convalue.engine.data.prepare import PreparedData, full_items
 from convalue.engine.driver.featurize import FeaturizeResult, featurize
-from convalue.engine.driver.incremental import PriorRun, value_rows
+from convalue.engine.driver.incremental import value_rows
+from convalue.engine.driver.prior import PriorRun
 from convalue.engine.files.folder import RunFolder
 from convalue.engine.model.spec import ReplicaSpec
 from convalue.engine.selection.blocked import GramResult

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from convalue.engine.selection.blocked import BlockRows
+from convalue.engine.selection.blocked import BlockRows, GramResult
 
 STATE_FILE = "valuation.npz"
 FORMAT = 1
@@ -149,6 +149,14 @@ def reuse_of(state: ValuationState, names: list[str], files: list[str], target: 
     gone = np.ones(len(state.order), dtype=bool)
     gone[old[old >= 0]] = False
     return Reuse(state, old, residual_exact=not np.any(state.w[gone])), f"{int((old >= 0).sum())} rows reused"
+
+
+def carry_prior(result: GramResult, reuse: Reuse) -> GramResult:
+    """The grown pool's statistics: the new rows' as computed in `result`, the reused rows' from the prior."""
+    for name, attr in (("beta", "beta"), ("diag", "diag"), ("norm2", "row_norm2"), ("cosine", "cosine")):
+        setattr(result, attr, reuse.carried(name, getattr(result, attr)))
+    result.stats["incremental"] = {"reused_rows": int(reuse.kept.size), "new_rows": int(reuse.new_rows.size)}
+    return result
 
 
 def place_old_gram(K: np.ndarray, old_K: np.ndarray, reuse: Reuse, rows: int = 2048) -> None:

@@ -170,7 +170,7 @@ def value_in_driver(spec: SolveSpec, names: list[str], store: VectorStore, prior
             return None
         if loaded is None:
             return None
-        reuse, files, new_parts, arrays, g_tar = loaded
+    reuse, new_parts, arrays, g_tar = loaded.reuse, loaded.parts, loaded.arrays, loaded.g_tar
     n, p = len(names), int(g_tar.size)
     with timer.stage("gram"):
         panels = panels_of(new_parts)
@@ -197,14 +197,26 @@ def value_in_driver(spec: SolveSpec, names: list[str], store: VectorStore, prior
         return None
     gram.stats["incremental"]["prior"] = sol.info["sharded"].get("prior")
     gram.stats["sharded"] = {"passes": 0, "blocks_loaded": 0, "panels": len(panels)} | sol.info["sharded"]
-    state = state_of(names, files, g_tar, spec, sol, gram, sol.info["residuals"], reuse.kept_rows())
+    state = state_of(names, loaded.files, g_tar, spec, sol, gram, sol.info["residuals"], reuse.kept_rows())
     return Valued(gram, spec, sol, state)
 
 
-def _new_rows(store: VectorStore, names: list[str], prior: PriorRun, spec: SolveSpec, shard: ShardPolicy
-              ) -> tuple[Reuse, list[str], list[BlockRows], dict[str, np.ndarray], np.ndarray] | None:
-    """(the reuse, each row's block file, the new rows' BlockRows, their blocks' arrays, the target vector), or None
-    where the prior's residual does not hold or the new rows' blocks exceed shard.max_gather_bytes."""
+@dataclass(frozen=True, eq=False)
+class NewRows:
+    """A grown pool's new rows as read in the driver: how the pool reuses the prior, each row's block file, the new
+    rows' BlockRows and their blocks' arrays, and the target vector."""
+
+    reuse: Reuse
+    files: list[str]
+    parts: list[BlockRows]
+    arrays: dict[str, np.ndarray]
+    g_tar: np.ndarray
+
+
+def _new_rows(store: VectorStore, names: list[str], prior: PriorRun, spec: SolveSpec,
+              shard: ShardPolicy) -> NewRows | None:
+    """The new rows of `names` read from their blocks, or None where the prior's residual does not hold or the new
+    rows' blocks exceed shard.max_gather_bytes."""
     where = stored_rows(store, names)
     target_meta, target_row = where[TARGET_KEY]
     g_tar = np.asarray(block_vectors(store.folder, target_meta)[target_row], np.float64)
@@ -218,4 +230,4 @@ def _new_rows(store: VectorStore, names: list[str], prior: PriorRun, spec: Solve
     metas = {m.file: m for m, _ in where.values()}
     if sum(metas[f].size for f in fresh) > shard.max_gather_bytes:
         return None
-    return reuse, files, new_parts, {f: block_vectors(store.folder, metas[f]) for f in fresh}, g_tar
+    return NewRows(reuse, files, new_parts, {f: block_vectors(store.folder, metas[f]) for f in fresh}, g_tar)

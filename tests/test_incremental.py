@@ -139,6 +139,7 @@ def test_score_values_a_grown_file_from_its_prior_as_from_scratch(three_nodes, t
     grown, w = _score(tmp_path, "pool.parquet", "grow", *extra)
     fresh, w_fresh = _score(tmp_path, "pool.parquet", "fresh", *extra)
     assert grown["order"] == fresh["order"] == names
+    assert grown["gram"]["incremental"]["on_cluster"]  # a new row enters: the prior does not answer in the driver
     assert grown["gram"]["incremental"]["reused_rows"] == 1100 and grown["gram"]["incremental"]["new_rows"] == 100
     assert first["data"]["rows_decoded"] == 1100 and grown["data"]["rows_decoded"] < 1200  # unchanged row groups
     assert grown["solver"]["kkt"] <= 1e-9 and grown["solver"]["status"] == "optimal"
@@ -175,6 +176,7 @@ def test_score_values_rows_the_prior_certifies_in_the_driver_alone(three_nodes, 
     fresh, w_fresh = _score(tmp_path, "pool.parquet", "fresh", "--space", "gradients")
     assert again["gram"]["incremental"] == {"reused_rows": 600, "new_rows": 30, "on_cluster": False,
                                             "prior": "certified"}
+    assert "the driver (no Ray task)" in (tmp_path / "runs" / "grow" / "report.html").read_text()
     assert again["gram"]["tiles_per_node"] == {"driver": 1} and again["gram"]["sharded"]["passes"] == 0
     assert again["solver"]["kkt"] <= 1e-9 and again["solver"]["status"] == "optimal"
     assert again["solver"]["objective"] == pytest.approx(fresh["solver"]["objective"], rel=1e-9)

@@ -41,7 +41,7 @@ def row_group_digests(folder: RunFolder, name: str) -> list[list]:
                 h.update(fh.read(min(1 << 24, end - lo)))
         return [h.hexdigest(), rows]
 
-    with ThreadPoolExecutor(max_workers=min(len(spans), os.cpu_count() or 1) or 1) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, min(len(spans), os.cpu_count() or 1, 8))) as pool:
         return list(pool.map(digest, spans))
 
 

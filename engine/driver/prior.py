@@ -161,12 +161,15 @@ def value_in_driver(spec: SolveSpec, names: list[str], store: VectorStore, prior
     certifies it, computed in this process from the new rows' blocks alone (at most shard.max_gather_bytes of them).
     None where it does not apply or does not certify, or a block is missing or fails its checksum: the caller
     values the pool on the cluster (which sets such a block aside and says so)."""
-    if spec.space != "gradients" or spec.metric != "euclidean":
-        return None
+    state = prior.state
+    if spec.space != "gradients" or spec.metric != "euclidean" or (spec.gamma is None and spec.gamma_ratio is None):
+        return None  # the budget form's prior always needs products over G
+    if state.u_refs is None or state.u_refs.shape[1] != state.target.size:
+        return None  # no residual to certify from (a Gram-space prior): nothing here can answer
     with timer.stage("load"):
         try:
             loaded = _new_rows(store, names, prior, spec, shard)
-        except StoreError:
+        except (StoreError, OSError):  # the cluster's load sets a bad block aside and says so
             return None
         if loaded is None:
             return None
@@ -176,17 +179,18 @@ def value_in_driver(spec: SolveSpec, names: list[str], store: VectorStore, prior
         panels = panels_of(new_parts)
         tiles = [tile(i, i, stack_rows([arrays[b.file] for b in pn.blocks], pn.blocks), None, g_tar, None,
                       with_K=False) for i, pn in enumerate(panels)]
-        gram = carry_prior(assemble(n, panels, tiles, g_tar, with_K=False), reuse)
+        gram = carry_prior(assemble(n, panels, tiles, g_tar, with_K=False), reuse, on_cluster=False)
         gram.stats["tiles_per_node"] = {"driver": len(tiles)}
         gram.stats["nodes"] = {"driver": {"host": socket.gethostname(), "driver": True}}
-        gram.stats["incremental"]["on_cluster"] = False
         check(gram)
     spec = spec.resolved(gram.beta, gram.diag)
     with timer.stage("solve"):
         def new_times(u: np.ndarray) -> np.ndarray:
             out = np.full(n, np.nan)
-            for b in new_parts:
-                out[list(b.positions)] = arrays[b.file][list(b.rows)].astype(np.float64) @ u
+            for b in new_parts:  # a chunk of float32 rows cast at a time, as on the cluster
+                rows, at = np.asarray(b.rows), np.asarray(b.positions)
+                for lo in range(0, rows.size, 512):
+                    out[at[lo:lo + 512]] = arrays[b.file][rows[lo:lo + 512]].astype(np.float64) @ u
             return out
 
         start = prior_of(reuse, gram, spec.normalize, p, new_times)

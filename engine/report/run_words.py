@@ -46,6 +46,8 @@ def node_labels(gram: dict) -> dict[str, str]:
         parts = [str(p) for p in (info.get(i, {}).get("host"), info.get(i, {}).get("ip")) if p]
         return ", ".join(dict.fromkeys(parts))
 
+    if ids == ["driver"]:  # a grown pool valued in the driver alone (engine/driver/prior.py): no Ray task ran
+        return {"driver": "the driver (no Ray task)" + (f" ({where('driver')})" if where("driver") else "")}
     if len(ids) == 1 and info.get(ids[0], {}).get("driver"):
         return {ids[0]: "the run's one machine" + (f" ({where(ids[0])})" if where(ids[0]) else "")}
     return {i: f"node {n}" + (f" ({where(i)})" if where(i) else "") + (", the driver's"

@@ -151,11 +151,13 @@ def reuse_of(state: ValuationState, names: list[str], files: list[str], target: 
     return Reuse(state, old, residual_exact=not np.any(state.w[gone])), f"{int((old >= 0).sum())} rows reused"
 
 
-def carry_prior(result: GramResult, reuse: Reuse) -> GramResult:
-    """The grown pool's statistics: the new rows' as computed in `result`, the reused rows' from the prior."""
+def carry_prior(result: GramResult, reuse: Reuse, on_cluster: bool = True) -> GramResult:
+    """The grown pool's statistics: the new rows' as computed in `result` (on the cluster, or in the driver), the
+    reused rows' from the prior."""
     for name, attr in (("beta", "beta"), ("diag", "diag"), ("norm2", "row_norm2"), ("cosine", "cosine")):
         setattr(result, attr, reuse.carried(name, getattr(result, attr)))
-    result.stats["incremental"] = {"reused_rows": int(reuse.kept.size), "new_rows": int(reuse.new_rows.size)}
+    result.stats["incremental"] = {"reused_rows": int(reuse.kept.size), "new_rows": int(reuse.new_rows.size),
+                                   "on_cluster": on_cluster}
     return result
 
 

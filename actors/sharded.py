@@ -14,7 +14,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from convalue.actors.gram import load_block, near
 from convalue.engine.files.folder import RunFolder
-from convalue.engine.selection.blocked import GramResult, Panel
+from convalue.engine.selection.blocked import GramResult, Panel, rows_times
 from convalue.engine.selection.solve import SolveSpec
 from convalue.engine.store.vectors import MANIFEST, BlockMeta
 from convalue.solvers import DEFAULT_POLICY, KMMSolution, SolverPolicy
@@ -26,9 +26,6 @@ from convalue.solvers.sharded import (
     rows_to_keep,
     solve_sharded,
 )
-
-#: rows of a block cast to float64 at a time inside a product task (a 512 x 8192 float64 chunk: 32 MiB)
-_CHUNK = 512
 
 
 def _node() -> str:
@@ -44,11 +41,7 @@ def _moved(panel: Panel, node: str) -> int:
 def panel_times(panel: Panel, u: np.ndarray, *arrays: np.ndarray) -> tuple[np.ndarray, str, int]:
     """(X u in float64 for the panel's rows, in panel order; the node; block bytes read from other nodes), a chunk
     of float32 rows cast at a time (no float64 copy of the panel)."""
-    out = []
-    for a, b in zip(arrays, panel.blocks):
-        rows = np.asarray(b.rows)
-        for lo in range(0, rows.size, _CHUNK):
-            out.append(a[rows[lo:lo + _CHUNK]].astype(np.float64) @ u)
+    out = [rows_times(a, np.asarray(b.rows), u) for a, b in zip(arrays, panel.blocks)]
     node = _node()
     return np.concatenate(out), node, _moved(panel, node)
 

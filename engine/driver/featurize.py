@@ -20,7 +20,7 @@ from convalue.engine.data.prepare import TARGET_KEY, PreparedData, preview_key
 from convalue.engine.data.tokenize import WorkItem
 from convalue.engine.features.batching import block_tokens, plan_blocks
 from convalue.engine.model.spec import ReplicaSpec
-from convalue.engine.selection.blocked import BlockRows
+from convalue.engine.selection.blocked import BlockRows, rows_of_blocks
 from convalue.engine.store.vectors import VectorStore, write_block
 
 log = logging.getLogger("convalue")
@@ -62,13 +62,7 @@ class FeaturizeResult:
            nodes: dict[str, tuple[str | None, int]], stats: FeaturizeStats) -> FeaturizeResult:
         """The result for candidates `names` whose rows are `found` (group -> (block file, row)) in blocks `refs`
         living on `nodes` (file -> (node, bytes)); the target's row is fetched, nothing else."""
-        position = {n: i for i, n in enumerate(names)}
-        by_file: dict[str, list[tuple[int, int]]] = {}
-        for name in names:
-            file, row = found[name]
-            by_file.setdefault(file, []).append((row, position[name]))
-        blocks = [BlockRows(file, tuple(r for r, _ in rows), tuple(p for _, p in rows), *nodes[file])
-                  for file, rows in by_file.items()]
+        blocks = rows_of_blocks(names, found, nodes)
         file, row = found[TARGET_KEY]
         g_tar = np.asarray(ray.get(refs[file])[row], np.float64)
         return cls(names=names, blocks=blocks, refs=refs, g_tar=g_tar, stats=stats)

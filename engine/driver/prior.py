@@ -20,6 +20,8 @@ from convalue.engine.selection.blocked import (
     GramResult,
     assemble,
     panels_of,
+    rows_of_blocks,
+    rows_times,
     stack_rows,
     tile,
 )
@@ -142,18 +144,6 @@ def stored_rows(store: VectorStore, names: list[str]) -> dict[str, tuple[BlockMe
     return where
 
 
-def block_rows_of(names: list[str], where: dict[str, tuple[BlockMeta, int]],
-                  node: Callable[[str], str | None] = lambda file: None) -> list[BlockRows]:
-    """The BlockRows of `names` in order (a block's rows and their positions), each block on node(file)."""
-    by_file: dict[str, list[tuple[int, int]]] = {}
-    for pos, name in enumerate(names):
-        meta, row = where[name]
-        by_file.setdefault(meta.file, []).append((row, pos))
-    sizes = {meta.file: meta.size for meta, _ in where.values()}
-    return [BlockRows(f, tuple(r for r, _ in rows), tuple(q for _, q in rows), node(f), sizes[f])
-            for f, rows in by_file.items()]
-
-
 def value_in_driver(spec: SolveSpec, names: list[str], store: VectorStore, prior: PriorRun, timer,
                     shard: ShardPolicy = DEFAULT_SHARD_POLICY,
                     check: Callable[[GramResult], None] = lambda gram: None) -> Valued | None:
@@ -187,10 +177,8 @@ def value_in_driver(spec: SolveSpec, names: list[str], store: VectorStore, prior
     with timer.stage("solve"):
         def new_times(u: np.ndarray) -> np.ndarray:
             out = np.full(n, np.nan)
-            for b in new_parts:  # a chunk of float32 rows cast at a time, as on the cluster
-                rows, at = np.asarray(b.rows), np.asarray(b.positions)
-                for lo in range(0, rows.size, 512):
-                    out[at[lo:lo + 512]] = arrays[b.file][rows[lo:lo + 512]].astype(np.float64) @ u
+            for b in new_parts:
+                out[list(b.positions)] = rows_times(arrays[b.file], np.asarray(b.rows), u)
             return out
 
         start = prior_of(reuse, gram, spec.normalize, p, new_times)
@@ -228,10 +216,11 @@ def _new_rows(store: VectorStore, names: list[str], prior: PriorRun, spec: Solve
     reuse, _ = reuse_of(prior.state, names, files, g_tar, spec.metric, spec.normalize)
     if reuse is None or not reuse.residual_exact:
         return None
-    blocks = block_rows_of(names, where)
+    metas = {m.file: m for m, _ in where.values()}
+    blocks = rows_of_blocks(names, {n: (m.file, r) for n, (m, r) in where.items()},
+                            {f: (None, m.size) for f, m in metas.items()})
     _, new_parts = split_blocks(blocks, reuse.old < 0)
     fresh = {b.file for b in new_parts}
-    metas = {m.file: m for m, _ in where.values()}
     if sum(metas[f].size for f in fresh) > shard.max_gather_bytes:
         return None
     return NewRows(reuse, files, new_parts, {f: block_vectors(store.folder, metas[f]) for f in fresh}, g_tar)

@@ -54,6 +54,28 @@ def panels_of(blocks: list[BlockRows], panel_rows: int = PANEL_ROWS) -> list[Pan
     return panels
 
 
+#: rows of a block cast to float64 at a time in a product (a 512 x 8192 float64 chunk: 32 MiB)
+CAST_ROWS = 512
+
+
+def rows_of_blocks(names: list[str], found: dict[str, tuple[str, int]],
+                   place: dict[str, tuple[str | None, int]]) -> list[BlockRows]:
+    """The BlockRows of `names` in order, from each name's (block file, row) in `found`; each block's (node, bytes)
+    from `place`."""
+    by_file: dict[str, list[tuple[int, int]]] = {}
+    for pos, name in enumerate(names):
+        file, row = found[name]
+        by_file.setdefault(file, []).append((row, pos))
+    return [BlockRows(f, tuple(r for r, _ in rows), tuple(q for _, q in rows), *place[f])
+            for f, rows in by_file.items()]
+
+
+def rows_times(a: np.ndarray, rows: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """a[rows] @ u in float64, CAST_ROWS float32 rows cast at a time (no float64 copy of the block)."""
+    return np.concatenate([a[rows[lo:lo + CAST_ROWS]].astype(np.float64) @ u
+                           for lo in range(0, rows.size, CAST_ROWS)] or [np.zeros(0)])
+
+
 def gather_float64(n: int, panels: list[Panel], arrays: list[np.ndarray]) -> np.ndarray:
     """G (n rows, float64) in the run's order from the panels' block arrays (in panel order), cast block by block:
     no float32 copy of G is made beside it."""

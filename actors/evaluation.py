@@ -30,6 +30,7 @@ from convalue.engine.protocol.evaluate import (
 )
 from convalue.engine.protocol.measures import Measure
 from convalue.engine.protocol.summaries import TARGET_LOSS, summarise, summarise_measure
+from convalue.engine.protocol.tuning import RhoTuning, choose_rho
 from convalue.engine.protocol.verdict import verdict_of
 from convalue.engine.store.finetunes import FinetuneStore, job_settings, train_job_settings
 
@@ -246,18 +247,44 @@ def train_jobs(req: EvaluationRequest, jobs: list[PlannedRun], tasks: list[tuple
     return Trained(results=results, trained=trained, base_evaluations=base)
 
 
+def planned(req: EvaluationRequest, seeds: list[int], rho_at: Any) -> dict[int, list[PlannedRun]]:
+    """Each seed's protocol cells (alike but for a random order per seed) with their mixture weights, each drawn
+    with rho_at(k)."""
+    cfg, names, scores = req.cfg, req.names, req.scores
+    plans = {s: plan_runs(names, scores[s], req.beta, cfg.evaluation_ks(), "target_only" in cfg.finetune.baselines,
+                          rho_at, req.bought) for s in seeds}
+    sizes = {n: len(req.usable(n)) for plan in plans.values() for r in plan for n in r.groups}
+    return {s: mix_runs(plan, cfg.finetune.mixture, scores[s], names, sizes, cfg.finetune.mixture_temperature,
+                        req.given) for s, plan in plans.items()}
+
+
+def tune_rho(req: EvaluationRequest, progress: Any, outcome: FinetuneOutcome) -> RhoTuning:
+    """finetune.tune: every method's cells at every k under each grid ratio and tuning seed (stored ones read
+    back), and rho_k chosen on tune.by (engine.protocol.tuning)."""
+    ft = req.cfg.finetune
+    seeds = ft.tuning_seeds()
+    cells = [(rho, s, run) for rho in ft.tune.rho
+             for s, plan in planned(req, seeds, lambda k, rho=rho: rho).items() for run in plan if run.groups]
+    jobs, served_by = distinct_jobs([run for _, _, run in cells])
+    tasks = list(dict.fromkeys((j, s) for j, (_, s, _) in zip(served_by, cells)))
+    log.info("tuning rho_k over %s on %s: %d fine-tunes", ft.tune.rho, ft.tune.by, len(tasks))
+    done = train_jobs(req, jobs, tasks, progress, outcome, stage="tune")
+    index = {task: i for i, task in enumerate(tasks)}
+    rows = [done.results[index[j, s]] | {"method": run.method, "k": run.k, "rho": rho, "seed": s}
+            for j, (rho, s, run) in zip(served_by, cells)]
+    tuning = choose_rho(rows, req.cfg.evaluation_ks(), Measure.parse(ft.tune.by), ft.tune.rho, seeds, ft.rho)
+    log.info("rho_k chosen on %s: %s", ft.tune.by, ", ".join(f"k={k} {r:g}" for k, r in tuning.chosen.items()))
+    return tuning
+
+
 def run_protocol(req: EvaluationRequest, progress: Any, outcome: FinetuneOutcome) -> FinetuneOutcome:
     """Fine-tune every cell under each of its seeds (req.scores: each method's scores by seed, the random order may
     differ; req.given: every candidate's weight under `mixture: given`). `outcome` is filled as fine-tunes finish,
     so a caller that catches a failure still has what was done. progress: the run's progress actor handle."""
-    cfg, names, scores, beta = req.cfg, req.names, req.scores, req.beta
+    cfg, scores = req.cfg, req.scores
     ks, seeds = cfg.evaluation_ks(), cfg.finetune.seeds()
-    plans = {s: plan_runs(names, scores[s], beta, ks, "target_only" in cfg.finetune.baselines, cfg.finetune.rho_at,
-                          req.bought)
-             for s in seeds}  # one per seed, alike but for a random order per seed
-    sizes = {n: len(req.usable(n)) for plan in plans.values() for r in plan for n in r.groups}
-    plans = {s: mix_runs(plan, cfg.finetune.mixture, scores[s], names, sizes, cfg.finetune.mixture_temperature,
-                         req.given) for s, plan in plans.items()}
+    tuning = tune_rho(req, progress, outcome) if cfg.finetune.tune.enabled else None
+    plans = planned(req, seeds, tuning.rho_at if tuning else cfg.finetune.rho_at)
     cells = [(s, i) for s in seeds for i in range(len(plans[s]))]
     jobs, served_by = distinct_jobs([plans[s][i] for s, i in cells])
     job_of = dict(zip(cells, served_by))
@@ -278,6 +305,8 @@ def run_protocol(req: EvaluationRequest, progress: Any, outcome: FinetuneOutcome
                                            "base_evaluations": base, "reused": t not in done.trained})
     outcome.rows = rows
     outcome.evaluation = evaluation_record(req, rows, ks, len(tasks) - len(done.trained), len(done.trained))
+    if tuning is not None:
+        outcome.evaluation["tuning"] = tuning.to_dict()
     return outcome
 
 

@@ -82,6 +82,10 @@ class RunConfig:
             raise ConfigError(f"names the evaluation {evaluation!r}, which is neither `{TARGET_VAL}` nor one of "
                               f"data.eval {sorted(self.data.eval or {})}", field="finetune.select_by",
                               value=self.finetune.select_by)
+        tuned, _ = self.finetune.tune.measure_parts()
+        if self.finetune.tune.enabled and tuned != TARGET_VAL and tuned not in (self.data.eval or {}):
+            raise ConfigError(f"names the evaluation {tuned!r}, which is neither `{TARGET_VAL}` nor one of data.eval "
+                              f"{sorted(self.data.eval or {})}", field="finetune.tune.by", value=self.finetune.tune.by)
         if self.data.eval and self.finetune.strategy == "deepspeed":
             raise ConfigError("is measured by the `task` strategy's jobs only (a DeepSpeed job evaluates the "
                               "target's validation split)", field="data.eval", value=sorted(self.data.eval))

@@ -13,6 +13,7 @@ from convalue.engine.config.fields import ConfigError, check_readable, opt
 from convalue.engine.config.paths import BUILTIN_MODELS
 from convalue.engine.config.rewards import BUILTIN_REWARDS, reward_spec_problem
 from convalue.engine.config.sources import TARGET_VAL
+from convalue.engine.config.tuning import RhoTuningConfig
 
 #: what a fine-tune is measured by (finetune.metrics), on every evaluation
 METRICS = ("loss", "accuracy")
@@ -117,6 +118,8 @@ class FinetuneConfig:
         None, "Alg. 1's target-mixing ratio rho_k for some budgets: {k: rho}, e.g. {1: 0.7, 5: 0.4}; a k of `ks` not "
               "listed uses `rho`. Every k listed must be an evaluated budget. A fine-tune at k is keyed by its rho_k, "
               "so it is the same fine-tune as one run with `rho: rho_k`.")
+    tune: RhoTuningConfig = opt(help="Choose rho_k per budget from a grid, on an evaluation that is not select_by's.",
+                                factory=RhoTuningConfig)
     budget: Literal["fixed", "additive"] = opt(
         "fixed", "What an auxiliary step costs the target: `fixed` (the paper's Alg. 1: `steps` steps in all, each a "
         "target batch with probability rho, so auxiliary steps replace target steps) or `additive` (the target-only "
@@ -238,6 +241,8 @@ class FinetuneConfig:
         for k, r in (self.rho_by_k or {}).items():
             if k <= 0 or not 0 <= r <= 1:
                 raise ConfigError("must map budgets k > 0 to ratios in [0, 1]", field=f"rho_by_k.{k}", value=r)
+        if self.tune.enabled:
+            self.tune.validate_within(self)
         if self.mixture == "given" and self.mixture_weights is None:
             raise ConfigError("is required with `mixture: given` ({group name: weight})", field="mixture_weights")
         for name in ("mixture_weights", "mixture_default_weight"):
@@ -342,6 +347,10 @@ class FinetuneConfig:
     def random_order_seed(self, seed: int) -> int:
         """The seed of the random baseline's order in the fine-tunes of `seed` (see random_orders)."""
         return seed if self.random_orders == "per_seed" else self.seed
+
+    def tuning_seeds(self) -> list[int]:
+        """The seeds of finetune.tune's fine-tunes: the protocol's first tune.repeats."""
+        return self.seeds()[:self.tune.repeats]
 
     def rho_at(self, k: int | None) -> float:
         """rho_k of Alg. 1: the ratio of budget k (None: the target-only run), `rho` unless `rho_by_k` lists k."""

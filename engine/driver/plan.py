@@ -98,6 +98,9 @@ def make_plan(cfg: RunConfig, measure: bool = True) -> RunPlan:
     dm = cfg.finetune.datamodel
     extra = sum(round(dm.runs_per_candidate * n) + 1 for b in fitted if b.startswith("datamodel"))
     extra += 1 if any(b.startswith("gradex") for b in fitted) else 0  # theta*
+    tune = cfg.finetune.tune
+    # each other grid ratio at the tuning seeds (the chosen one's are the protocol's own fine-tunes)
+    extra += len(methods) * len(ks) * tune.repeats * (len(tune.rho) - 1) if tune.enabled else 0
     fine_tunes = cells + extra if cfg.finetune.enabled else 0
     ft_tokens = int(fine_tunes * cfg.finetune.steps * cfg.finetune.batch_size * mean_len)
     evals = list(getattr(data, "evals", None) or [])  # data.eval's sets, where this version prepares them
@@ -217,7 +220,9 @@ def format_plan(plan: RunPlan, cfg: RunConfig) -> str:
              solve_line(cfg, plan),
              f"fine-tunes: at most {plan.fine_tunes} ({len(plan.methods)} method(s) {plan.methods} x k in {plan.ks}"
              f"{' + target only' if 'target_only' in cfg.finetune.baselines else ''} x {len(plan.seeds)} seed(s), "
-             "plus the fitted baselines' own; fewer where selections coincide), "
+             "plus the fitted baselines' own" + (f" and rho_k's tuning over {cfg.finetune.tune.rho} on "
+                                                 f"{cfg.finetune.tune.by}" if cfg.finetune.tune.enabled else "")
+             + "; fewer where selections coincide), "
              f"{cfg.finetune.steps} steps each: {est(plan.finetune_seconds)}{ft_parts}",
              *evaluation_lines(cfg, plan)]
     if t is not None:

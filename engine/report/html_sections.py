@@ -24,6 +24,7 @@ from convalue.engine.report.html_markup import (
     table,
 )
 from convalue.engine.report.run_files import RunFiles
+from convalue.engine.report.tables import tuning_table
 
 TARGET_KEY = "__target__"  # examples.parquet's group of the target (engine.data.prepare.TARGET_KEY)
 RANKING_TOP, RANKING_NEGATIVE = 50, 20  # a long pool's ranking: the top 50 and the 20 most negative
@@ -308,6 +309,9 @@ def evaluation_section(run: RunFiles) -> Html:
             continue
         if measure != main:
             parts += [el("h3", _heading(measure)), *_measure_tables(rows, record, measure, main_keys=False)]
+    tuned = tuning_table(ev)
+    if tuned is not None:
+        parts += [para(tuned[0] + "."), table(tuned[1], tuned[2], id="tuning-table")]
     tunes = mapping(ev.get("fine_tunes"))
     if tunes:
         parts.append(para(f"Fine-tunes trained: {tunes.get('trained', '?')}; read back from earlier runs: "

@@ -190,7 +190,27 @@ def format_evaluation(rows: list[dict], evaluation: dict | None) -> str:
     lines: list[str] = []
     for measure, about in shown_measures(evaluation):
         lines += _metric_table(rows, evaluation, measure, about, measure == main)
+    tuned = tuning_table(evaluation)
+    if tuned is not None:
+        about, head, body = tuned
+        lines += [about, "  " + " | ".join(head), *("  " + " | ".join(r) for r in body)]
     return "\n".join(lines + _bought_lines(rows, bool(len(evaluation.get("seeds") or []) > 1)))
+
+
+def tuning_table(evaluation: dict) -> tuple[str, list[str], list[list[str]]] | None:
+    """finetune.tune's record as (what it did, heading, one row per k: each ratio's mean, the chosen one starred),
+    or None where rho_k was not tuned."""
+    t = evaluation.get("tuning")
+    if not isinstance(t, dict) or not isinstance(t.get("grid"), list):
+        return None
+    grid, chosen, values = t["grid"], t.get("chosen") or {}, t.get("values") or {}
+    about = (f"rho_k tuned on {t.get('by')} (not the reported evaluation), seed(s) {t.get('seeds')}: each ratio's "
+             "mean over the methods that buy at k; * the chosen rho_k, used by every method at k")
+    body = []
+    for k, means in values.items():
+        cells = ["-" if v is None else f"{v:.4f}" + (" *" if r == chosen.get(k) else "") for r, v in zip(grid, means)]
+        body.append([f"k = {k}", *cells, f"rho_k = {chosen.get(k)}"])
+    return about, ["budget", *(f"rho = {r:g}" for r in grid), "chosen"], body
 
 
 def _metric_table(rows: list[dict], evaluation: dict, measure: Measure, about: str, selects: bool) -> list[str]:

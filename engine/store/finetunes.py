@@ -22,7 +22,7 @@ log = logging.getLogger("convalue")
 
 #: fine-tune settings that only choose which runs happen, not what a run gives
 NOT_IN_KEY = ("enabled", "baselines", "ks", "repeats", "random_orders", "mixture", "mixture_temperature",
-              "mixture_weights", "mixture_default_weight", "rho_by_k",
+              "mixture_weights", "mixture_default_weight", "rho_by_k", "tune",
               "strategy", "model", "dtype", "deepspeed")  # how a job runs: in the settings below, each its own way  # the groups, weights and rho_k: per job
 #: settings an SFT fine-tune does not read: left out of its key, so SFT keys are those of before `objective` existed
 SFT_IGNORES = ("objective", "grpo_reward", "grpo_reward_signature", "grpo_reward_column", "grpo_generations",

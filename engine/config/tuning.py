@@ -1,0 +1,70 @@
+"""The section that tunes Alg. 1's target-mixing ratio rho_k per budget on an evaluation that is not the reported
+one (finetune.tune)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from convalue.engine.config.fields import ConfigError, opt
+from convalue.engine.config.sources import TARGET_VAL
+
+if TYPE_CHECKING:  # the section that holds this one
+    from convalue.engine.config.settings import FinetuneConfig
+
+
+@dataclass(kw_only=True)
+class RhoTuningConfig:
+    """Choose rho_k per budget k from a grid, by an evaluation other than finetune.select_by's (paper Alg. 1's
+    {rho_k}: the paper names a ratio per budget; here it is chosen on a split the reported evaluation never sees)."""
+
+    rho: list[float] = opt(
+        help="The grid of target-mixing ratios tried at every budget k, e.g. [0.25, 0.5, 0.75]; empty: no tuning "
+        "(finetune.rho and rho_by_k hold). Every method is fine-tuned at every k under every ratio with the first "
+        "`repeats` seeds; rho_k is the ratio whose mean over the methods that buy at k is best on `by`, the same "
+        "for every method. The reported fine-tunes then use rho_k (those of the tuning seeds are the tuning's own).",
+        factory=list)
+    by: str = opt(f"{TARGET_VAL}:loss", "The measure that chooses rho_k, `EVAL:METRIC` as finetune.select_by writes "
+                                        "it; its evaluation must differ from select_by's, which reports the result.")
+    repeats: int = opt(1, "Seeds of the tuning fine-tunes: finetune.seed and the next repeats - 1 (at most "
+                          "finetune.repeats).")
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the first field whose value does not hold."""
+        for i, r in enumerate(self.rho):
+            if not (math.isfinite(r) and 0 <= r <= 1):
+                raise ConfigError("must list ratios in [0, 1]", field=f"rho.{i}", value=r)
+        if len(set(self.rho)) != len(self.rho) or len(self.rho) == 1:
+            raise ConfigError("must list at least two distinct ratios to choose from (or none: no tuning)",
+                              field="rho", value=self.rho)
+        if self.repeats <= 0:
+            raise ConfigError("must be >= 1", field="repeats", value=self.repeats)
+        if ":" not in self.by:
+            raise ConfigError("must be EVAL:METRIC, e.g. `target_val:loss`", field="by", value=self.by)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether rho_k is tuned (a grid is given)."""
+        return bool(self.rho)
+
+    def measure_parts(self) -> tuple[str, str]:
+        """(evaluation, metric) of `by`."""
+        evaluation, _, metric = self.by.rpartition(":")
+        return evaluation, metric
+
+    def validate_within(self, ft: FinetuneConfig) -> None:
+        """The checks that read the rest of the finetune section (fields named from finetune.)."""
+        if ft.rho_by_k:
+            raise ConfigError("and rho_by_k both give rho_k: keep one", field="tune.rho", value=self.rho)
+        if ft.budget == "additive" and min(self.rho) <= 0:
+            raise ConfigError("must be > 0 with budget `additive`", field="tune.rho", value=self.rho)
+        if self.repeats > ft.repeats:
+            raise ConfigError(f"must be at most finetune.repeats ({ft.repeats}): the tuning seeds are the "
+                              "protocol's first ones", field="tune.repeats", value=self.repeats)
+        evaluation, metric = self.measure_parts()
+        if metric not in ft.metrics:
+            raise ConfigError(f"must name a metric of finetune.metrics {ft.metrics}", field="tune.by", value=self.by)
+        if evaluation == ft.select_by_parts()[0]:
+            raise ConfigError(f"must name another evaluation than select_by's ({ft.select_by}): a ratio chosen on "
+                              "the reported evaluation would flatter it", field="tune.by", value=self.by)

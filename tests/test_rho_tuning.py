@@ -1,0 +1,119 @@
+"""finetune.tune: Alg. 1's rho_k chosen per budget from a grid on an evaluation that is not the reported one; the
+choice rule, the config's refusals, and a real run that tunes, reuses its tuning fine-tunes and reports the choice."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from convalue.engine.config import ConfigError, config_from_dict
+from convalue.engine.protocol.measures import Measure
+from convalue.engine.protocol.tuning import choose_rho
+from convalue.engine.report.tables import format_evaluation
+from tests.conftest import chatterbot_pairs, tiny_run_config, write_jsonl
+
+pytestmark = pytest.mark.heavy  # one whole run: scheduled before the light modules (conftest.py)
+
+GREETINGS = {"kind": "chatterbot", "group_by": "language/topic", "include": ["marathi/greetings"]}
+
+
+def _row(method: str, k: int, rho: float, seed: int, loss: float, accuracy: float | None = None,
+         groups: tuple[str, ...] = ("a",)) -> dict:
+    return {"method": method, "k": k, "rho": rho, "seed": seed, "groups": list(groups), "val_loss": loss,
+            "val_accuracy": accuracy}
+
+
+@pytest.mark.parametrize(("losses", "measure", "chosen"), [
+    # {rho: (method kmm's loss, method random's loss)}: the best mean over the methods wins, not the best cell
+    ({0.25: (1.0, 3.0), 0.75: (1.5, 2.0)}, "loss", 0.75),
+    ({0.25: (1.0, 2.0), 0.75: (1.5, 2.0)}, "loss", 0.25),
+    ({0.25: (1.5, 2.0), 0.75: (2.0, 1.5)}, "loss", 0.25),  # a tie: the grid's first
+    ({0.25: (0.2, 0.3), 0.75: (0.4, 0.3)}, "accuracy", 0.75),  # accuracy: higher is better
+])
+def test_rho_k_is_the_grid_ratio_with_the_best_mean_over_methods(losses, measure, chosen):
+    rows = []
+    for rho, (kmm, rnd) in losses.items():
+        for m, v in (("kmm", kmm), ("random", rnd)):
+            rows.append(_row(m, 3, rho, 0, v if measure == "loss" else 9.0, v if measure == "accuracy" else None))
+    t = choose_rho(rows, [3], Measure("target_val", measure), [0.25, 0.75], [0], fallback=0.5)
+    assert t.chosen == {3: chosen} and t.cells == {3: 2}
+    assert t.values[3] == pytest.approx(tuple(sum(v) / 2 for v in losses.values()))
+    assert t.rho_at(3) == chosen and t.to_dict()["chosen"] == {"3": chosen}
+
+
+def test_a_budget_where_nothing_is_bought_keeps_the_fallback_and_unequal_cells_are_refused():
+    rows = [_row("kmm", 1, r, 0, 1.0) for r in (0.25, 0.75)]
+    t = choose_rho(rows, [1, 2], Measure(), [0.25, 0.75], [0], fallback=0.5)
+    assert t.chosen == {1: 0.25, 2: 0.5} and t.values[2] == (None, None)
+    with pytest.raises(ValueError, match="different numbers of fine-tunes"):
+        choose_rho(rows[:1] + [_row("random", 1, 0.25, 0, 2.0), rows[1]], [1], Measure(), [0.25, 0.75], [0], 0.5)
+    with pytest.raises(ValueError, match="no finite loss on target_val"):
+        choose_rho([_row("kmm", 1, 0.25, 0, float("nan")), rows[1]], [1], Measure(), [0.25, 0.75], [0], 0.5)
+
+
+@pytest.mark.parametrize(("tune", "over", "field", "words"), [
+    ({"rho": [0.5]}, {}, "finetune.tune.rho", "at least two distinct"),
+    ({"rho": [0.25, 0.25]}, {}, "finetune.tune.rho", "at least two distinct"),
+    ({"rho": [0.25, 1.25]}, {}, "finetune.tune.rho.1", r"in \[0, 1\]"),
+    ({"rho": [0.25, 0.75], "by": "greetings:loss"}, {}, "finetune.tune.by", "would flatter it"),
+    ({"rho": [0.25, 0.75], "by": "nope:loss"}, {}, "finetune.tune.by", "neither `target_val`"),
+    ({"rho": [0.25, 0.75], "by": "target_val:accuracy"}, {}, "finetune.tune.by", "a metric of finetune.metrics"),
+    ({"rho": [0.25, 0.75], "repeats": 3}, {}, "finetune.tune.repeats", "at most finetune.repeats"),
+    ({"rho": [0.25, 0.75]}, {"rho_by_k": {1: 0.3}}, "finetune.tune.rho", "rho_by_k both"),
+    ({"rho": [0.0, 0.75]}, {"budget": "additive"}, "finetune.tune.rho", "with budget `additive`"),
+])
+def test_a_tuning_section_that_cannot_hold_is_refused_by_name(tmp_path, tiny_model_dir, tune, over, field, words):
+    data = _config(tmp_path, tiny_model_dir)
+    data["finetune"] |= {"tune": tune} | over
+    with pytest.raises(ConfigError, match=words) as err:
+        config_from_dict(data)
+    assert err.value.field == field
+
+
+def _config(tmp_path, model_dir) -> dict:
+    """A Marathi target of 12 pairs, three languages of 6 as candidates, Marathi greetings as the reported
+    evaluation; KMM and the target alone at k = 1, 2 over two seeds."""
+    target = write_jsonl(tmp_path / "marathi.jsonl", chatterbot_pairs("marathi", 12))
+    rows = [r | {"group": lang} for lang in ("english", "hindi", "german") for r in chatterbot_pairs(lang, 6)]
+    pool = write_jsonl(tmp_path / "pool.jsonl", rows)
+    data = tiny_run_config(tmp_path, model_dir, target, pool,
+                           finetune={"enabled": True, "steps": 2, "batch_size": 2, "ks": [1, 2], "repeats": 2,
+                                     "baselines": ["target_only"], "select_by": "greetings:loss"},
+                           ray={"max_in_flight": 1})
+    data["data"] |= {"eval": {"greetings": GREETINGS}, "eval_size": 8}
+    return data
+
+
+def test_a_run_tunes_rho_k_on_target_val_and_reports_on_its_evaluation(ray_session, tiny_model_dir, tmp_path):
+    """End to end: each grid ratio fine-tuned at each k under the tuning seed; rho_k is the ratio whose tuning
+    fine-tune has the lower target_val loss; every reported run at k uses it, the tuning seed's are the tuning's own
+    fine-tunes (read back); summary, printed tables and report.html carry the choice; a rerun trains nothing."""
+    from convalue.engine.driver.pipeline import run
+
+    data = _config(tmp_path, tiny_model_dir)
+    data["finetune"] |= {"tune": {"rho": [0.25, 0.75], "by": "target_val:loss"}}
+    summary = run(config_from_dict(data))
+    assert summary.status == "complete"
+    t = summary.evaluation["tuning"]
+    assert t["by"] == "target_val:loss" and t["grid"] == [0.25, 0.75] and t["seeds"] == [0]
+    rows = summary.finetune
+    for k in (1, 2):
+        chosen, values = t["chosen"][str(k)], t["values"][str(k)]
+        assert t["cells"][str(k)] == 1  # KMM alone buys, one tuning seed
+        assert chosen == [0.25, 0.75][values.index(min(values))]
+        at_k = [r for r in rows if r["k"] == k]
+        assert {r["rho"] for r in at_k} == {chosen} and len(at_k) == 2
+        seed0 = next(r for r in at_k if r["seed"] == 0)
+        assert seed0["reused"] and seed0["val_loss"] == min(values)  # the tuning's own fine-tune
+        assert not next(r for r in at_k if r["seed"] == 1)["reused"]
+    assert next(r for r in rows if r["method"] == "target_only")["rho"] == 1.0
+    on_disk = json.loads((tmp_path / "runs" / "t" / "summary.json").read_text())
+    assert on_disk["progress"]["tune"]["done"] == on_disk["progress"]["tune"]["total"] == 4
+    assert on_disk["evaluation"]["tuning"] == t
+    text = format_evaluation(rows, summary.evaluation)
+    assert "rho_k tuned on target_val:loss" in text and f"rho_k = {t['chosen']['1']}" in text
+    html = (tmp_path / "runs" / "t" / "report.html").read_text(encoding="utf-8")
+    assert 'id="tuning-table"' in html
+    again = run(config_from_dict(data))
+    assert again.evaluation["fine_tunes"]["trained"] == 0 and again.evaluation["tuning"] == t

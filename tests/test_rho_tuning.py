@@ -4,6 +4,9 @@ choice rule, the config's refusals, and a real run that tunes, reuses its tuning
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -117,3 +120,12 @@ def test_a_run_tunes_rho_k_on_target_val_and_reports_on_its_evaluation(ray_sessi
     assert 'id="tuning-table"' in html
     again = run(config_from_dict(data))
     assert again.evaluation["fine_tunes"]["trained"] == 0 and again.evaluation["tuning"] == t
+    # bench/main_table.py prints the run's table for docs/paper-results.md, recomputed from the same rows
+    bench = [sys.executable, str(Path(__file__).parents[1] / "bench" / "main_table.py")]
+    printed = subprocess.run([*bench, str(tmp_path / "runs" / "t")], capture_output=True, text=True, timeout=120)
+    assert printed.returncode == 0, printed.stderr
+    kmm = next(line for line in printed.stdout.splitlines() if line.startswith("| KMM |"))
+    assert kmm.endswith(f" | {summary.evaluation['best_k']['kmm']['k']} | {summary.evaluation['borda']['kmm']:g} |")
+    assert "| target only | " in printed.stdout and f"verdict: {summary.evaluation['verdict']['kind']}" in printed.stdout
+    missing = subprocess.run([*bench, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "summary.json" in missing.stderr

@@ -210,11 +210,18 @@ def train_jobs(req: EvaluationRequest, jobs: list[PlannedRun], tasks: list[tuple
                                    progress)
         window = max(1, cfg.ray.max_in_flight)
 
-    def finished_now() -> list[dict]:
-        """The fine-tunes done so far (stored ones included), as a stopped run's summary lists them."""
+    def finished_here() -> list[dict]:
+        """This stage's fine-tunes done so far (stored ones included)."""
         return [{"label": jobs[j].label, "groups": list(jobs[j].groups), "weights": jobs[j].weight_map(),
                  "rho": effective_rho(jobs[j], cfg), "seed": seed, "val_loss": results[i]["val_loss"],
                  "reused": i not in trained} for i, (j, seed) in enumerate(tasks) if results[i] is not None]
+
+    before = list(outcome.finished)  # an earlier stage's (rho_k's tuning, a fitted baseline's)
+
+    def finished_now() -> list[dict]:
+        """The fine-tunes done so far, this stage's after the earlier stages', as a stopped run's summary lists
+        them."""
+        return before + finished_here()
 
     outcome.finished = finished_now()  # kept current: a stopped run asks for it while this still awaits its jobs
     payloads = [FinetuneTask(i, jobs[tasks[i][0]].label, tasks[i][1]) for i in todo]
@@ -259,8 +266,8 @@ def planned(req: EvaluationRequest, seeds: list[int], rho_at: Any) -> dict[int, 
 
 
 def tune_rho(req: EvaluationRequest, progress: Any, outcome: FinetuneOutcome) -> RhoTuning:
-    """finetune.tune: every method's cells at every k under each grid ratio and tuning seed (stored ones read
-    back), and rho_k chosen on tune.by (engine.protocol.tuning)."""
+    """finetune.tune: every method's cells at every k under each grid ratio and tuning seed (seeds of their own,
+    after the reported ones; stored fine-tunes read back), and rho_k chosen on tune.by (engine.protocol.tuning)."""
     ft = req.cfg.finetune
     seeds = ft.tuning_seeds()
     cells = [(rho, s, run) for rho in ft.tune.rho
@@ -272,7 +279,8 @@ def tune_rho(req: EvaluationRequest, progress: Any, outcome: FinetuneOutcome) ->
     index = {task: i for i, task in enumerate(tasks)}
     rows = [done.results[index[j, s]] | {"method": run.method, "k": run.k, "rho": rho, "seed": s}
             for j, (rho, s, run) in zip(served_by, cells)]
-    tuning = choose_rho(rows, req.cfg.evaluation_ks(), Measure.parse(ft.tune.by), ft.tune.rho, seeds, ft.rho)
+    tuning = dataclasses.replace(choose_rho(rows, req.cfg.evaluation_ks(), Measure.parse(ft.tune.by), ft.tune.rho,
+                                            seeds), trained=len(done.trained), reused=len(tasks) - len(done.trained))
     log.info("rho_k chosen on %s: %s", ft.tune.by, ", ".join(f"k={k} {r:g}" for k, r in tuning.chosen.items()))
     return tuning
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import tiny_run_config
+from conftest import chatterbot_pairs, tiny_run_config, write_jsonl
 
 from convalue.engine.config import config_from_dict
 from convalue.engine.driver.plan import format_plan, make_plan, solve_line
@@ -90,3 +90,18 @@ def test_the_padded_length_is_the_expected_longest_of_a_batch():
     assert expected_padded_length([10, 20, 30], [], batch=3, rho=0.5) == pytest.approx(30.0)
     one = expected_padded_length([10, 20, 30, 40], [[100]], batch=1, rho=1.0)
     assert 20 <= one <= 30  # a batch of one: the mean length
+
+
+def test_the_plan_counts_rho_k_tuning_on_its_own_seeds(tiny_model_dir, target_jsonl, pool_jsonl, tmp_path):
+    held = write_jsonl(tmp_path / "held.jsonl", chatterbot_pairs("hindi", 8))
+    finetune = {"enabled": True, "steps": 3, "batch_size": 2, "ks": [1, 2], "repeats": 3,
+                "baselines": ["target_only", "alignment"], "select_by": "held:loss"}
+    plain = _cfg(tmp_path, tiny_model_dir, target_jsonl, pool_jsonl, finetune=finetune,
+                 data={"eval": {"held": {"kind": "jsonl", "path": str(held)}}})
+    tuned = _cfg(tmp_path, tiny_model_dir, target_jsonl, pool_jsonl,
+                 finetune=finetune | {"tune": {"rho": [0.25, 0.5, 0.75], "repeats": 2}},
+                 data={"eval": {"held": {"kind": "jsonl", "path": str(held)}}})
+    base = make_plan(plain, measure=False)
+    plan = make_plan(tuned, measure=False)
+    assert base.fine_tunes == 15 and plan.fine_tunes == 15 + 2 * 2 * 2 * 3  # methods x k x seeds x ratios
+    assert "rho_k's tuning over [0.25, 0.5, 0.75] on target_val:loss" in format_plan(plan, tuned)

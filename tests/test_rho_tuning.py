@@ -13,7 +13,7 @@ import pytest
 from convalue.engine.config import ConfigError, config_from_dict
 from convalue.engine.protocol.measures import Measure
 from convalue.engine.protocol.tuning import choose_rho
-from convalue.engine.report.tables import format_evaluation
+from convalue.engine.report.tables import format_evaluation, tuning_table
 from tests.conftest import chatterbot_pairs, tiny_run_config, write_jsonl
 
 pytestmark = pytest.mark.heavy  # one whole run: scheduled before the light modules (conftest.py)
@@ -39,20 +39,39 @@ def test_rho_k_is_the_grid_ratio_with_the_best_mean_over_methods(losses, measure
     for rho, (kmm, rnd) in losses.items():
         for m, v in (("kmm", kmm), ("random", rnd)):
             rows.append(_row(m, 3, rho, 0, v if measure == "loss" else 9.0, v if measure == "accuracy" else None))
-    t = choose_rho(rows, [3], Measure("target_val", measure), [0.25, 0.75], [0], fallback=0.5)
+    t = choose_rho(rows, [3], Measure("target_val", measure), [0.25, 0.75], [0])
     assert t.chosen == {3: chosen} and t.cells == {3: 2}
     assert t.values[3] == pytest.approx(tuple(sum(v) / 2 for v in losses.values()))
     assert t.rho_at(3) == chosen and t.to_dict()["chosen"] == {"3": chosen}
 
 
-def test_a_budget_where_nothing_is_bought_keeps_the_fallback_and_unequal_cells_are_refused():
+def test_a_budget_where_nothing_is_bought_has_no_rho_k_and_unequal_cells_are_refused():
     rows = [_row("kmm", 1, r, 0, 1.0) for r in (0.25, 0.75)]
-    t = choose_rho(rows, [1, 2], Measure(), [0.25, 0.75], [0], fallback=0.5)
-    assert t.chosen == {1: 0.25, 2: 0.5} and t.values[2] == (None, None)
+    t = choose_rho(rows, [1, 2], Measure(), [0.25, 0.75], [0])
+    assert t.chosen == {1: 0.25} and t.values[2] == (None, None) and t.rho_at(2) is None
     with pytest.raises(ValueError, match="different numbers of fine-tunes"):
-        choose_rho(rows[:1] + [_row("random", 1, 0.25, 0, 2.0), rows[1]], [1], Measure(), [0.25, 0.75], [0], 0.5)
+        choose_rho(rows[:1] + [_row("random", 1, 0.25, 0, 2.0), rows[1]], [1], Measure(), [0.25, 0.75], [0])
     with pytest.raises(ValueError, match="no finite loss on target_val"):
-        choose_rho([_row("kmm", 1, 0.25, 0, float("nan")), rows[1]], [1], Measure(), [0.25, 0.75], [0], 0.5)
+        choose_rho([_row("kmm", 1, 0.25, 0, float("nan")), rows[1]], [1], Measure(), [0.25, 0.75], [0])
+
+
+def test_the_tuning_seeds_follow_the_reported_ones_and_a_bare_metric_is_on_target_val(tmp_path, tiny_model_dir):
+    data = _config(tmp_path, tiny_model_dir)
+    assert config_from_dict(data).finetune.tuning_seeds() == []
+    data["finetune"] |= {"seed": 5, "tune": {"rho": [0.25, 0.75], "by": "loss", "repeats": 2}}
+    ft = config_from_dict(data).finetune
+    assert ft.seeds() == [5, 6] and ft.tuning_seeds() == [7, 8] and ft.tune.measure_parts() == ("target_val", "loss")
+
+
+def test_a_damaged_tuning_record_is_left_out_of_the_tables():
+    for damaged in ({"grid": [0.25], "values": [1.0], "chosen": {}}, {"grid": 3}, "tuned",
+                    {"grid": [0.25, 0.75], "values": {"1": "x"}, "chosen": {}}):
+        out = tuning_table({"tuning": damaged})
+        assert out is None or out[2] == []
+    about, head, body = tuning_table({"tuning": {"grid": [0.25, 0.75], "values": {"1": [1.0, "x"], "2": [None, None]},
+                                                 "chosen": {"1": 0.25}, "by": "target_val:loss"}})
+    assert head == ["budget", "rho = 0.25", "rho = 0.75", "chosen"]
+    assert body == [["k = 1", "1.0000 *", "-", "rho_k = 0.25"], ["k = 2", "-", "-", "none bought (target alone)"]]
 
 
 @pytest.mark.parametrize(("tune", "over", "field", "words"), [
@@ -62,7 +81,8 @@ def test_a_budget_where_nothing_is_bought_keeps_the_fallback_and_unequal_cells_a
     ({"rho": [0.25, 0.75], "by": "greetings:loss"}, {}, "finetune.tune.by", "would flatter it"),
     ({"rho": [0.25, 0.75], "by": "nope:loss"}, {}, "finetune.tune.by", "neither `target_val`"),
     ({"rho": [0.25, 0.75], "by": "target_val:accuracy"}, {}, "finetune.tune.by", "a metric of finetune.metrics"),
-    ({"rho": [0.25, 0.75], "repeats": 3}, {}, "finetune.tune.repeats", "at most finetune.repeats"),
+    ({"rho": [0.25, 0.75], "repeats": 0}, {}, "finetune.tune.repeats", ">= 1"),
+    ({"rho": [0.25, 0.75]}, {"strategy": "deepspeed"}, "finetune.tune.rho", "tune with strategy `task`"),
     ({"rho": [0.25, 0.75]}, {"rho_by_k": {1: 0.3}}, "finetune.tune.rho", "rho_by_k both"),
     ({"rho": [0.0, 0.75]}, {"budget": "additive"}, "finetune.tune.rho", "with budget `additive`"),
 ])
@@ -89,43 +109,48 @@ def _config(tmp_path, model_dir) -> dict:
 
 
 def test_a_run_tunes_rho_k_on_target_val_and_reports_on_its_evaluation(ray_session, tiny_model_dir, tmp_path):
-    """End to end: each grid ratio fine-tuned at each k under the tuning seed; rho_k is the ratio whose tuning
-    fine-tune has the lower target_val loss; every reported run at k uses it, the tuning seed's are the tuning's own
-    fine-tunes (read back); summary, printed tables and report.html carry the choice; a rerun trains nothing."""
+    """End to end: KMM and random fine-tuned at each k under each grid ratio with a tuning seed after the reported
+    ones; rho_k is the ratio with the lower mean target_val loss; every reported run at k trains with it, none is a
+    tuning fine-tune; summary, printed tables and report.html carry the choice; a rerun trains nothing, and neither
+    does an untuned run that sets the same rho_k by hand (the fine-tunes are keyed by their ratio alone)."""
     from convalue.engine.driver.pipeline import run
 
     data = _config(tmp_path, tiny_model_dir)
-    data["finetune"] |= {"tune": {"rho": [0.25, 0.75], "by": "target_val:loss"}}
+    data["finetune"] |= {"baselines": ["target_only", "random"], "tune": {"rho": [0.25, 0.75], "by": "target_val:loss"}}
     summary = run(config_from_dict(data))
     assert summary.status == "complete"
     t = summary.evaluation["tuning"]
-    assert t["by"] == "target_val:loss" and t["grid"] == [0.25, 0.75] and t["seeds"] == [0]
-    rows = summary.finetune
+    assert t["by"] == "target_val:loss" and t["grid"] == [0.25, 0.75] and t["seeds"] == [2]
+    rows, run_dir = summary.finetune, tmp_path / "runs" / "t"
     for k in (1, 2):
         chosen, values = t["chosen"][str(k)], t["values"][str(k)]
-        assert t["cells"][str(k)] == 1  # KMM alone buys, one tuning seed
+        assert t["cells"][str(k)] == 2  # KMM and random buy at k, one tuning seed
         assert chosen == [0.25, 0.75][values.index(min(values))]
         at_k = [r for r in rows if r["k"] == k]
-        assert {r["rho"] for r in at_k} == {chosen} and len(at_k) == 2
-        seed0 = next(r for r in at_k if r["seed"] == 0)
-        assert seed0["reused"] and seed0["val_loss"] == min(values)  # the tuning's own fine-tune
-        assert not next(r for r in at_k if r["seed"] == 1)["reused"]
+        assert {r["rho"] for r in at_k} == {chosen} and {r["seed"] for r in at_k} == {0, 1}
+    assert not any(r["reused"] for r in rows)  # no reported fine-tune is one that chose rho_k
     assert next(r for r in rows if r["method"] == "target_only")["rho"] == 1.0
-    on_disk = json.loads((tmp_path / "runs" / "t" / "summary.json").read_text())
-    assert on_disk["progress"]["tune"]["done"] == on_disk["progress"]["tune"]["total"] == 4
+    tuned = t["fine_tunes"]["trained"]
+    assert 0 < tuned <= 8 and t["fine_tunes"]["reused"] == 0
+    on_disk = json.loads((run_dir / "summary.json").read_text())
+    assert on_disk["progress"]["tune"]["done"] == on_disk["progress"]["tune"]["total"] == tuned
     assert on_disk["evaluation"]["tuning"] == t
     text = format_evaluation(rows, summary.evaluation)
     assert "rho_k tuned on target_val:loss" in text and f"rho_k = {t['chosen']['1']}" in text
-    html = (tmp_path / "runs" / "t" / "report.html").read_text(encoding="utf-8")
+    html = (run_dir / "report.html").read_text(encoding="utf-8")
     assert 'id="tuning-table"' in html
+    stored = len(list((run_dir / "finetunes").iterdir()))
     again = run(config_from_dict(data))
-    assert again.evaluation["fine_tunes"]["trained"] == 0 and again.evaluation["tuning"] == t
+    assert again.evaluation["fine_tunes"]["trained"] == 0 and again.evaluation["tuning"]["fine_tunes"] == {
+        "trained": 0, "reused": tuned} and len(list((run_dir / "finetunes").iterdir())) == stored
+    by_hand = data["finetune"] | {"tune": {}, "rho_by_k": {k: t["chosen"][str(k)] for k in (1, 2)}}
+    assert run(config_from_dict(data | {"finetune": by_hand})).evaluation["fine_tunes"]["trained"] == 0
     # bench/main_table.py prints the run's table for docs/paper-results.md, recomputed from the same rows
     bench = [sys.executable, str(Path(__file__).parents[1] / "bench" / "main_table.py")]
-    printed = subprocess.run([*bench, str(tmp_path / "runs" / "t")], capture_output=True, text=True, timeout=120)
+    printed = subprocess.run([*bench, str(run_dir)], capture_output=True, text=True, timeout=120)
     assert printed.returncode == 0, printed.stderr
     kmm = next(line for line in printed.stdout.splitlines() if line.startswith("| KMM |"))
     assert kmm.endswith(f" | {summary.evaluation['best_k']['kmm']['k']} | {summary.evaluation['borda']['kmm']:g} |")
-    assert "| target only | " in printed.stdout and f"verdict: {summary.evaluation['verdict']['kind']}" in printed.stdout
+    assert "| target only | " in printed.stdout and "| random | " in printed.stdout
     missing = subprocess.run([*bench, str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "summary.json" in missing.stderr

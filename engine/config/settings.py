@@ -349,8 +349,8 @@ class FinetuneConfig:
         return seed if self.random_orders == "per_seed" else self.seed
 
     def tuning_seeds(self) -> list[int]:
-        """The seeds of finetune.tune's fine-tunes: the protocol's first tune.repeats."""
-        return self.seeds()[:self.tune.repeats]
+        """The seeds of finetune.tune's fine-tunes: tune.repeats after the protocol's (none where not tuned)."""
+        return [self.seed + self.repeats + r for r in range(self.tune.repeats)] if self.tune.enabled else []
 
     def rho_at(self, k: int | None) -> float:
         """rho_k of Alg. 1: the ratio of budget k (None: the target-only run), `rho` unless `rho_by_k` lists k."""

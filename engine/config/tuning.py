@@ -16,19 +16,20 @@ if TYPE_CHECKING:  # the section that holds this one
 
 @dataclass(kw_only=True)
 class RhoTuningConfig:
-    """Choose rho_k per budget k from a grid, by an evaluation other than finetune.select_by's (paper Alg. 1's
-    {rho_k}: the paper names a ratio per budget; here it is chosen on a split the reported evaluation never sees)."""
+    """Alg. 1's rho_k per budget, chosen from a grid on another evaluation and other seeds than those reported."""
 
     rho: list[float] = opt(
         help="The grid of target-mixing ratios tried at every budget k, e.g. [0.25, 0.5, 0.75]; empty: no tuning "
-        "(finetune.rho and rho_by_k hold). Every method is fine-tuned at every k under every ratio with the first "
-        "`repeats` seeds; rho_k is the ratio whose mean over the methods that buy at k is best on `by`, the same "
-        "for every method. The reported fine-tunes then use rho_k (those of the tuning seeds are the tuning's own).",
+        "(finetune.rho and rho_by_k hold). Every method is fine-tuned at every k under every ratio with `repeats` "
+        "tuning seeds of its own; rho_k is the ratio whose mean over the methods that buy at k is best on `by`, the "
+        "same for every method, and the reported fine-tunes (finetune.seed ...) then train with it: neither their "
+        "evaluation nor their seeds chose it.",
         factory=list)
     by: str = opt(f"{TARGET_VAL}:loss", "The measure that chooses rho_k, `EVAL:METRIC` as finetune.select_by writes "
-                                        "it; its evaluation must differ from select_by's, which reports the result.")
-    repeats: int = opt(1, "Seeds of the tuning fine-tunes: finetune.seed and the next repeats - 1 (at most "
-                          "finetune.repeats).")
+                                        "it (a bare metric: on target_val); its evaluation must differ from "
+                                        "select_by's, which reports the result.")
+    repeats: int = opt(1, "Tuning seeds, after the reported ones: finetune.seed + finetune.repeats and the next "
+                          "repeats - 1, so no reported fine-tune is one that chose rho_k.")
 
     def validate(self) -> None:
         """Raise ConfigError naming the first field whose value does not hold."""
@@ -40,8 +41,10 @@ class RhoTuningConfig:
                               field="rho", value=self.rho)
         if self.repeats <= 0:
             raise ConfigError("must be >= 1", field="repeats", value=self.repeats)
-        if ":" not in self.by:
-            raise ConfigError("must be EVAL:METRIC, e.g. `target_val:loss`", field="by", value=self.by)
+        evaluation, _ = self.measure_parts()
+        if not evaluation:
+            raise ConfigError("must be EVAL:METRIC, e.g. `target_val:loss`, or a bare metric", field="by",
+                              value=self.by)
 
     @property
     def enabled(self) -> bool:
@@ -49,9 +52,9 @@ class RhoTuningConfig:
         return bool(self.rho)
 
     def measure_parts(self) -> tuple[str, str]:
-        """(evaluation, metric) of `by`."""
-        evaluation, _, metric = self.by.rpartition(":")
-        return evaluation, metric
+        """(evaluation, metric) of `by` (a bare metric: on target_val)."""
+        evaluation, sep, metric = self.by.rpartition(":")
+        return (evaluation if sep else TARGET_VAL), metric
 
     def validate_within(self, ft: FinetuneConfig) -> None:
         """The checks that read the rest of the finetune section (fields named from finetune.)."""
@@ -59,9 +62,9 @@ class RhoTuningConfig:
             raise ConfigError("and rho_by_k both give rho_k: keep one", field="tune.rho", value=self.rho)
         if ft.budget == "additive" and min(self.rho) <= 0:
             raise ConfigError("must be > 0 with budget `additive`", field="tune.rho", value=self.rho)
-        if self.repeats > ft.repeats:
-            raise ConfigError(f"must be at most finetune.repeats ({ft.repeats}): the tuning seeds are the "
-                              "protocol's first ones", field="tune.repeats", value=self.repeats)
+        if ft.strategy == "deepspeed":
+            raise ConfigError("needs an evaluation besides select_by's (data.eval), which `deepspeed` jobs do not "
+                              "measure: tune with strategy `task`", field="tune.rho", value=self.rho)
         evaluation, metric = self.measure_parts()
         if metric not in ft.metrics:
             raise ConfigError(f"must name a metric of finetune.metrics {ft.metrics}", field="tune.by", value=self.by)

@@ -91,7 +91,7 @@ def _body(ctx: RunContext) -> None:
         methods = (["kmm"] + [b for b in cfg.finetune.baselines if b in BASELINE_METHODS]
                    + [m for m in extra if m not in cfg.finetune.baselines] + list(fitted))
         scores = {s: method_scores(methods, w, beta, gram.cosine, cfg.finetune.random_order_seed(s), extra)
-                  for s in cfg.finetune.seeds()}
+                  for s in cfg.finetune.seeds() + cfg.finetune.tuning_seeds()}
         evaluate_on_actor(dataclasses.replace(request, scores=scores), ctx.session.progress, outcome)
         outcome.evaluation["cost"] = cost_record(timer, valued) | cost
     record.write_png("evaluation.png", plot_evaluation(outcome.rows, outcome.evaluation))

@@ -99,8 +99,7 @@ def make_plan(cfg: RunConfig, measure: bool = True) -> RunPlan:
     extra = sum(round(dm.runs_per_candidate * n) + 1 for b in fitted if b.startswith("datamodel"))
     extra += 1 if any(b.startswith("gradex") for b in fitted) else 0  # theta*
     tune = cfg.finetune.tune
-    # each other grid ratio at the tuning seeds (the chosen one's are the protocol's own fine-tunes)
-    extra += len(methods) * len(ks) * tune.repeats * (len(tune.rho) - 1) if tune.enabled else 0
+    extra += len(methods) * len(ks) * tune.repeats * len(tune.rho) if tune.enabled else 0  # on seeds of its own
     fine_tunes = cells + extra if cfg.finetune.enabled else 0
     ft_tokens = int(fine_tunes * cfg.finetune.steps * cfg.finetune.batch_size * mean_len)
     evals = list(getattr(data, "evals", None) or [])  # data.eval's sets, where this version prepares them

@@ -12,7 +12,8 @@ from convalue.engine.protocol.measures import Measure
 @dataclass(frozen=True)
 class RhoTuning:
     """The tuning's outcome: by `measure`, over `grid` and `seeds`, each budget's mean value per ratio (`values[k]
-    [i]` for grid[i], None where no fine-tune at k bought a group), the cells averaged, and the chosen rho_k."""
+    [i]` for grid[i], None where no fine-tune at k bought a group), the cells averaged, the chosen rho_k, and the
+    tuning fine-tunes trained now and read back."""
 
     measure: Measure
     grid: tuple[float, ...]
@@ -20,9 +21,11 @@ class RhoTuning:
     values: dict[int, tuple[float | None, ...]]
     cells: dict[int, int]
     chosen: dict[int, float]
+    trained: int = 0
+    reused: int = 0
 
     def rho_at(self, k: int | None) -> float | None:
-        """rho_k as chosen (None for a budget not tuned: no method bought there)."""
+        """rho_k as chosen (None for a budget where no method buys: its runs are the target alone)."""
         return self.chosen.get(k) if k is not None else None
 
     def to_dict(self) -> dict:
@@ -30,13 +33,14 @@ class RhoTuning:
         return {"by": self.measure.name, "grid": list(self.grid), "seeds": list(self.seeds),
                 "chosen": {str(k): r for k, r in self.chosen.items()},
                 "values": {str(k): list(v) for k, v in self.values.items()},
-                "cells": {str(k): n for k, n in self.cells.items()}}
+                "cells": {str(k): n for k, n in self.cells.items()},
+                "fine_tunes": {"trained": self.trained, "reused": self.reused}}
 
 
-def choose_rho(rows: list[dict], ks: list[int], measure: Measure, grid: list[float], seeds: list[int],
-               fallback: float) -> RhoTuning:
+def choose_rho(rows: list[dict], ks: list[int], measure: Measure, grid: list[float],
+               seeds: list[int]) -> RhoTuning:
     """rho_k for each k: the grid ratio whose mean `measure` over the rows at k (one per method that buys a group,
-    and seed) is best, the first of the grid on a tie; `fallback` where no row at k bought a group. Every ratio must
+    and seed) is best, the first of the grid on a tie; no rho_k where no row at k bought a group. Every ratio must
     have the same cells at k (the same methods and seeds), so the means compare like with like."""
     values: dict[int, tuple[float | None, ...]] = {}
     cells: dict[int, int] = {}
@@ -54,8 +58,7 @@ def choose_rho(rows: list[dict], ks: list[int], measure: Measure, grid: list[flo
         cells[k] = sizes.pop()
         means = tuple(sum(at) / len(at) if at else None for at in per_rho)
         values[k] = means
-        if cells[k] == 0:
-            chosen[k] = fallback
+        if cells[k] == 0:  # every run at k is the target alone: no ratio to choose
             continue
         sign = 1.0 if measure.lower_is_better else -1.0
         best = min(range(len(grid)), key=lambda i: (sign * means[i], i))

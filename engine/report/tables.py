@@ -199,18 +199,24 @@ def format_evaluation(rows: list[dict], evaluation: dict | None) -> str:
 
 def tuning_table(evaluation: dict) -> tuple[str, list[str], list[list[str]]] | None:
     """finetune.tune's record as (what it did, heading, one row per k: each ratio's mean, the chosen one starred),
-    or None where rho_k was not tuned."""
+    or None where rho_k was not tuned (or the record is not one: a report never fails on a damaged summary)."""
     t = evaluation.get("tuning")
-    if not isinstance(t, dict) or not isinstance(t.get("grid"), list):
+    grid = t.get("grid") if isinstance(t, dict) else None
+    values, chosen = (t.get("values"), t.get("chosen")) if isinstance(t, dict) else (None, None)
+    if not (isinstance(grid, list) and isinstance(values, dict) and isinstance(chosen, dict)):
         return None
-    grid, chosen, values = t["grid"], t.get("chosen") or {}, t.get("values") or {}
-    about = (f"rho_k tuned on {t.get('by')} (not the reported evaluation), seed(s) {t.get('seeds')}: each ratio's "
-             "mean over the methods that buy at k; * the chosen rho_k, used by every method at k")
+    tunes = t.get("fine_tunes") if isinstance(t.get("fine_tunes"), dict) else {}
+    about = (f"rho_k tuned on {t.get('by')} (not the reported evaluation) with seed(s) {t.get('seeds')} (not the "
+             f"reported ones; {tunes.get('trained', '?')} fine-tunes trained, {tunes.get('reused', '?')} read back): "
+             "each ratio's mean over the methods that buy at k; * the chosen rho_k, used by every method at k")
     body = []
     for k, means in values.items():
-        cells = ["-" if v is None else f"{v:.4f}" + (" *" if r == chosen.get(k) else "") for r, v in zip(grid, means)]
-        body.append([f"k = {k}", *cells, f"rho_k = {chosen.get(k)}"])
-    return about, ["budget", *(f"rho = {r:g}" for r in grid), "chosen"], body
+        if not isinstance(means, list):
+            continue
+        cells = [f"{v:.4f}" + (" *" if r == chosen.get(k) else "") if isinstance(v, (int, float)) else "-"
+                 for r, v in zip(grid, means)]
+        body.append([f"k = {k}", *cells, f"rho_k = {chosen[k]}" if k in chosen else "none bought (target alone)"])
+    return about, ["budget", *(f"rho = {r}" for r in grid), "chosen"], body
 
 
 def _metric_table(rows: list[dict], evaluation: dict, measure: Measure, about: str, selects: bool) -> list[str]:

@@ -311,7 +311,8 @@ def evaluation_section(run: RunFiles) -> Html:
             parts += [el("h3", _heading(measure)), *_measure_tables(rows, record, measure, main_keys=False)]
     tuned = tuning_table(ev)
     if tuned is not None:
-        parts += [para(tuned[0] + "."), table(tuned[1], tuned[2], id="tuning-table")]
+        parts += [el("h3", "rho_k per budget (finetune.tune)"), para(tuned[0] + "."),
+                  table(tuned[1], tuned[2], id="tuning-table")]
     tunes = mapping(ev.get("fine_tunes"))
     if tunes:
         parts.append(para(f"Fine-tunes trained: {tunes.get('trained', '?')}; read back from earlier runs: "

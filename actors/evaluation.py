@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -275,7 +276,9 @@ def tune_rho(req: EvaluationRequest, progress: Any, outcome: FinetuneOutcome) ->
     jobs, served_by = distinct_jobs([run for _, _, run in cells])
     tasks = list(dict.fromkeys((j, s) for j, (_, s, _) in zip(served_by, cells)))
     log.info("tuning rho_k over %s on %s: %d fine-tunes", ft.tune.rho, ft.tune.by, len(tasks))
+    start = time.perf_counter()
     done = train_jobs(req, jobs, tasks, progress, outcome, stage="tune")
+    progress.end.remote("tune", time.perf_counter() - start)
     index = {task: i for i, task in enumerate(tasks)}
     rows = [done.results[index[j, s]] | {"method": run.method, "k": run.k, "rho": rho, "seed": s}
             for j, (rho, s, run) in zip(served_by, cells)]

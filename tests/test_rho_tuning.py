@@ -134,6 +134,7 @@ def test_a_run_tunes_rho_k_on_target_val_and_reports_on_its_evaluation(ray_sessi
     assert 0 < tuned <= 8 and t["fine_tunes"]["reused"] == 0
     on_disk = json.loads((run_dir / "summary.json").read_text())
     assert on_disk["progress"]["tune"]["done"] == on_disk["progress"]["tune"]["total"] == tuned
+    assert on_disk["progress"]["tune"]["seconds"] > 0  # its own time, shown in the report's cost table
     assert on_disk["evaluation"]["tuning"] == t
     text = format_evaluation(rows, summary.evaluation)
     assert "rho_k tuned on target_val:loss" in text and f"rho_k = {t['chosen']['1']}" in text

@@ -124,3 +124,14 @@ def test_every_registered_command_has_its_subparser_in_order():
     assert f"{{{','.join(COMMANDS)}}}" in r.stdout.replace("\n", "").replace(" ", "")
     assert list(COMMANDS) == ["run", "faithfulness", "transfer", "solve", "status", "score", "report", "list",
                               "config-reference"]
+
+
+def test_the_driver_path_of_score_imports_no_ray():
+    """`convalue score` certifies a grown pool's prior in the driver (engine.driver.prior) with its checks and stage
+    timer: none of them loads Ray or the actors, which only the cluster path imports."""
+    probe = ("import sys\nimport convalue.engine.driver.score, convalue.engine.driver.checks\n"
+             "import convalue.engine.driver.prior, convalue.engine.driver.timer\n"
+             "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('convalue.actors')))")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines()[-1] == "[]"

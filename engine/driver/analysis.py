@@ -19,9 +19,9 @@ from convalue.engine.config import ConfigError, RunConfig
 from convalue.engine.data.examples import DataError
 from convalue.engine.data.prepare import PreparedData, target_splits
 from convalue.engine.data.tokenize import tokenize_examples
+from convalue.engine.driver.checks import solver_space
 from convalue.engine.driver.command import RunContext
 from convalue.engine.driver.featurize import FeaturizeResult
-from convalue.engine.driver.stages import solver_space
 from convalue.engine.selection.blocked import panels_of
 
 

@@ -25,16 +25,17 @@ from convalue.engine.data.clustering import EmbeddingCache
 from convalue.engine.data.costs import load_costs
 from convalue.engine.data.prepare import TARGET_KEY, PreparedData, prepare
 from convalue.engine.driver import signals
+from convalue.engine.driver.checks import make_run_folder
 from convalue.engine.driver.featurize import fingerprint
 from convalue.engine.driver.prior import load_prior
-from convalue.engine.driver.session import RaySession, Timer, check_reachable, cluster_address
+from convalue.engine.driver.session import RaySession, check_reachable, cluster_address
 from convalue.engine.driver.stages import (
     Valuation,
-    make_run_folder,
     representation_config,
     value,
     vector_folder,
 )
+from convalue.engine.driver.timer import Timer
 from convalue.engine.driver.views import write_view
 from convalue.engine.features.rewards import check_rewards
 from convalue.engine.files.folder import RunFolder

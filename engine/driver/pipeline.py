@@ -15,9 +15,10 @@ from convalue.actors.solver import bootstrap_on_actors, evaluate_on_actor, path_
 from convalue.engine.config import RunConfig
 from convalue.engine.data.prepare import TARGET_KEY, PreparedData
 from convalue.engine.driver.baselines import fitted_baselines
+from convalue.engine.driver.checks import check_budgets
 from convalue.engine.driver.command import RunContext, execute, representations
-from convalue.engine.driver.session import Timer
-from convalue.engine.driver.stages import Valuation, check_budgets
+from convalue.engine.driver.stages import Valuation
+from convalue.engine.driver.timer import Timer
 from convalue.engine.protocol.evaluate import BASELINE_METHODS, given_weights, method_scores
 from convalue.engine.protocol.verdict import not_evaluated
 from convalue.engine.report.plots import plot_evaluation, plot_path

@@ -15,8 +15,8 @@ from convalue.engine.data.prepare import prepare
 from convalue.engine.data.sources import load_source
 from convalue.engine.driver import plan_timing
 from convalue.engine.driver.baselines import FITTED
+from convalue.engine.driver.checks import TAGS, check_budgets, solver_space
 from convalue.engine.driver.plan_timing import FinetuneEstimate, Timing
-from convalue.engine.driver.stages import TAGS, check_budgets, solver_space
 from convalue.engine.files.errors import StoreError
 from convalue.engine.model.loading import check_lora_targets_in, load_tokenizer, resolve_model
 from convalue.engine.protocol.evaluate import BASELINE_METHODS

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from convalue.engine.data.prepare import TARGET_KEY
 from convalue.engine.driver.appended import leading_unchanged, row_group_digests
-from convalue.engine.driver.session import Timer
+from convalue.engine.driver.timer import Timer
 from convalue.engine.driver.views import write_view
 from convalue.engine.files.errors import StoreError
 from convalue.engine.files.folder import RunFolder, as_folder, file_location
@@ -216,18 +216,15 @@ def import_vectors(req: ScoreRequest, store: VectorStore) -> tuple[list[str], in
 def score(req: ScoreRequest) -> RunSummary:
     """Import, value and write the run folder <out>/<name>; returns its summary (Ray starts for the Gram and the
     solve: an embedded one unless RAY_ADDRESS names a cluster)."""
-    # Ray and the actors load only when vectors are scored: the CLI imports this module for every command
+    # the solver loads only when vectors are scored: the CLI imports this module for every command
     from convalue.engine.config import ConfigError, SolverConfig
-    from convalue.engine.driver.incremental import value_rows
-    from convalue.engine.driver.pool import load_pool
-    from convalue.engine.driver.prior import load_prior, value_in_driver
-    from convalue.engine.driver.session import connect_default
-    from convalue.engine.driver.stages import (
+    from convalue.engine.driver.checks import (
         check_k_fits,
         check_nonzero,
         choose_space,
         make_run_folder,
     )
+    from convalue.engine.driver.prior import load_prior, value_in_driver
 
     SolverConfig(gamma=req.gamma, gamma_ratio=req.gamma_ratio, budget=req.budget,
                  normalize=req.normalize).validate()  # the same checks, and messages, as a config's solver section
@@ -280,6 +277,11 @@ def score(req: ScoreRequest) -> RunSummary:
             if here is not None:
                 done = here
             else:
+                # Ray and the actors load only here: a prior certified in the driver needs neither
+                from convalue.engine.driver.incremental import value_rows
+                from convalue.engine.driver.pool import load_pool
+                from convalue.engine.driver.session import connect_default
+
                 started = connect_default()
                 with timer.stage("load"):  # in gradient space with a prior, only the blocks of new rows
                     features, sources = load_pool(store, names, prior if space == "gradients" else None,

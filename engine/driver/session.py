@@ -1,6 +1,5 @@
 """The run's Ray: which cluster to join (or an embedded one: on loopback only, with token auth and a private token,
-quiet), connected once when a stage first needs it and checked to fit the run's workers, and the stage timer that
-reports to the run's progress actor."""
+quiet), connected once when a stage first needs it and checked to fit the run's workers."""
 
 from __future__ import annotations
 
@@ -8,8 +7,7 @@ import contextlib
 import logging
 import os
 import secrets
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import ray
@@ -144,28 +142,3 @@ class RaySession:
             self.progress.close()
         if self.started:
             ray.shutdown()
-
-
-class Timer:
-    """Wall time per named stage, logged, and reported to the run's progress actor once Ray is up."""
-
-    def __init__(self, progress: Callable[[], Progress | None] = lambda: None) -> None:
-        self.seconds: dict[str, float] = {}
-        self.progress = progress
-
-    @contextlib.contextmanager
-    def stage(self, name: str) -> Iterator[None]:
-        """Time the with-block as stage `name`."""
-        t0 = time.perf_counter()
-        log.info("stage %s ...", name)
-        if (p := self.progress()) is not None:
-            p.begin(name)
-        try:
-            yield
-        finally:
-            took = time.perf_counter() - t0
-            # summed where a stage is entered again (a valuation tried in the driver, then on the cluster)
-            self.seconds[name] = round(self.seconds.get(name, 0.0) + took, 3)
-            log.info("stage %s done in %.1f s", name, took)
-            if (p := self.progress()) is not None:
-                p.end(name, round(took, 3))

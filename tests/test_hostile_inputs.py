@@ -190,9 +190,11 @@ def test_a_projection_dim_above_the_parameter_count_is_refused(capsys, ray_sessi
     # the tiny Llama's LoRA (r 4 on q_proj and v_proj, 2 layers) has 2 x (64 + 32) x 4 = 768 lora_B parameters
     data = tiny_run_config(tmp_path, tiny_model_dir, target_jsonl, pool_jsonl,
                            projection={"kind": "countsketch", "dim": 1000, "seed": 0})
-    err = _refused(capsys, ["run", _write(tmp_path, data)])
-    assert err.endswith("projection.dim: is larger than the 768 parameters featurised: a projection cannot add "
-                        "dimensions; use a dim of at most 768, or kind `identity` (got 1000)")
+    config = _write(tmp_path, data)
+    for args in (["run", config, "--dry-run"], ["run", config]):  # read from the checkpoint: no worker asked
+        err = _refused(capsys, args)
+        assert err.endswith("projection.dim: is larger than the 768 parameters featurised: a projection cannot add "
+                            "dimensions; use a dim of at most 768, or kind `identity` (got 1000)")
     run_dir = tmp_path / "runs" / "t"
     assert not (run_dir / "scores.parquet").exists() and not list(run_dir.glob("vectors/*.npy"))
 

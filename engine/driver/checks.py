@@ -3,10 +3,14 @@ so `convalue score` certifying a prior in the driver and `--dry-run` load none."
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from convalue.engine.config import ConfigError, RunConfig
+from convalue.engine.features.projection import check_projection_fits
 from convalue.engine.files.folder import RunFolder
+from convalue.engine.model.loading import featurised_count
 
 #: solver.space `auto` solves in gradient space above this many candidates (K would not fit in memory)
 GRADIENT_SPACE_MIN_N = 20_000
@@ -58,3 +62,12 @@ def check_budgets(cfg: RunConfig, n: int) -> None:
     if cfg.finetune.enabled and (too_big := [k for k in cfg.finetune.ks or [] if k > n]):
         raise ConfigError(f"lists budgets larger than the pool's {n} candidate group(s): {too_big}",
                           field="finetune.ks", value=cfg.finetune.ks)
+
+
+def check_projection(cfg: RunConfig, model_dir: Path) -> None:
+    """Refuse a projection.dim above the parameters a representation featurises, read from the checkpoint's shapes
+    before any worker loads the model (where the shapes cannot tell, the workers still refuse it)."""
+    for representation in cfg.features.representations or [cfg.features.representation]:
+        n = featurised_count(model_dir, cfg.lora, cfg.features.parameters, with_a=representation == "task_vector")
+        if n is not None:
+            check_projection_fits(cfg.projection.kind, n, cfg.projection.dim)

@@ -25,7 +25,7 @@ from convalue.engine.data.clustering import EmbeddingCache
 from convalue.engine.data.costs import load_costs
 from convalue.engine.data.prepare import TARGET_KEY, PreparedData, prepare
 from convalue.engine.driver import signals
-from convalue.engine.driver.checks import make_run_folder
+from convalue.engine.driver.checks import check_projection, make_run_folder
 from convalue.engine.driver.featurize import fingerprint
 from convalue.engine.driver.prior import load_prior
 from convalue.engine.driver.session import RaySession, check_reachable, cluster_address
@@ -239,6 +239,7 @@ def _execute(cfg: RunConfig, command: str, check: Callable[[RunConfig, PreparedD
         tokenizer = load_tokenizer(model_dir)
         if cfg.features.parameters == "lora":
             check_lora_targets_in(model_dir, cfg.lora)
+        check_projection(cfg, model_dir)
         ft_cfg = dataclasses.replace(cfg, finetune=dataclasses.replace(cfg.finetune, enabled=True)) \
             if always_finetune else cfg
         train_spec = deepspeed_job_spec(ft_cfg, model_dir, digest)

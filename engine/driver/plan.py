@@ -15,7 +15,7 @@ from convalue.engine.data.prepare import prepare
 from convalue.engine.data.sources import load_source
 from convalue.engine.driver import plan_timing
 from convalue.engine.driver.baselines import FITTED
-from convalue.engine.driver.checks import TAGS, check_budgets, solver_space
+from convalue.engine.driver.checks import TAGS, check_budgets, check_projection, solver_space
 from convalue.engine.driver.plan_timing import FinetuneEstimate, Timing
 from convalue.engine.files.errors import StoreError
 from convalue.engine.model.loading import check_lora_targets_in, load_tokenizer, resolve_model
@@ -76,6 +76,7 @@ def make_plan(cfg: RunConfig, measure: bool = True) -> RunPlan:
     tokenizer = load_tokenizer(model_dir)
     if cfg.features.parameters == "lora":
         check_lora_targets_in(model_dir, cfg.lora)
+    check_projection(cfg, model_dir)
     pools = [s for s in cfg.data.candidates if s.clusters is not None]
     data_cfg = dataclasses.replace(cfg.data, candidates=[dataclasses.replace(s, clusters=None)
                                                          for s in cfg.data.candidates], small_groups="keep")

@@ -150,7 +150,13 @@ def make_projector(kind: str, dim_in: int, dim_out: int, seed: int) -> Projector
     memory and work: a projection.dim above the featurised parameter count is a mistake in the config)."""
     if kind not in KINDS:
         raise ProjectionError(f"projection.kind must be one of {sorted(KINDS)}, got {kind!r}")
+    check_projection_fits(kind, dim_in, dim_out)
+    return KINDS[kind](dim_in, dim_out, seed)
+
+
+def check_projection_fits(kind: str, dim_in: int, dim_out: int) -> None:
+    """Refuse a projection to more dimensions than the dim_in parameters featurised (the driver asks before any
+    worker starts, from the checkpoint's shapes; every replica asks again of its live model)."""
     if kind != "identity" and dim_out > dim_in > 0:
         raise ConfigError(f"is larger than the {dim_in} parameters featurised: a projection cannot add dimensions; "
                           f"use a dim of at most {dim_in}, or kind `identity`", field="projection.dim", value=dim_out)
-    return KINDS[kind](dim_in, dim_out, seed)

@@ -132,9 +132,59 @@ def checked_folder(source: str, what: str) -> Path:
     return path
 
 
+def _safetensors_shards(path: Path) -> list[str]:
+    """The folder's .safetensors files, from its index where it has one; ModelError for a damaged index."""
+    index = path / "model.safetensors.index.json"
+    if not index.is_file():
+        return ["model.safetensors"] if (path / "model.safetensors").is_file() else []
+    try:
+        return sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ModelError(f"{index}: not a readable weight index ({exc})") from None
+
+
 def _weight_owners(path: Path) -> set[str]:
     """Last name of every module that owns a weight in the folder's safetensors files (empty for .bin weights)."""
     return {k.rsplit(".", 2)[-2] for k in _safetensors_keys(path) if k.count(".") >= 1}
+
+
+def featurised_count(path: Path, lora: LoraConfig, parameters: str, with_a: bool) -> int | None:
+    """How many parameters a replica of the model folder featurises, from the safetensors headers' shapes (no
+    weight read): every weight (`full`), or per 2-D weight of a LoRA target module r x its output size (lora_B) and,
+    `with_a` (task vectors), r x its input size (lora_A). None where the headers cannot tell: .bin weights, or a
+    target module owning no weight there (a tied head)."""
+    shapes = _safetensors_shapes(path)
+    if not shapes:
+        return None
+    if parameters == "full":
+        return sum(_numel(s) for s in shapes.values())
+    targets = set(lora.target_modules)
+    owned = [(k.rsplit(".", 2)[-2], s) for k, s in shapes.items() if k.endswith(".weight") and k.count(".") >= 1]
+    if not targets <= {owner for owner, _ in owned}:
+        return None
+    return sum(lora.r * (s[0] + (s[1] if with_a else 0)) for owner, s in owned if owner in targets and len(s) == 2)
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _safetensors_shapes(path: Path) -> dict[str, list[int]]:
+    """Every weight's shape in the folder's .safetensors files (headers only; empty for .bin weights)."""
+    # safetensors: only when a checkpoint's weights are read
+    from safetensors import safe_open
+
+    shapes: dict[str, list[int]] = {}
+    for name in _safetensors_shards(path):
+        try:
+            with safe_open(str(path / name), framework="np") as f:  # header only; numpy avoids importing torch
+                shapes |= {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
+        except Exception as exc:  # safetensors raises SafetensorError or OSError
+            raise ModelError(f"{path / name}: unreadable weights ({exc}); the file is truncated or damaged") from None
+    return shapes
 
 
 def _safetensors_keys(path: Path) -> list[str]:
@@ -142,16 +192,8 @@ def _safetensors_keys(path: Path) -> list[str]:
     # safetensors: only when a checkpoint's weight names are read
     from safetensors import safe_open
 
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ModelError(f"{index}: not a readable weight index ({exc})") from None
-    else:
-        shards = ["model.safetensors"] if (path / "model.safetensors").is_file() else []
     keys: list[str] = []
-    for name in shards:
+    for name in _safetensors_shards(path):
         try:
             with safe_open(str(path / name), framework="np") as f:  # header only; numpy avoids importing torch
                 keys += f.keys()

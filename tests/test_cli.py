@@ -126,12 +126,15 @@ def test_every_registered_command_has_its_subparser_in_order():
                               "config-reference"]
 
 
-def test_the_driver_path_of_score_imports_no_ray():
+def test_the_driver_path_of_score_imports_no_ray(tmp_path):
     """`convalue score` certifies a grown pool's prior in the driver (engine.driver.prior) with its checks and stage
-    timer: none of them loads Ray or the actors, which only the cluster path imports."""
+    timer, and the command line names what it refuses: none of them loads Ray or the actors, which only the cluster
+    path imports (here the command refuses a missing vectors file, exit 2, after importing all of them)."""
     probe = ("import sys\nimport convalue.engine.driver.score, convalue.engine.driver.checks\n"
              "import convalue.engine.driver.prior, convalue.engine.driver.timer\n"
-             "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('convalue.actors')))")
+             "from convalue.engine.driver.cli import main\n"
+             f"code = main(['score', {str(tmp_path / 'missing.parquet')!r}, '--out', {str(tmp_path)!r}, '--gamma', '0.01'])\n"
+             "print(code, sorted(m for m in sys.modules if m == 'ray' or m.startswith('convalue.actors')))")
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.splitlines()[-1] == "[]"
+    assert r.stdout.splitlines()[-1] == "2 []" and "missing.parquet: no such vectors file" in r.stderr

@@ -29,6 +29,21 @@ def test_the_headers_count_what_a_replica_featurises(tiny_model_dir, parameters,
     assert featurised_count(tiny_model_dir, lora, parameters, with_a=representation == "task_vector") == live
 
 
+@pytest.mark.filterwarnings("ignore:fan_in_fan_out is set to False:UserWarning")  # peft's note on Conv1D
+@pytest.mark.parametrize("representation", ["one_step", "task_vector"])
+def test_gpt2s_conv1d_projections_are_counted_by_their_output(tmp_path, representation):
+    """GPT-2 keeps its projections as Conv1D, weights (in, out): lora_B has r x out parameters all the same."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2)).save_pretrained(
+        tmp_path)
+    lora = LoraConfig(r=4, alpha=8, target_modules=["c_attn", "c_fc"])
+    features = FeaturesConfig(parameters="lora", representation=representation)
+    _, named = featurised_parameters(load_model(tmp_path), features, lora)
+    assert featurised_count(tmp_path, lora, "lora", with_a=representation == "task_vector") == sum(
+        p.numel() for _, p in named)
+
+
 def test_a_checkpoint_the_headers_cannot_count_is_left_to_the_workers(tiny_model_dir, tmp_path):
     lora = LoraConfig(r=4, alpha=8, target_modules=["q_proj", "lm_head"])  # the tiny Llama ties its head: no weight
     assert featurised_count(tiny_model_dir, lora, "lora", with_a=False) is None

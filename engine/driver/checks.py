@@ -1,5 +1,5 @@
 """The checks a run and `convalue score` share before and around valuing, and the solver space they choose; no Ray,
-so `convalue score` certifying a prior in the driver and `--dry-run` load none."""
+so `convalue score` certifying a prior in the driver loads none."""
 
 from __future__ import annotations
 

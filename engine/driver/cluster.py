@@ -19,14 +19,13 @@ from ray.core.generated import (
 )
 
 from convalue.engine.config import ConfigError, RunConfig
+from convalue.engine.driver.errors import (
+    ClusterError as ClusterError,  # re-exported: callers import it here
+)
 
 #: gRPC answers that come from a Ray (the call was refused, not misunderstood): a cluster with token auth answers
 #: UNAUTHENTICATED to a probe that sends no token, and ray.init then sends the token it finds
 RAY_ANSWERS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
-
-
-class ClusterError(RuntimeError):
-    """The Ray cluster named by --address, RAY_ADDRESS or ray.address cannot be reached."""
 
 
 def check_reachable(addr: str, source: str, timeout: float = 5.0) -> None:

@@ -154,15 +154,25 @@ def featurised_count(path: Path, lora: LoraConfig, parameters: str, with_a: bool
     `with_a` (task vectors), r x its input size (lora_A). None where the headers cannot tell: .bin weights, or a
     target module owning no weight there (a tied head)."""
     shapes = _safetensors_shapes(path)
-    if not shapes:
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not shapes or not isinstance(config, dict) or "auto_map" in config:  # remote code: its layers are unknown
         return None
     if parameters == "full":
         return sum(_numel(s) for s in shapes.values())
     targets = set(lora.target_modules)
     owned = [(k.rsplit(".", 2)[-2], s) for k, s in shapes.items() if k.endswith(".weight") and k.count(".") >= 1]
-    if not targets <= {owner for owner, _ in owned}:
-        return None
-    return sum(lora.r * (s[0] + (s[1] if with_a else 0)) for owner, s in owned if owner in targets and len(s) == 2)
+    chosen = [s for owner, s in owned if owner in targets]
+    if not targets <= {owner for owner, _ in owned} or any(len(s) != 2 for s in chosen):
+        return None  # a tied head, or a convolution: the live model's count is the workers' to take
+    out_axis = 1 if config.get("model_type") in CONV1D_MODEL_TYPES else 0
+    return sum(lora.r * (s[out_axis] + (s[1 - out_axis] if with_a else 0)) for s in chosen)
+
+
+#: transformers architectures whose projections are Conv1D, with weights stored (in, out) rather than (out, in)
+CONV1D_MODEL_TYPES = frozenset({"gpt2", "openai-gpt", "imagegpt", "decision_transformer", "clvp"})
 
 
 def _numel(shape: list[int]) -> int:

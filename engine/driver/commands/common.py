@@ -30,8 +30,8 @@ def no_errors() -> Errors:
 
 def input_errors() -> Errors:
     """What a command that writes a run refuses in one line: a bad config, data, model, store, solve or cluster."""
-    # imports SciPy and Ray (the solvers' and the cluster's errors): only the commands that use them ask for these
-    from convalue.engine.driver.session import ClusterError
+    # imports SciPy (the solvers' errors): only the commands that use them ask for these
+    from convalue.engine.driver.errors import ClusterError
     from convalue.solvers import KMMInputError, KMMSolveError
 
     return (ConfigError, DataError, ModelError, StoreError, KMMInputError, KMMSolveError, GrpoError, RewardError,

@@ -32,7 +32,7 @@ def score_arguments(p: argparse.ArgumentParser) -> None:
 
 def score(args: argparse.Namespace) -> int:
     """Value the vectors into a new run folder and print the ranking (first 32), the selection and the solver."""
-    # imports Ray (the Gram is built by its tasks): only when scoring
+    # imports the solvers (and, where a prior does not certify in the driver, Ray): only when scoring
     from convalue.engine.driver.score import ScoreRequest, score
     from convalue.solvers.sharded import DEFAULT_SHARD_POLICY, ShardPolicy
 

@@ -96,17 +96,24 @@ class Shards:
         self.stats = {"passes": 0, "pass_seconds": 0.0, "row_reads": 0, "rows_from_blocks": 0, "bytes_moved": 0,
                       "bytes_to_solver": 0, "rows_cached": 0, "tasks_per_node": {}, "blocks_loaded": 0}
 
+    def _submit_loads(self, panels: list[Panel]) -> None:
+        """Start reading every stored block of `panels` into the object store (the driver's node if local), all at
+        once: a pass over G then waits for the slowest read, not for their sum."""
+        for panel in panels:
+            for b in panel.blocks:
+                src = self.sources[b.file]
+                if isinstance(src, StoredBlock):  # first use
+                    opts = {}
+                    if src.local and self.driver_node is not None:
+                        opts = {"scheduling_strategy": NodeAffinitySchedulingStrategy(self.driver_node, soft=False)}
+                    self.sources[b.file] = load_block.options(**opts).remote(src.folder, src.meta)
+                    self.stats["blocks_loaded"] += 1
+
     def _refs(self, panel: Panel) -> list:
+        self._submit_loads([panel])
         out = []
         for b in panel.blocks:
             src = self.sources[b.file]
-            if isinstance(src, StoredBlock):  # first use: read into the object store (the driver's node if local)
-                opts = {}
-                if src.local and self.driver_node is not None:
-                    opts = {"scheduling_strategy": NodeAffinitySchedulingStrategy(self.driver_node, soft=False)}
-                why, array = load_block.options(**opts).remote(src.folder, src.meta)
-                self.sources[b.file] = src = (why, array)
-                self.stats["blocks_loaded"] += 1
             if isinstance(src, tuple):  # a load submitted earlier: its checksum must have held
                 why = ray.get(src[0])
                 if why is not None:
@@ -128,6 +135,7 @@ class Shards:
         t0 = time.perf_counter()
         u = np.asarray(u, np.float64) * (1.0 if self.root is None else self.root)
         u_ref = ray.put(u)
+        self._submit_loads(self.panels)  # a pass reads every block: the first one's reads all start now
         calls = [(panel, panel_times.options(**near(panel)).remote(panel, u_ref, *self._refs(panel)))
                  for panel in self.panels]
         out = np.empty(self.n)

@@ -106,7 +106,7 @@ class Shards:
                     opts = {}
                     if src.local and self.driver_node is not None:
                         opts = {"scheduling_strategy": NodeAffinitySchedulingStrategy(self.driver_node, soft=False)}
-                    self.sources[b.file] = load_block.options(**opts).remote(src.folder, src.meta)
+                    self.sources[b.file] = tuple(load_block.options(**opts).remote(src.folder, src.meta))
                     self.stats["blocks_loaded"] += 1
 
     def _refs(self, panel: Panel) -> list:

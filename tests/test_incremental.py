@@ -158,6 +158,30 @@ def test_score_values_a_grown_file_from_its_prior_as_from_scratch(three_nodes, t
         assert grown["gram"]["bytes_read"] < fresh["gram"]["bytes_read"] / 5  # the new rows' statistics only
 
 
+def test_a_grown_pool_whose_support_moves_reads_its_stored_blocks_and_equals_a_fresh_valuation(three_nodes,
+                                                                                               tmp_path):
+    """Appended rows near the target enter the support: the prior only seeds the sharded solve, whose passes read
+    the old rows' blocks from the run's store (left there until a product needs them), and the answer is a fresh
+    valuation's."""
+    G, g = _clustered(900, 16, seed=13)
+    names = [f"g{i:03d}" for i in range(900)]
+    np.save(tmp_path / "target.npy", g.astype(np.float32))
+    _write_pool(tmp_path / "pool.parquet", G, names)  # row groups of 500 rows
+    cap = ["--space", "gradients", "--max-gather-gb", str(8 * 16 * 300 / 2**30)]
+    _score(tmp_path, "pool.parquet", "grow", *cap)
+    near = g + 0.05 * np.random.default_rng(2).normal(size=(40, 16)) * np.linalg.norm(g) / 4
+    _write_pool(tmp_path / "pool.parquet", np.vstack([G, near]), names + [f"new{i:02d}" for i in range(40)])
+    grown, w = _score(tmp_path, "pool.parquet", "grow", *cap)
+    fresh, w_fresh = _score(tmp_path, "pool.parquet", "fresh", *cap)
+    assert grown["gram"]["incremental"]["on_cluster"] and grown["gram"]["incremental"]["prior"] != "certified"
+    assert w[900:].any()  # the new rows are bought
+    sharded = grown["gram"]["sharded"]
+    assert sharded["passes"] >= 1 and sharded["blocks_loaded"] >= 1  # an old block, read from the store for a pass
+    assert grown["solver"]["kkt"] <= 1e-9 and grown["solver"]["status"] == "optimal"
+    assert grown["solver"]["objective"] == pytest.approx(fresh["solver"]["objective"], rel=1e-9)
+    np.testing.assert_allclose(w, w_fresh, atol=1e-7)
+
+
 def test_score_values_rows_the_prior_certifies_in_the_driver_alone(three_nodes, tmp_path):
     """Appended rows that stay unselected (unselected rows nearest orthogonal to the target, again and perturbed)
     leave the prior certified: the grown pool is valued from the new rows' blocks in the driver, no task on the

@@ -264,7 +264,8 @@ def cost_section(run: RunFiles) -> Html:
         share = (num(100 * timings[stage] / total, ".0f") + "%" if isinstance(total, (int, float)) and total > 0
                  and isinstance(timings.get(stage), (int, float)) and stage != "total" else "")
         done = f"{p.get('done')} of {p['total']}" if p.get("total") else ""
-        seconds = timings.get(stage, p.get("seconds"))  # a stage inside another (rho_k's tuning): its own time
+        # a stage the timer does not know (rho_k's tuning, inside the fine-tunes): its own time, where timings hold
+        seconds = timings.get(stage, p.get("seconds") if timings else None)
         rows.append([stage, num(seconds, ".1f"), share, done])
     parts: list[Any] = [table(["stage", "seconds", "share", "work items done"], rows, id="timings-table")
                         if rows else para("No timings recorded.", class_="missing")]

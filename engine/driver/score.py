@@ -224,6 +224,8 @@ def score(req: ScoreRequest) -> RunSummary:
         choose_space,
         make_run_folder,
     )
+
+    # the driver-side valuation: NumPy and the solvers, no Ray
     from convalue.engine.driver.prior import load_prior, value_in_driver
 
     SolverConfig(gamma=req.gamma, gamma_ratio=req.gamma_ratio, budget=req.budget,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import math
 import os
 import shutil
 import warnings
@@ -161,7 +162,7 @@ def featurised_count(path: Path, lora: LoraConfig, parameters: str, with_a: bool
     if not shapes or not isinstance(config, dict) or "auto_map" in config:  # remote code: its layers are unknown
         return None
     if parameters == "full":
-        return sum(_numel(s) for s in shapes.values())
+        return sum(math.prod(s) for s in shapes.values())
     targets = set(lora.target_modules)
     owned = [(k.rsplit(".", 2)[-2], s) for k, s in shapes.items() if k.endswith(".weight") and k.count(".") >= 1]
     chosen = [s for owner, s in owned if owner in targets]
@@ -173,13 +174,6 @@ def featurised_count(path: Path, lora: LoraConfig, parameters: str, with_a: bool
 
 #: transformers architectures whose projections are Conv1D, with weights stored (in, out) rather than (out, in)
 CONV1D_MODEL_TYPES = frozenset({"gpt2", "openai-gpt", "imagegpt", "decision_transformer", "clvp"})
-
-
-def _numel(shape: list[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _safetensors_shapes(path: Path) -> dict[str, list[int]]:

@@ -26,7 +26,7 @@ class RhoTuning:
 
     def rho_at(self, k: int | None) -> float | None:
         """rho_k as chosen (None for a budget where no method buys: its runs are the target alone)."""
-        return self.chosen.get(k) if k is not None else None
+        return self.chosen.get(k)
 
     def to_dict(self) -> dict:
         """summary.json's evaluation.tuning."""

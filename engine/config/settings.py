@@ -12,7 +12,7 @@ from convalue.engine.config.baselines import DataModelConfig, DeepSpeedConfig, G
 from convalue.engine.config.fields import ConfigError, check_readable, opt
 from convalue.engine.config.paths import BUILTIN_MODELS
 from convalue.engine.config.rewards import BUILTIN_REWARDS, reward_spec_problem
-from convalue.engine.config.sources import TARGET_VAL
+from convalue.engine.config.sources import measure_parts
 from convalue.engine.config.tuning import RhoTuningConfig
 
 #: what a fine-tune is measured by (finetune.metrics), on every evaluation
@@ -337,8 +337,7 @@ class FinetuneConfig:
     def select_by_parts(self) -> tuple[str, str]:
         """(evaluation, metric) of select_by: `heldout:loss` -> ("heldout", "loss"); a bare `loss` -> ("target_val",
         "loss")."""
-        evaluation, sep, metric = self.select_by.rpartition(":")
-        return (evaluation if sep else TARGET_VAL), metric
+        return measure_parts(self.select_by)
 
     def seeds(self) -> list[int]:
         """The seeds every protocol cell is fine-tuned under: seed and the next repeats - 1."""

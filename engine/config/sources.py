@@ -18,6 +18,13 @@ GZIP_FORMATS = ("jsonl", "json", "csv")
 HF_EXTRA = "pip install 'convalue[hf]'"
 #: the evaluation every run has: the target's own validation split (data.eval names the others)
 TARGET_VAL = "target_val"
+
+
+def measure_parts(text: str) -> tuple[str, str]:
+    """(evaluation, metric) of an `EVAL:METRIC` setting: `heldout:loss` -> ("heldout", "loss"); a bare metric is on
+    the target's validation split."""
+    evaluation, sep, metric = text.rpartition(":")
+    return (evaluation if sep else TARGET_VAL), metric
 #: an evaluation's name: finetune.select_by writes it before a colon, evaluation.parquet and the report show it
 EVAL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from convalue.engine.config.fields import ConfigError, opt
-from convalue.engine.config.sources import TARGET_VAL
+from convalue.engine.config.sources import TARGET_VAL, measure_parts
 
 if TYPE_CHECKING:  # the section that holds this one
     from convalue.engine.config.settings import FinetuneConfig
@@ -53,8 +53,7 @@ class RhoTuningConfig:
 
     def measure_parts(self) -> tuple[str, str]:
         """(evaluation, metric) of `by` (a bare metric: on target_val)."""
-        evaluation, sep, metric = self.by.rpartition(":")
-        return (evaluation if sep else TARGET_VAL), metric
+        return measure_parts(self.by)
 
     def validate_within(self, ft: FinetuneConfig) -> None:
         """The checks that read the rest of the finetune section (fields named from finetune.)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from convalue.engine.config.settings import METRICS
-from convalue.engine.config.sources import TARGET_VAL
+from convalue.engine.config.sources import TARGET_VAL, measure_parts
 
 #: the row fields that hold the target's validation split's values, as every row has carried them
 TARGET_VAL_FIELDS = {"loss": "val_loss", "accuracy": "val_accuracy"}
@@ -34,8 +34,13 @@ class Measure:
     @classmethod
     def parse(cls, text: str) -> Measure:
         """finetune.select_by's `EVAL:METRIC` (a bare metric: on the target's validation split)."""
-        evaluation, sep, metric = text.rpartition(":")
-        return cls(evaluation if sep else TARGET_VAL, metric)
+        return cls(*measure_parts(text))
+
+    @classmethod
+    def of_evaluation(cls, evaluation: dict) -> Measure:
+        """The measure a summary's evaluation record was judged by: its select_by (older summaries: their metric
+        on the target's validation split)."""
+        return cls.parse(str(evaluation.get("select_by") or evaluation.get("metric") or "loss"))
 
     @property
     def name(self) -> str:

@@ -134,7 +134,7 @@ def verdict_from_evaluation(evaluation: dict | None) -> Verdict:
     if not isinstance(best, dict) or not isinstance(best.get("k"), int):
         return not_evaluated()
     try:
-        measure = Measure.parse(str(evaluation.get("select_by") or evaluation.get("metric") or "loss"))
+        measure = Measure.of_evaluation(evaluation)
     except ValueError:
         return not_evaluated("the evaluation names no metric this version knows")
     d = next((d for d in evaluation.get("kmm_minus") or [] if isinstance(d, dict)

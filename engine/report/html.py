@@ -11,6 +11,7 @@ from typing import Any
 from convalue.engine.files.errors import StoreError
 from convalue.engine.files.folder import RunFolder, as_folder
 from convalue.engine.report.fonts import FONTS, LANG_RULES
+from convalue.engine.report.html_evaluation import evaluation_section
 from convalue.engine.report.html_markup import (
     Html,
     el,
@@ -22,12 +23,7 @@ from convalue.engine.report.html_markup import (
     section,
     table,
 )
-from convalue.engine.report.html_sections import (
-    answer_text,
-    evaluation_section,
-    ranking_section,
-    selection_section,
-)
+from convalue.engine.report.html_sections import answer_text, ranking_section, selection_section
 from convalue.engine.report.run_files import RunFiles
 from convalue.engine.report.run_words import gram_pairs, source_words
 from convalue.engine.store.summary import RunSummary

@@ -77,3 +77,11 @@ def para(*text: Any, class_: str | None = None) -> Html:
 def mapping(x: Any) -> dict:
     """x where it is a dict, else {} (summary.json's sections are read without trusting their shape)."""
     return x if isinstance(x, dict) else {}
+
+
+def as_float(x: Any) -> float:
+    """x as a float (NaN where it is not a number)."""
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return math.nan

@@ -156,7 +156,7 @@ def shown_measures(evaluation: dict) -> list[tuple[Measure, str]]:
     """The measures the evaluation reports, finetune.select_by's first, each with its evaluation's description
     (summaries written before data.eval existed: select_by's metric on the target's validation split, then the
     other metric where it was measured)."""
-    main = Measure.parse(str(evaluation.get("select_by") or evaluation.get("metric") or "loss"))
+    main = Measure.of_evaluation(evaluation)
     records = [r for r in evaluation.get("evaluations") or [] if isinstance(r, dict)]
     if records:
         shown = [(Measure(r["evaluation"], r["metric"]), _described(r)) for r in records]
@@ -186,7 +186,7 @@ def format_evaluation(rows: list[dict], evaluation: dict | None) -> str:
     run bought."""
     if not rows or evaluation is None:
         return "fine-tune: disabled"
-    main = Measure.parse(str(evaluation.get("select_by") or evaluation.get("metric") or "loss"))
+    main = Measure.of_evaluation(evaluation)
     lines: list[str] = []
     for measure, about in shown_measures(evaluation):
         lines += _metric_table(rows, evaluation, measure, about, measure == main)
@@ -296,7 +296,7 @@ def format_verdict(rows: list[dict], evaluation: dict | None, target_train: int 
     diffs = [d for d in evaluation.get("kmm_minus") or [] if d["method"] == "target_only"]
     if not diffs:
         return f"{regime}\n{verdict}"
-    main = Measure.parse(str(evaluation.get("select_by") or evaluation.get("metric") or "loss"))
+    main = Measure.of_evaluation(evaluation)
     higher = not main.lower_is_better  # kmm_minus is on the select_by measure
     parts = []
     for d in diffs:

@@ -97,11 +97,12 @@ class EvaluationRequest:
 @dataclass
 class FinetuneOutcome:
     """The protocol's rows (one per cell and seed) and its evaluation; while it runs, the fine-tunes finished so
-    far, which a failed summary lists (`finished`)."""
+    far and rho_k once tuned, which a failed summary keeps (`finished`, `tuning`: evaluation.tuning's record)."""
 
     rows: list[dict] = field(default_factory=list)
     evaluation: dict | None = None
     finished: list[dict] = field(default_factory=list)
+    tuning: dict | None = None
 
 
 def effective_rho(run: PlannedRun, cfg: RunConfig) -> float:
@@ -295,6 +296,7 @@ def run_protocol(req: EvaluationRequest, progress: Any, outcome: FinetuneOutcome
     cfg, scores = req.cfg, req.scores
     ks, seeds = cfg.evaluation_ks(), cfg.finetune.seeds()
     tuning = tune_rho(req, progress, outcome) if cfg.finetune.tune.enabled else None
+    outcome.tuning = tuning.to_dict() if tuning is not None else None  # a failure from here on still records it
     plans = planned(req, seeds, tuning.rho_at if tuning else cfg.finetune.rho_at)
     cells = [(s, i) for s in seeds for i in range(len(plans[s]))]
     jobs, served_by = distinct_jobs([plans[s][i] for s, i in cells])
@@ -316,8 +318,8 @@ def run_protocol(req: EvaluationRequest, progress: Any, outcome: FinetuneOutcome
                                            "base_evaluations": base, "reused": t not in done.trained})
     outcome.rows = rows
     outcome.evaluation = evaluation_record(req, rows, ks, len(tasks) - len(done.trained), len(done.trained))
-    if tuning is not None:
-        outcome.evaluation["tuning"] = tuning.to_dict()
+    if outcome.tuning is not None:
+        outcome.evaluation["tuning"] = outcome.tuning
     return outcome
 
 

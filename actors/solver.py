@@ -40,7 +40,7 @@ class SolverActor:
 
     def evaluate(self, request: EvaluationRequest, progress: object) -> FinetuneOutcome:
         """Dispatch the evaluation protocol's fine-tunes and await them; the outcome so far is kept for
-        `finished()` when one fails."""
+        `so_far()` when one fails."""
         self.outcome = FinetuneOutcome()
         return run_protocol(request, progress, self.outcome)
 
@@ -50,10 +50,10 @@ class SolverActor:
         self.outcome = FinetuneOutcome()
         return run_subsets(request, subsets, progress, self.outcome, stage)
 
-    def finished(self) -> list[dict]:
-        """The fine-tunes the last evaluate() had finished (for a failed run's summary)."""
-        outcome = getattr(self, "outcome", None)
-        return outcome.finished if outcome is not None else []
+    def so_far(self) -> FinetuneOutcome:
+        """What the last evaluate() or subsets() had done (for a failed run's summary): its finished fine-tunes
+        and, once tuned, rho_k."""
+        return getattr(self, "outcome", None) or FinetuneOutcome()
 
     def bootstrap(self, examples: dict[str, np.ndarray], names: list[str], spec: SolveSpec, k: int, samples: int,
                   seed: int, first: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -87,10 +87,10 @@ def _dispatch(method: str, request: EvaluationRequest, progress: Any, outcome: F
               *args: Any) -> Any:
     """Call a SolverActor's fine-tune dispatch `method` and await it, logging how far it got (its own log lines
     stay on its node): on the driver's node (a local run folder is there), holding no CPU while its jobs hold
-    theirs. On a failure `outcome.finished` gets the fine-tunes done so far."""
+    theirs. On a failure `outcome` gets the fine-tunes done so far and rho_k where it was tuned."""
     here = ray.get_runtime_context().get_node_id()
     near = NodeAffinitySchedulingStrategy(here, soft=True)
-    # two threads: `finished()` is answered while the dispatch still awaits its jobs (a stopped run then ends in
+    # two threads: `so_far()` is answered while the dispatch still awaits its jobs (a stopped run then ends in
     # seconds, its actor killed with the jobs it owns, instead of after every running fine-tune)
     options = {"num_cpus": 0, "scheduling_strategy": near, "max_concurrency": 2}
     with ActorPool(SolverActor, 1, options=options) as pool:
@@ -108,7 +108,8 @@ def _dispatch(method: str, request: EvaluationRequest, progress: Any, outcome: F
             return ray.get(ref)
         except BaseException:
             try:
-                outcome.finished = ray.get(actor.finished.remote(), timeout=10)
+                done = ray.get(actor.so_far.remote(), timeout=10)
+                outcome.finished, outcome.tuning = done.finished, done.tuning
             except Exception:  # the actor is gone too: nothing more to say
                 pass
             raise
@@ -116,7 +117,7 @@ def _dispatch(method: str, request: EvaluationRequest, progress: Any, outcome: F
 
 def evaluate_on_actor(request: EvaluationRequest, progress: Any, outcome: FinetuneOutcome) -> FinetuneOutcome:
     """The solver actor dispatches the protocol's fine-tunes and reports their results; this driver starts it and
-    awaits. `outcome` gets the rows, or on a failure the fine-tunes finished so far."""
+    awaits. `outcome` gets the rows, or on a failure the fine-tunes finished so far (and rho_k, once tuned)."""
     done = _dispatch("evaluate", request, progress, outcome, "finetune")
     outcome.rows, outcome.evaluation, outcome.finished = done.rows, done.evaluation, done.finished
     return outcome

@@ -319,11 +319,13 @@ def test_a_failed_run_says_so_at_the_top_and_shows_what_exists(tmp_path):
 def test_a_run_failed_in_its_fine_tunes_lists_those_that_finished(tmp_path):
     run = make_run(tmp_path, LANGS, finetune=False, status="failed", failed_stage="finetune",
                    error="KeyboardInterrupt: ", signal="SIGINT",
-                   finetune_finished=[{"label": "target only", "seed": 0, "val_loss": 2.95}])
+                   finetune_finished=[{"label": "target only", "seed": 0, "val_loss": 2.95}],
+                   finetune_tuning={"by": "target_val:loss", "chosen": {"3": 0.25, "6": 0.75}})
     (run / "evaluation.png").unlink(missing_ok=True)
     doc = Doc(render_report(run))
     assert "This run FAILED in stage finetune" in doc.text and "stopped by SIGINT" in doc.text
     assert "1 fine-tune(s) finished before the failure" in doc.text
+    assert "rho_k had been tuned on target_val:loss before the failure (k = 3: 0.25, k = 6: 0.75;" in doc.text
     assert len(doc.rows["finished-table"]) == 1 and len(doc.candidates()) == len(LANGS)
 
 

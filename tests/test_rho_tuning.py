@@ -155,3 +155,35 @@ def test_a_run_tunes_rho_k_on_target_val_and_reports_on_its_evaluation(ray_sessi
     assert "| target only | " in printed.stdout and "| random | " in printed.stdout
     missing = subprocess.run([*bench, str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "summary.json" in missing.stderr
+
+
+def test_a_run_that_fails_after_tuning_keeps_the_chosen_rho_k(ray_session, tiny_model_dir, tmp_path):
+    """The reported fine-tunes fail after rho_k was chosen: the failed summary and report.html keep the choice
+    (finetune_tuning) beside the tuning's finished fine-tunes, and nothing looks complete."""
+    import ray
+
+    from convalue.actors.evaluation import Runners
+    from convalue.actors.finetune_job import run_finetune_job
+    from convalue.actors.pool import WorkItemError
+    from convalue.engine.driver.pipeline import run
+
+    @ray.remote(max_retries=0)
+    def fails_on_reported_seeds(spec, label, *rest):
+        if spec.finetune.seed == 0:  # the reported seed; the tuning's (1) trains for real
+            raise RuntimeError(f"no memory for {label}")
+        return run_finetune_job(spec, label, *rest)
+
+    data = _config(tmp_path, tiny_model_dir)
+    data["finetune"] |= {"ks": [1], "repeats": 1, "tune": {"rho": [0.25, 0.75], "by": "target_val:loss"}}
+    with pytest.raises(WorkItemError, match="no memory for"):
+        run(config_from_dict(data), runners=Runners(finetune=fails_on_reported_seeds))
+    run_dir = tmp_path / "runs" / "t"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["failed_stage"] == "finetune" and "evaluation" not in summary
+    tuning = summary["finetune_tuning"]
+    assert tuning["seeds"] == [1] and tuning["grid"] == [0.25, 0.75] and tuning["fine_tunes"]["trained"] == 2
+    values = tuning["values"]["1"]
+    assert tuning["chosen"] == {"1": [0.25, 0.75][values.index(min(values))]}
+    assert {r["seed"] for r in summary["finetune_finished"]} == {1} and len(summary["finetune_finished"]) == 2
+    html = (run_dir / "report.html").read_text(encoding="utf-8")
+    assert "This run FAILED" in html and "rho_k had been tuned on target_val:loss before the failure" in html

@@ -301,9 +301,11 @@ def _execute(cfg: RunConfig, command: str, check: Callable[[RunConfig, PreparedD
             error, signal_name = f"{type(exc).__name__}: {exc}", None
             if (stopped := signals.received()) is not None:
                 signal_name, error = stopped.name, f"Interrupted: {stopped}"
-            finished = ctx.outcome.finished if ctx.stage in ctx.finetune_stages and ctx.outcome.finished else None
+            in_finetunes = ctx.stage in ctx.finetune_stages
+            finished = ctx.outcome.finished if in_finetunes and ctx.outcome.finished else None
             end = EndRecord(status="failed", failed_stage=ctx.stage, error=error, signal=signal_name,
-                            finetune_finished=finished)  # finished fine-tunes are kept in finetunes/ for a rerun
+                            finetune_finished=finished,  # finished fine-tunes are kept in finetunes/ for a rerun
+                            finetune_tuning=ctx.outcome.tuning if in_finetunes else None)
             raise
         finally:
             snap = session.progress.snapshot() if session.progress is not None else None

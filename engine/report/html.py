@@ -26,6 +26,7 @@ from convalue.engine.report.html_markup import (
 from convalue.engine.report.html_sections import answer_text, ranking_section, selection_section
 from convalue.engine.report.run_files import RunFiles
 from convalue.engine.report.run_words import gram_pairs, source_words
+from convalue.engine.report.tables import tuned_before_failure
 from convalue.engine.store.summary import RunSummary
 
 REPORT = "report.html"
@@ -151,6 +152,8 @@ def status_banner(run: RunFiles) -> Html:
             why.append(f" It was stopped by {s.signal}.")
         if s.finetune_finished:
             why.append(f" {len(s.finetune_finished)} fine-tune(s) finished before the failure (kept in finetunes/).")
+        if s.finetune_tuning:
+            why.append(f" {tuned_before_failure(s.finetune_tuning)}.")
         return el("div", *why, para("Only what the run wrote before it failed is shown below."), *notes,
                   class_="banner failed", id="status")
     if s.status in ("running", "resolving"):

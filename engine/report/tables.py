@@ -219,6 +219,14 @@ def tuning_table(evaluation: dict) -> tuple[str, list[str], list[list[str]]] | N
     return about, ["budget", *(f"rho = {r}" for r in grid), "chosen"], body
 
 
+def tuned_before_failure(tuning: dict) -> str:
+    """A failed run's rho_k, chosen before the failure (summary.json's finetune_tuning), in one sentence."""
+    chosen = tuning.get("chosen") if isinstance(tuning.get("chosen"), dict) else {}
+    each = ", ".join(f"k = {k}: {r}" for k, r in chosen.items()) or "no budget bought a group"
+    return (f"rho_k had been tuned on {tuning.get('by', '?')} before the failure ({each}; summary.json's "
+            "finetune_tuning); a rerun reads its fine-tunes back")
+
+
 def _metric_table(rows: list[dict], evaluation: dict, measure: Measure, about: str, selects: bool) -> list[str]:
     """One measure's table: the cells (mean ± sd), best k starred, Borda, target only, base, KMM's paired
     differences."""

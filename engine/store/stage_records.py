@@ -102,6 +102,7 @@ class EndRecord:
     error: str | None = None
     signal: str | None = None
     finetune_finished: list[dict] | None = None
+    finetune_tuning: dict | None = None  # rho_k chosen before a failure in the reported fine-tunes
 
 
 def assemble(records: Sequence[object], base: RunSummary | None = None) -> RunSummary:

@@ -93,6 +93,7 @@ class RunSummary:
     signal: str | None = None  # SIGTERM or SIGINT where one stopped the run
     recovered: dict | None = None  # retries, worker restarts and damaged blocks the run survived
     finetune_finished: list[dict] | None = None
+    finetune_tuning: dict | None = None  # a failed run's rho_k, where finetune.tune chose it before the failure
     resolved: bool | None = None
     finetune_stale: str | None = None
     artifacts: dict[str, dict] | None = None  # every file the run left: {name: {sha256, bytes}} (store.record)
@@ -136,7 +137,8 @@ class RunSummary:
         shapes = {"config": dict, "packages": dict, "attempt": str, "model": dict, "data": dict, "featurize": dict, "metric": dict, "gram": dict, "representations": dict, "path": dict, "order": list,
                   "space": str, "solver": dict, "bootstrap": dict, "selected": list, "ranking": list,
                   "finetune": list, "evaluation": dict, "timings_s": dict, "progress": dict, "failed_stage": str,
-                  "error": str, "signal": str, "recovered": dict, "finetune_finished": list, "resolved": bool,
+                  "error": str, "signal": str, "recovered": dict, "finetune_finished": list, "finetune_tuning": dict,
+                  "resolved": bool,
                   "finetune_stale": str, "artifacts": dict}
         kwargs: dict[str, Any] = {"status": data["status"]}
         for name, shape in shapes.items():

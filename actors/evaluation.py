@@ -22,6 +22,7 @@ from convalue.engine.data.prepare import PreparedData, evaluation_sets, target_s
 from convalue.engine.data.tokenize import tokenize_examples
 from convalue.engine.files.folder import RunFolder
 from convalue.engine.model.spec import ReplicaSpec
+from convalue.engine.protocol.curves import cell_curves
 from convalue.engine.protocol.deepspeed import TrainJob
 from convalue.engine.protocol.evaluate import (
     PlannedRun,
@@ -334,6 +335,8 @@ def evaluation_record(req: EvaluationRequest, rows: list[dict], ks: list[int], r
                           | {"source": e.source, "examples": len(e.tokens)}
                           for e in sets for m in cfg.finetune.metrics]
     out["verdict"] = verdict_of(summarise_measure(rows, ks, main)).to_dict()
+    if cfg.finetune.eval_every:
+        out["curves"] = [c.to_dict() for c in cell_curves(rows, [e.name for e in sets])]
     return out
 
 

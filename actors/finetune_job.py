@@ -16,7 +16,7 @@ from convalue.engine.features.rewards import load_reward
 from convalue.engine.model.loading import autocast_dtype, load_model, load_tokenizer
 from convalue.engine.model.spec import ReplicaSpec
 from convalue.engine.protocol.accuracy import exact_match_accuracy
-from convalue.engine.protocol.finetune import FinetuneResult, evaluate_loss, finetune
+from convalue.engine.protocol.finetune import CurvePoint, FinetuneResult, evaluate_loss, finetune
 from convalue.engine.protocol.grpo_train import grpo_finetune
 from convalue.engine.protocol.measures import EvalScore
 
@@ -58,6 +58,16 @@ def _measure(spec: ReplicaSpec, evals: list[EvalSet], device: str, amp_dtype):
     return measure
 
 
+def _losses(spec: ReplicaSpec, val: list[TokenizedExample], evals: list[EvalSet], device: str, amp_dtype):
+    """A function of a model giving its loss on the target's validation split and each of `evals` (a learning
+    curve's point), or None without finetune.eval_every."""
+    if not spec.finetune.eval_every:
+        return None
+    sets = {TARGET_VAL: list(val)} | {e.name: list(e.tokens) for e in evals}
+    return lambda model: {name: evaluate_loss(model, tokens, spec.finetune.eval_batch_size, spec.pad_id, device,
+                                              amp_dtype) for name, tokens in sets.items()}
+
+
 def run_finetune_job(spec: ReplicaSpec, label: str, target: list[TokenizedExample],
                      aux: dict[str, list[TokenizedExample]], val: list[TokenizedExample],
                      with_base: bool, weights: dict[str, float] | None = None,
@@ -84,9 +94,12 @@ def run_finetune_job(spec: ReplicaSpec, label: str, target: list[TokenizedExampl
     else:
         result = finetune(model, spec.pad_id, cfg, spec.lora, label=label, target=target, aux=aux, val=val,
                           base_val_loss=base, device=device, autocast_dtype=amp_dtype, weights=weights,
-                          accuracy=accuracy, keep=lambda m: measured.update(measure(m)))
+                          accuracy=accuracy, keep=lambda m: measured.update(measure(m)),
+                          losses_of=_losses(spec, val, evals or [], device, amp_dtype))
     result.base_val_accuracy = base_accuracy
     result.evaluations = {TARGET_VAL: EvalScore(result.val_loss, result.val_accuracy)} | measured
+    if result.curve is not None:  # the curve's last point: the end's values, measured above
+        result.curve.append(CurvePoint(result.steps, {name: score.loss for name, score in result.evaluations.items()}))
     if with_base:
         result.base_evaluations = {TARGET_VAL: EvalScore(base, base_accuracy)} | base_evals
     return result

@@ -149,7 +149,8 @@ def test_a_run_with_two_evaluations_reports_each_and_selects_by_the_named_one(ra
     # one fine-tune in flight: they run one after another in one task process, which imports torch once
     data = tiny_run_config(tmp_path, tiny_model_dir, target, pool,
                            finetune={"enabled": True, "steps": 2, "batch_size": 2, "ks": [1, 2], "repeats": 2,
-                                     "baselines": ["target_only", "alignment"], "select_by": "greetings:loss"},
+                                     "baselines": ["target_only", "alignment"], "select_by": "greetings:loss",
+                                     "eval_every": 1},
                            ray={"max_in_flight": 1})
     data["data"] |= {"eval": {"greetings": GREETINGS, "held": {"kind": "jsonl", "path": str(held)}}, "eval_size": 8}
     summary = run(config_from_dict(data))
@@ -177,6 +178,16 @@ def test_a_run_with_two_evaluations_reports_each_and_selects_by_the_named_one(ra
     html = (run_dir / "report.html").read_text(encoding="utf-8")
     assert "Verdict: " + ev["verdict"]["kind"] in html and "Leakage check: </strong>12 of the" in html
     assert 'id="evaluation-table-held-loss"' in html and "In short: " in html
+    # finetune.eval_every 1: every fine-tune's curve at steps 1 and 2 on all three evaluations, each cell's mean
+    assert all([p["step"] for p in r["curve"]] == [1, 2] and set(r["curve"][0]["losses"]) == set(r["evaluations"])
+               for r in summary.finetune)
+    kmm = next(c for c in ev["curves"] if c["method"] == "kmm" and c["k"] == 1 and c["evaluation"] == "greetings")
+    assert kmm["steps"] == [1, 2] and kmm["seeds"] == 2 and kmm["mean"][-1] == pytest.approx(
+        ev["best_k"]["kmm"]["value"] if ev["best_k"]["kmm"]["k"] == 1 else kmm["mean"][-1])
+    assert {c["evaluation"] for c in ev["curves"]} == {"target_val", "greetings", "held"}
+    assert len(table.column("curve").to_pylist()[0]) == 2 * 3  # two steps x three evaluations
+    assert "learning curves: loss on greetings" in text and "Learning curves (finetune.eval_every)" in html
+    assert (run_dir / "curves.png").read_bytes().startswith(b"\x89PNG")
     again = run(config_from_dict(data | {"finetune": data["finetune"] | {"select_by": "held:loss"}}))
     assert again.evaluation["fine_tunes"]["trained"] == 0  # select_by chooses among the measures: nothing retrains
     assert again.evaluation["verdict"]["evaluation"] == "held"

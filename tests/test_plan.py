@@ -83,6 +83,11 @@ def test_the_estimate_counts_rounds_loads_steps_and_evaluations(tiny_model_dir, 
     assert est.job_seconds == pytest.approx(2.0 + 10 * 0.5 + 3.0)
     assert est.seconds == pytest.approx(5.0 + 3 * 10.0 + 3.0)  # imports, 3 rounds, the base model's evaluation
     assert estimate_finetunes(t, cfg, fine_tunes=0, val_tokens=3000).seconds == 0.0
+    curved = _cfg(tmp_path, tiny_model_dir, target_jsonl, pool_jsonl, ray={"workers": 2},
+                  finetune={"enabled": True, "steps": 10, "batch_size": 2, "eval_every": 4})
+    # a curve's points at steps 4 and 8, the end's evaluation as before
+    assert estimate_finetunes(t, curved, fine_tunes=5, val_tokens=3000).job_seconds == pytest.approx(
+        2.0 + 10 * 0.5 + 3 * 3.0)
 
 
 def test_the_padded_length_is_the_expected_longest_of_a_batch():

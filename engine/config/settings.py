@@ -131,6 +131,9 @@ class FinetuneConfig:
     lr: float = opt(1e-4, "AdamW learning rate (cosine schedule, 3% warm-up).")
     max_grad_norm: float = opt(1.0, "Gradient clipping norm.")
     eval_batch_size: int = opt(8, "Batch size of the validation-loss evaluation.")
+    eval_every: int = opt(0, "Also measure every evaluation's loss every this many steps (0: at the end only): each "
+                             "fine-tune's learning curve (`curve` in its record and evaluation.parquet, curves.png), "
+                             "to see where more steps stop helping; it does not change the training. SFT `task` jobs.")
     seed: int = opt(0, "Seed of batch sampling and the Bernoulli(rho) draws.")
     repeats: int = opt(1, "R: fine-tunes per cell of the protocol, seeded seed, seed + 1, ..., seed + R - 1; the "
                           "run reports each cell's mean validation loss and its sample standard deviation over "
@@ -257,6 +260,9 @@ class FinetuneConfig:
                 raise ConfigError("must be a finite number > 0", field=where, value=v)
         if self.eval_batch_size <= 0:
             raise ConfigError("must be > 0", field="eval_batch_size", value=self.eval_batch_size)
+        if self.eval_every < 0 or (self.eval_every and (self.objective, self.strategy) != ("sft", "task")):
+            raise ConfigError("must be >= 0, and 0 unless objective `sft` runs with strategy `task`",
+                              field="eval_every", value=self.eval_every)
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ConfigError("must be a finite number > 0", field="lr", value=self.lr)
         if len(set(self.baselines)) != len(self.baselines):

@@ -21,7 +21,7 @@ from convalue.engine.driver.stages import Valuation
 from convalue.engine.driver.timer import Timer
 from convalue.engine.protocol.evaluate import BASELINE_METHODS, given_weights, method_scores
 from convalue.engine.protocol.verdict import not_evaluated
-from convalue.engine.report.plots import plot_evaluation, plot_path
+from convalue.engine.report.plots import plot_curves, plot_evaluation, plot_path
 from convalue.engine.report.tables import evaluation_table
 from convalue.engine.selection.blocked import GramResult
 from convalue.engine.selection.bootstrap import outputs as bootstrap_outputs
@@ -96,6 +96,8 @@ def _body(ctx: RunContext) -> None:
         evaluate_on_actor(dataclasses.replace(request, scores=scores), ctx.session.progress, outcome)
         outcome.evaluation["cost"] = cost_record(timer, valued) | cost
     record.write_png("evaluation.png", plot_evaluation(outcome.rows, outcome.evaluation))
+    if outcome.evaluation.get("curves"):
+        record.write_png("curves.png", plot_curves(outcome.evaluation))
     record.write_parquet("evaluation.parquet", evaluation_table(outcome.rows))
     ctx.add(EvaluationRecord(evaluation=outcome.evaluation, finetune=outcome.rows))
 

@@ -206,7 +206,9 @@ def format_plan(plan: RunPlan, cfg: RunConfig) -> str:
     ft, t = plan.finetune, plan.timing
     ft_parts = (f" ({ft.rounds} round(s) of {ft.parallel} job(s) at once; a job about {ft.job_seconds:.0f} s: "
                 f"loading the model {t.load_seconds:.1f} s, {cfg.finetune.steps} steps of {t.step_seconds:.2f} s, "
-                f"the evaluation {plan.val_tokens / t.eval_tokens_per_second:.1f} s; a worker's imports "
+                f"the evaluation {plan.val_tokens / t.eval_tokens_per_second:.1f} s"
+                + (f", again every {cfg.finetune.eval_every} steps (the learning curve)" if cfg.finetune.eval_every
+                   else "") + "; a worker's imports "
                 f"{t.import_seconds:.1f} s)" if ft and t and ft.rounds else "")
     lines = [f"plan for run {cfg.name!r} (nothing was started; outputs would go to {plan.run_dir})",
              f"model: {cfg.model.source} -> {plan.model_dir} (LoRA targets {cfg.lora.target_modules} found)",

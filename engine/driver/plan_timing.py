@@ -113,11 +113,14 @@ def measure(model_dir: Path, cfg: RunConfig, feature_length: int, step_length: i
 def estimate_finetunes(timing: Timing, cfg: RunConfig, fine_tunes: int, val_tokens: int) -> FinetuneEstimate:
     """The fine-tune stage: each job loads a fresh replica, trains finetune.steps steps and evaluates the target's
     validation split; ray.workers jobs at once, so the busiest worker runs ceil(jobs / workers) of them after its
-    imports; the first job also evaluates the base model."""
+    imports; the first job also evaluates the base model. finetune.eval_every adds a curve's point (the loss on
+    every evaluation) every eval_every steps."""
     if fine_tunes <= 0:
         return FinetuneEstimate(0.0, 0.0, 0, 0)
     val_s = val_tokens / timing.eval_tokens_per_second
-    job = timing.load_seconds + cfg.finetune.steps * timing.step_seconds + val_s
+    every = cfg.finetune.eval_every
+    points = (cfg.finetune.steps - 1) // every if every else 0
+    job = timing.load_seconds + cfg.finetune.steps * timing.step_seconds + (1 + points) * val_s
     parallel = max(1, min(cfg.ray.workers, fine_tunes))
     rounds = math.ceil(fine_tunes / parallel)
     return FinetuneEstimate(seconds=timing.import_seconds + rounds * job + val_s, job_seconds=job, rounds=rounds,

@@ -19,6 +19,14 @@ from convalue.engine.protocol.measures import EvalScore
 
 
 @dataclass
+class CurvePoint:
+    """One point of a fine-tune's learning curve (finetune.eval_every): each evaluation's loss after `step` steps."""
+
+    step: int
+    losses: dict[str, float]
+
+
+@dataclass
 class FinetuneResult:
     """What one fine-tune run achieved on the target's validation split (val_loss, val_accuracy) and on every
     evaluation (evaluations)."""
@@ -41,6 +49,7 @@ class FinetuneResult:
     train_rewards: list[float] | None = None  # objective `grpo`: each step's mean reward
     evaluations: dict[str, EvalScore] | None = None  # every evaluation's values (target_val and data.eval's)
     base_evaluations: dict[str, EvalScore] | None = None  # ... of theta_0, where this job measured it
+    curve: list[CurvePoint] | None = None  # finetune.eval_every: the losses every eval_every steps and at the end
 
     def to_dict(self) -> dict:
         """JSON-ready fields."""
@@ -91,10 +100,13 @@ def finetune(model, pad_id: int, cfg: FinetuneConfig, lora: LoraConfig, *, label
              val: list[TokenizedExample], base_val_loss: float | None = None, device: str = "cpu",
              autocast_dtype=None, weights: dict[str, float] | None = None,
              accuracy: Callable[[Any], float] | None = None,
-             keep: Callable[[Any], None] | None = None) -> FinetuneResult:
+             keep: Callable[[Any], None] | None = None,
+             losses_of: Callable[[Any], dict[str, float]] | None = None) -> FinetuneResult:
     """Train a fresh LoRA adapter on `model` (theta_0) for cfg.steps steps mixing target and aux (its groups drawn
-    by `weights`, else uniformly; cfg.budget `additive`: cfg.steps target steps and the auxiliary ones on top); evaluate on val (and, given `accuracy`, measure it on the trained model; given
-    `keep`, hand it the trained model, e.g. to keep its adapter).
+    by `weights`, else uniformly; cfg.budget `additive`: cfg.steps target steps and the auxiliary ones on top);
+    evaluate on val (and, given `accuracy`, measure it on the trained model; given `keep`, hand it the trained
+    model, e.g. to keep its adapter). Given `losses_of` and cfg.eval_every, the learning curve's points before the
+    end: losses_of(model) every eval_every steps (the caller adds the end's; the training is the same without).
 
     autocast_dtype: bf16 autocast for the forward passes (CUDA replicas with model.dtype bfloat16), as in featurisation.
     """
@@ -118,9 +130,9 @@ def finetune(model, pad_id: int, cfg: FinetuneConfig, lora: LoraConfig, *, label
     rng = np.random.default_rng([cfg.seed, 0xB2])
     # additive: auxiliary batches from a stream of their own, so the target's batches are target-only's, in order
     aux_rng = np.random.default_rng([cfg.seed, 0xB3]) if additive else rng
-    losses = []
+    losses, curve = [], []
     peft_model.train()
-    for src in plan:
+    for step, src in enumerate(plan, start=1):
         pool = target if src < 0 else aux[names[src]]
         idx = (rng if src < 0 else aux_rng).choice(len(pool), size=min(cfg.batch_size, len(pool)), replace=False)
         ids, mask, labels = (t.to(device) for t in pad_batch([pool[i] for i in idx], pad_id))
@@ -132,6 +144,9 @@ def finetune(model, pad_id: int, cfg: FinetuneConfig, lora: LoraConfig, *, label
         opt.step()
         sched.step()
         losses.append(loss.item())
+        if losses_of is not None and cfg.eval_every and step % cfg.eval_every == 0 and step < len(plan):
+            curve.append(CurvePoint(step, losses_of(peft_model)))  # no_grad, no draws: the training is unchanged
+            peft_model.train()
     val_loss = evaluate_loss(peft_model, val, cfg.eval_batch_size, pad_id, device, autocast_dtype)
     peft_model.eval()
     if keep is not None:
@@ -141,4 +156,5 @@ def finetune(model, pad_id: int, cfg: FinetuneConfig, lora: LoraConfig, *, label
         aux_steps=sum(1 for s in plan if s >= 0), val_loss=val_loss, base_val_loss=base_val_loss,
         first_train_loss=losses[0], last_train_loss=losses[-1], seconds=time.perf_counter() - t0,
         val_accuracy=None if accuracy is None else accuracy(peft_model),
+        curve=curve if losses_of is not None and cfg.eval_every else None,
     )

@@ -24,7 +24,7 @@ from convalue.engine.report.html_markup import (
     table,
 )
 from convalue.engine.report.run_files import RunFiles
-from convalue.engine.report.tables import tuning_table
+from convalue.engine.report.tables import curve_lines, tuning_table
 
 
 def _cells(rows: list[dict], measure: Measure = TARGET_LOSS) -> dict[tuple[Any, Any], tuple[float, float | None]]:
@@ -97,6 +97,9 @@ def evaluation_section(run: RunFiles) -> Html:
     if run.field("finetune_stale"):
         parts.append(para(f"Stale: {run.field('finetune_stale')}", class_="warn"))
     parts.append(run.image("evaluation.png", "each evaluation's value against k"))
+    if curves := curve_lines(ev):
+        parts += [el("h3", "Learning curves (finetune.eval_every)"), el("pre", "\n".join(curves)),
+                  run.image("curves.png", "each cell's loss against steps")]
     return section("evaluation", "The evaluation", *parts)
 
 

@@ -1,4 +1,5 @@
-"""The run's figures: scores.png (signed KMM scores by rank) and evaluation.png (each evaluation's loss against k)."""
+"""The run's figures: scores.png (signed KMM scores by rank), evaluation.png (each evaluation's loss against k)
+and curves.png (finetune.eval_every's learning curves)."""
 
 from __future__ import annotations
 
@@ -101,6 +102,31 @@ def _evaluation_panel(ax, rows: list[dict], evaluation: dict, measure: Measure, 
     ax.set_ylabel(f"{measure.metric} ({'lower' if measure.lower_is_better else 'higher'} is better)")
     ax.set_title(measure_heading(measure) + (" — select_by" if selects else ""), fontsize=9)
     ax.legend(fontsize=7)
+
+
+def plot_curves(evaluation: dict) -> bytes:
+    """finetune.eval_every's learning curves: one panel per evaluation, each cell's mean loss over its seeds
+    against steps (a marker at its lowest point), select_by's evaluation first."""
+    curves = [c for c in evaluation.get("curves") or [] if isinstance(c, dict)]
+    main = Measure.of_evaluation(evaluation).evaluation
+    names = sorted({c["evaluation"] for c in curves}, key=lambda n: (n != main, n))
+    fig = _figure(6.5 * min(len(names), 2), 4.0 * -(-len(names) // 2))
+    axes = fig.subplots(-(-len(names) // 2), min(len(names), 2), squeeze=False).ravel()
+    for ax, name in zip(axes, names):
+        for c in (c for c in curves if c["evaluation"] == name):
+            cell = label_of(c["method"]) + (f" k={c['k']}" if c.get("k") is not None else "")
+            line = ax.plot(c["steps"], c["mean"], linewidth=1.4 if c["method"] in ("kmm", "target_only") else 0.9,
+                           linestyle="--" if c["method"] == "target_only" else "-", label=cell)[0]
+            ax.plot([c["best_step"]], [c["best"]], marker="o", color=line.get_color())
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss (lower is better)")
+        ax.set_title(f"loss on {name} during training" + (" — select_by" if name == main else ""), fontsize=9)
+        ax.legend(fontsize=6, ncol=2)
+    for ax in axes[len(names):]:
+        ax.set_visible(False)
+    fig.suptitle("Learning curves (finetune.eval_every): mean over seeds; a dot at each cell's lowest point",
+                 fontsize=10)
+    return png_bytes(fig)
 
 
 def plot_path(gammas: np.ndarray, W: np.ndarray, names: list[str], shown: int = 12) -> bytes:

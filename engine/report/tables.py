@@ -126,12 +126,18 @@ def evaluation_table(rows: list[dict]) -> pa.Table:
         table = table.append_column("evaluations", pa.array(
             [[{"evaluation": n, "loss": v.get("loss"), "accuracy": v.get("accuracy")}
               for n, v in (r.get("evaluations") or {}).items()] for r in rows], EVALUATIONS_TYPE))
+    if any(r.get("curve") for r in rows):  # finetune.eval_every: each fine-tune's learning curve
+        table = table.append_column("curve", pa.array(
+            [[{"step": p["step"], "evaluation": n, "loss": v} for p in r.get("curve") or []
+              for n, v in p["losses"].items()] for r in rows], CURVE_TYPE))
     return table
 
 
 #: evaluation.parquet's `evaluations`: each fine-tune's values on every evaluation
 EVALUATIONS_TYPE = pa.list_(pa.struct([("evaluation", pa.string()), ("loss", pa.float64()),
                                        ("accuracy", pa.float64())]))
+#: evaluation.parquet's `curve`: each fine-tune's loss on every evaluation every finetune.eval_every steps
+CURVE_TYPE = pa.list_(pa.struct([("step", pa.int64()), ("evaluation", pa.string()), ("loss", pa.float64())]))
 
 
 def format_bootstrap(stats: dict) -> str:
@@ -194,7 +200,24 @@ def format_evaluation(rows: list[dict], evaluation: dict | None) -> str:
     if tuned is not None:
         about, head, body = tuned
         lines += [about, "  " + " | ".join(head), *("  " + " | ".join(r) for r in body)]
+    lines += curve_lines(evaluation)
     return "\n".join(lines + _bought_lines(rows, bool(len(evaluation.get("seeds") or []) > 1)))
+
+
+def curve_lines(evaluation: dict) -> list[str]:
+    """finetune.eval_every's learning curves on select_by's evaluation, one line per cell: the step of its lowest
+    mean loss, that loss and the loss at its last common step (none where no curve was measured)."""
+    where = Measure.of_evaluation(evaluation).evaluation
+    curves = [c for c in evaluation.get("curves") or [] if isinstance(c, dict) and c.get("evaluation") == where
+              and c.get("steps") and isinstance(c.get("mean"), list) and isinstance(c.get("best"), (int, float))]
+    if not curves:
+        return []
+    lines = [f"learning curves: loss on {where} against steps (mean over seeds); where each cell's is lowest"]
+    for c in curves:
+        cell = label_of(c["method"]) + (f" k={c['k']}" if c.get("k") is not None else "")
+        lines.append(f"  {cell:<24} lowest {c['best']:.4f} at step {c['best_step']} of {c['steps'][-1]} "
+                     f"(at {c['steps'][-1]}: {c['mean'][-1]:.4f})")
+    return lines
 
 
 def tuning_table(evaluation: dict) -> tuple[str, list[str], list[list[str]]] | None:

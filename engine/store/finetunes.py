@@ -27,6 +27,8 @@ NOT_IN_KEY = ("enabled", "baselines", "ks", "repeats", "random_orders", "mixture
 #: settings an SFT fine-tune does not read: left out of its key, so SFT keys are those of before `objective` existed
 SFT_IGNORES = ("objective", "grpo_reward", "grpo_reward_signature", "grpo_reward_column", "grpo_generations",
                "grpo_max_new_tokens", "grpo_temperature", "grpo_top_p", "grpo_kl_coef")
+#: eval_every 0 (no learning curve) is left out too: keys of before the curve existed; a curve's key holds it, so a
+#: stored fine-tune without one never serves a run that asks for it
 #: budget `fixed` is left out of every key (keys of before `budget` existed), and so is `additive` where a run buys
 #: nothing: the target-only run is the same fine-tune under both
 FIXED_BUDGET = "fixed"
@@ -43,7 +45,8 @@ def job_settings(spec: ReplicaSpec) -> dict:
             "threads": spec.threads, "packages": versions,
             "finetune": {k: v for k, v in asdict(spec.finetune).items() if k not in NOT_IN_KEY
                          and not (spec.finetune.objective == "sft" and k in SFT_IGNORES)
-                         and not (k == "budget" and v == FIXED_BUDGET)}}
+                         and not (k == "budget" and v == FIXED_BUDGET)
+                         and not (k == "eval_every" and not v)}}
 
 
 def train_job_settings(ts: Any, spec: ReplicaSpec) -> dict:

@@ -1,0 +1,94 @@
+"""finetune.eval_every: each fine-tune's learning curve (every evaluation's loss every N steps), which leaves the
+training as it was; the cells' mean curves and where each is lowest."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_finetune_store import AUX, SPEC, _store, _with
+
+from convalue.engine.config import ConfigError, FinetuneConfig, config_from_dict
+from convalue.engine.protocol.curves import cell_curves
+from convalue.engine.report.tables import curve_lines
+from tests.conftest import chatterbot_pairs, tiny_run_config, write_jsonl
+
+
+def _row(method: str, k: int | None, seed: int, points: dict[int, float], where: str = "held") -> dict:
+    return {"method": method, "k": k, "seed": seed,
+            "curve": [{"step": s, "losses": {where: v, "target_val": v + 1}} for s, v in points.items()]}
+
+
+def test_a_cell_s_curve_is_the_mean_over_its_seeds_at_the_steps_all_of_them_measured():
+    rows = [_row("kmm", 3, 0, {2: 3.0, 4: 2.0, 6: 2.5}), _row("kmm", 3, 1, {2: 2.0, 4: 2.2, 6: 2.1}),
+            _row("target_only", None, 0, {2: 3.0, 4: 2.5, 5: 2.4}),  # additive runs end at different steps
+            _row("target_only", None, 1, {2: 3.2, 4: 2.7, 7: 2.0}),
+            {"method": "random", "k": 3, "seed": 0}]  # no curve: adds nothing
+    curves = {(c.method, c.evaluation): c for c in cell_curves(rows, ["held", "target_val"])}
+    assert set(curves) == {("kmm", "held"), ("kmm", "target_val"), ("target_only", "held"),
+                           ("target_only", "target_val")}
+    kmm = curves["kmm", "held"]
+    assert kmm.steps == [2, 4, 6] and kmm.mean == pytest.approx([2.5, 2.1, 2.3]) and kmm.seeds == 2
+    assert kmm.best_step == 4 and kmm.to_dict()["best"] == pytest.approx(2.1)
+    alone = curves["target_only", "held"]
+    assert alone.steps == [2, 4] and alone.best_step == 4 and alone.k is None
+    assert curves["kmm", "target_val"].mean == pytest.approx([3.5, 3.1, 3.3])
+
+
+def test_the_curve_lines_name_each_cell_s_lowest_point_on_select_by_s_evaluation():
+    rows = [_row("kmm", 3, 0, {2: 3.0, 4: 2.0, 6: 2.5}), _row("target_only", None, 0, {2: 3.0, 4: 2.9, 6: 2.8})]
+    evaluation = {"select_by": "held:loss", "curves": [c.to_dict() for c in cell_curves(rows, ["held"])]}
+    lines = curve_lines(evaluation)
+    assert "loss on held" in lines[0]
+    assert "KMM k=3" in lines[1] and "lowest 2.0000 at step 4 of 6 (at 6: 2.5000)" in lines[1]
+    assert "lowest 2.8000 at step 6 of 6" in lines[2]
+    assert curve_lines({"select_by": "target_val:loss", "curves": evaluation["curves"]}) == []  # another evaluation
+    assert curve_lines({"curves": [{"evaluation": "target_val", "steps": [1], "mean": "damaged"}]}) == []
+
+
+def test_eval_every_keys_a_fine_tune_only_when_set_and_is_refused_where_no_curve_is_drawn(tmp_path):
+    plain, curved = _store(tmp_path), _store(tmp_path, _with(SPEC, eval_every=4))
+    assert "eval_every" not in plain._base["settings"]["finetune"]  # keys of before the curve existed stand
+    assert curved.job_key(AUX) != plain.job_key(AUX) and curved.job_key({}) != plain.job_key({})
+    for bad in ({"eval_every": -1}, {"eval_every": 2, "objective": "grpo"}):
+        with pytest.raises(ConfigError, match="eval_every"):
+            FinetuneConfig(**bad).validate()
+    FinetuneConfig(eval_every=2).validate()
+
+
+def test_a_job_s_curve_holds_every_evaluation_every_n_steps_and_leaves_the_training_as_it_was(tiny_model_dir,
+                                                                                             tmp_path):
+    """One fine-tune job (no Ray) with eval_every 2 over 5 steps: points at steps 2 and 4 and the end's (5), each
+    with every evaluation's loss; the end's equal the job's evaluations, and the job without a curve trains the
+    same adapter (the same losses)."""
+    from convalue.actors.finetune_job import run_finetune_job
+    from convalue.engine.data.prepare import prepare
+    from convalue.engine.model.loading import load_tokenizer
+    from convalue.engine.model.spec import ReplicaSpec
+
+    tok = load_tokenizer(tiny_model_dir)
+    target = write_jsonl(tmp_path / "marathi.jsonl", chatterbot_pairs("marathi", 12))
+    pool = write_jsonl(tmp_path / "pool.jsonl", [r | {"group": "hindi"} for r in chatterbot_pairs("hindi", 6)])
+    held = write_jsonl(tmp_path / "held.jsonl", chatterbot_pairs("hindi", 12)[6:])
+    data = tiny_run_config(tmp_path, tiny_model_dir, target, pool,
+                           finetune={"enabled": True, "steps": 5, "batch_size": 2, "lr": 1e-3})
+    data["data"]["eval"] = {"held": {"kind": "jsonl", "path": str(held)}}
+    results = {}
+    for every in (0, 2):
+        cfg = config_from_dict(data | {"finetune": data["finetune"] | {"eval_every": every}})
+        prepared = prepare(cfg.data, tok, cfg.model.max_length)
+        spec = ReplicaSpec.from_config(cfg, tiny_model_dir, tok.pad_token_id)
+        results[every] = run_finetune_job(spec, "target + hindi", prepared.target_train,
+                                          {"hindi": list(prepared.items[0].examples)}, prepared.target_val, False,
+                                          evals=prepared.evals)
+    plain, curved = results[0], results[2]
+    assert plain.curve is None
+    assert [p.step for p in curved.curve] == [2, 4, 5] and curved.steps == 5
+    assert all(set(p.losses) == {"target_val", "held"} for p in curved.curve)
+    assert curved.curve[-1].losses == {n: s.loss for n, s in curved.evaluations.items()}
+    assert curved.curve[0].losses["held"] != curved.curve[-1].losses["held"]  # the adapter moved in between
+    assert curved.val_loss == pytest.approx(plain.val_loss, rel=1e-6)
+    assert curved.last_train_loss == pytest.approx(plain.last_train_loss, rel=1e-6)
+    assert curved.evaluations["held"].loss == pytest.approx(plain.evaluations["held"].loss, rel=1e-6)
+    record = json.loads(json.dumps(curved.to_dict()))  # as the fine-tune store keeps it
+    assert record["curve"][1] == {"step": 4, "losses": curved.curve[1].losses}

@@ -125,6 +125,15 @@ class Trained:
         return ((self.base_evaluations or {}).get(measure.evaluation) or {}).get(measure.metric)
 
 
+def without_curve(req: EvaluationRequest) -> EvaluationRequest:
+    """The request with finetune.eval_every 0: fine-tunes nobody draws a curve of (rho_k's tuning, the fitted
+    baselines' and analyses' subsets) train and are keyed without one, so runs with and without curves share them."""
+    if not req.spec.finetune.eval_every:
+        return req
+    return dataclasses.replace(req, spec=dataclasses.replace(
+        req.spec, finetune=dataclasses.replace(req.spec.finetune, eval_every=0)))
+
+
 def finetune_store(req: EvaluationRequest) -> FinetuneStore:
     """The run folder's fine-tune records as the protocol keys them: by the job's settings and data and, where
     data.eval names evaluations, by their names and examples too (a record measured on other sets is another
@@ -271,7 +280,7 @@ def planned(req: EvaluationRequest, seeds: list[int], rho_at: Any) -> dict[int, 
 def tune_rho(req: EvaluationRequest, progress: Any, outcome: FinetuneOutcome) -> RhoTuning:
     """finetune.tune: every method's cells at every k under each grid ratio and tuning seed (seeds of their own,
     after the reported ones; stored fine-tunes read back), and rho_k chosen on tune.by (engine.protocol.tuning)."""
-    ft = req.cfg.finetune
+    req, ft = without_curve(req), req.cfg.finetune
     seeds = ft.tuning_seeds()
     cells = [(rho, s, run) for rho in ft.tune.rho
              for s, plan in planned(req, seeds, lambda k, rho=rho: rho).items() for run in plan if run.groups]
@@ -345,7 +354,7 @@ def run_subsets(req: EvaluationRequest, subsets: list[tuple[str, ...]], progress
     """The loss of target + S for every subset S (once per finetune.seed; the empty subset is the target alone) on
     finetune.select_by's evaluation (the target's validation split unless it names one of data.eval), for fitted
     baselines and the faithfulness study: ({S: loss}, the target-only loss, base loss)."""
-    seed = req.cfg.finetune.seed
+    req, seed = without_curve(req), req.cfg.finetune.seed
     jobs = [PlannedRun("subset", None, tuple(sorted(s)), rho=None) for s in dict.fromkeys([(), *subsets])]
     done = train_jobs(req, jobs, [(j, seed) for j in range(len(jobs))], progress, outcome, stage)
     measure = Measure(Measure.parse(req.cfg.finetune.select_by).evaluation, "loss")

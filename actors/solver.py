@@ -119,7 +119,8 @@ def evaluate_on_actor(request: EvaluationRequest, progress: Any, outcome: Finetu
     """The solver actor dispatches the protocol's fine-tunes and reports their results; this driver starts it and
     awaits. `outcome` gets the rows, or on a failure the fine-tunes finished so far (and rho_k, once tuned)."""
     done = _dispatch("evaluate", request, progress, outcome, "finetune")
-    outcome.rows, outcome.evaluation, outcome.finished = done.rows, done.evaluation, done.finished
+    outcome.rows, outcome.evaluation, outcome.finished, outcome.tuning = (done.rows, done.evaluation, done.finished,
+                                                                         done.tuning)
     return outcome
 
 

@@ -33,24 +33,29 @@ def test_a_cell_s_curve_is_the_mean_over_its_seeds_at_the_steps_all_of_them_meas
     alone = curves["target_only", "held"]
     assert alone.steps == [2, 4] and alone.best_step == 4 and alone.k is None
     assert curves["kmm", "target_val"].mean == pytest.approx([3.5, 3.1, 3.3])
+    diverged = cell_curves([_row("kmm", 3, 0, {2: float("nan"), 4: 2.0, 6: 2.5})], ["held"])[0]
+    assert diverged.best_step == 4 and diverged.best == 2.0  # a NaN point is never the lowest
+    damaged = [{"method": "kmm", "k": 3, "seed": 0, "curve": [{"step": "2", "losses": {"held": 1.0}}]}]
+    assert cell_curves(damaged, ["held"]) == []
 
 
 def test_the_curve_lines_name_each_cell_s_lowest_point_on_select_by_s_evaluation():
     rows = [_row("kmm", 3, 0, {2: 3.0, 4: 2.0, 6: 2.5}), _row("target_only", None, 0, {2: 3.0, 4: 2.9, 6: 2.8})]
     evaluation = {"select_by": "held:loss", "curves": [c.to_dict() for c in cell_curves(rows, ["held"])]}
-    lines = curve_lines(evaluation)
+    lines = curve_lines(evaluation, "held")
     assert "loss on held" in lines[0]
-    assert "KMM k=3" in lines[1] and "lowest 2.0000 at step 4 of 6 (at 6: 2.5000)" in lines[1]
-    assert "lowest 2.8000 at step 6 of 6" in lines[2]
-    assert curve_lines({"select_by": "target_val:loss", "curves": evaluation["curves"]}) == []  # another evaluation
-    assert curve_lines({"curves": [{"evaluation": "target_val", "steps": [1], "mean": "damaged"}]}) == []
+    assert "KMM k=3" in lines[1] and "lowest 2.0000 at step 4; at step 6, the last all 1 seed(s) measured: 2.5000" \
+        in lines[1]
+    assert "lowest 2.8000 at step 6;" in lines[2]
+    assert curve_lines(evaluation, "target_val") == []  # curves of another evaluation only
+    assert curve_lines({"curves": [{"evaluation": "held", "steps": [1], "mean": "damaged"}]}, "held") == []
 
 
 def test_eval_every_keys_a_fine_tune_only_when_set_and_is_refused_where_no_curve_is_drawn(tmp_path):
     plain, curved = _store(tmp_path), _store(tmp_path, _with(SPEC, eval_every=4))
     assert "eval_every" not in plain._base["settings"]["finetune"]  # keys of before the curve existed stand
     assert curved.job_key(AUX) != plain.job_key(AUX) and curved.job_key({}) != plain.job_key({})
-    for bad in ({"eval_every": -1}, {"eval_every": 2, "objective": "grpo"}):
+    for bad in ({"eval_every": -1}, {"eval_every": 2, "objective": "grpo"}, {"eval_every": 2, "strategy": "deepspeed"}):
         with pytest.raises(ConfigError, match="eval_every"):
             FinetuneConfig(**bad).validate()
     FinetuneConfig(eval_every=2).validate()
@@ -60,7 +65,8 @@ def test_a_job_s_curve_holds_every_evaluation_every_n_steps_and_leaves_the_train
                                                                                              tmp_path):
     """One fine-tune job (no Ray) with eval_every 2 over 5 steps: points at steps 2 and 4 and the end's (5), each
     with every evaluation's loss; the end's equal the job's evaluations, and the job without a curve trains the
-    same adapter (the same losses)."""
+    same adapter (the same losses). LoRA dropout draws from torch's generator in train mode, so an evaluation that
+    drew, or a model left in eval mode after one, would change the losses."""
     from convalue.actors.finetune_job import run_finetune_job
     from convalue.engine.data.prepare import prepare
     from convalue.engine.model.loading import load_tokenizer
@@ -72,6 +78,7 @@ def test_a_job_s_curve_holds_every_evaluation_every_n_steps_and_leaves_the_train
     held = write_jsonl(tmp_path / "held.jsonl", chatterbot_pairs("hindi", 12)[6:])
     data = tiny_run_config(tmp_path, tiny_model_dir, target, pool,
                            finetune={"enabled": True, "steps": 5, "batch_size": 2, "lr": 1e-3})
+    data["lora"] = data.get("lora", {}) | {"dropout": 0.1}
     data["data"]["eval"] = {"held": {"kind": "jsonl", "path": str(held)}}
     results = {}
     for every in (0, 2):

@@ -5,6 +5,7 @@ missing or failed instead of failing itself. CPU only, no Ray, no model."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 import struct
 import subprocess
@@ -400,6 +401,20 @@ def test_damaged_files_and_fields_are_reported_not_raised(tmp_path):
     assert "95% interval" not in doc.headers["ranking-table"]
     assert "evaluation-table" in doc.rows
     assert dict(c for _, c in doc.rows["certificate-table"])["KKT violation"].startswith("tiny")
+    # learning curves of every damaged shape, and a select_by this version does not know: the evaluation stays
+    data = json.loads(summary)
+    good = {"method": "kmm", "k": 1, "evaluation": "target_val", "steps": [2, 4], "mean": [3.0, 2.5], "seeds": 3}
+    data["evaluation"]["curves"] = [5, good | {"mean": []}, good | {"steps": 7}, good | {"method": 3},
+                                    good | {"mean": ["x", None]}, {"evaluation": "target_val"}, good]
+    (run / "summary.json").write_text(json.dumps(data))
+    doc = Doc(render_report(run))
+    assert "evaluation-table" in doc.rows and "lowest 2.5000 at step 4" in doc.text
+    for damaged in (5, {"curves": 5}, {"select_by": "held:bogus", "curves": [good]}):
+        data["evaluation"] = data["evaluation"] | damaged if isinstance(damaged, dict) else data["evaluation"] | {
+            "curves": damaged}
+        (run / "summary.json").write_text(json.dumps(data))
+        doc = Doc(render_report(run))
+        assert "evaluation-table" in doc.rows and "could not be drawn" not in doc.text
 
 
 def test_a_folder_without_a_summary(tmp_path):

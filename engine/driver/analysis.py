@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from convalue.actors.evaluation import EvaluationRequest, finetune_store
+from convalue.actors.evaluation import EvaluationRequest, finetune_store, without_curve
 from convalue.actors.gram import gather_rows
 from convalue.actors.solver import subsets_on_actor
 from convalue.engine.config import ConfigError, RunConfig
@@ -70,7 +70,7 @@ def _records(ctx: RunContext, request: EvaluationRequest,
              subsets: list[tuple[str, ...]]) -> dict[tuple, dict | None]:
     """The stored record of each subset's fine-tune, as actors.evaluation.run_subsets keys it (finetune.seed,
     uniform draws, finetune.rho), or None where the run folder does not hold it."""
-    store = finetune_store(request)
+    store = finetune_store(without_curve(request))
     seed = ctx.cfg.finetune.seed
     return {s: store.get(store.job_key({n: request.usable(n) for n in s}, seed, None, None)) for s in subsets}
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from convalue.engine.config import RunConfig
+from convalue.engine.config.sources import measure_parts
 from convalue.engine.data.costs import load_costs
 from convalue.engine.data.prepare import prepare
 from convalue.engine.data.sources import load_source
@@ -182,7 +183,7 @@ def evaluation_lines(cfg: RunConfig, plan: RunPlan) -> list[str]:
         return ["evaluation: none (finetune.enabled is false: no fine-tune, no verdict)"]
     metrics = ", ".join(map(str, getattr(ft, "metrics", ["loss"])))
     select_by = str(getattr(ft, "select_by", "loss"))
-    higher = select_by.rpartition(":")[2] == "accuracy"
+    higher = measure_parts(select_by)[1] == "accuracy"
     lines = [f"evaluation: every fine-tune measured by {metrics} on {_eval_sets(cfg, plan)}; "
              f"select_by {select_by!r} decides best k, the Borda count and the verdict"]
     if "target_only" not in ft.baselines:

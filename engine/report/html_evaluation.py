@@ -97,7 +97,7 @@ def evaluation_section(run: RunFiles) -> Html:
     if run.field("finetune_stale"):
         parts.append(para(f"Stale: {run.field('finetune_stale')}", class_="warn"))
     parts.append(run.image("evaluation.png", "each evaluation's value against k"))
-    if curves := curve_lines(ev):
+    if curves := curve_lines(ev, main.evaluation):
         parts += [el("h3", "Learning curves (finetune.eval_every)"), el("pre", "\n".join(curves)),
                   run.image("curves.png", "each cell's loss against steps")]
     return section("evaluation", "The evaluation", *parts)

@@ -8,6 +8,7 @@ import io
 import numpy as np
 import pyarrow as pa
 
+from convalue.engine.protocol.curves import CellCurve
 from convalue.engine.protocol.evaluate import label_of
 from convalue.engine.protocol.measures import Measure
 from convalue.engine.protocol.summaries import summarise_measure
@@ -107,17 +108,17 @@ def _evaluation_panel(ax, rows: list[dict], evaluation: dict, measure: Measure, 
 def plot_curves(evaluation: dict) -> bytes:
     """finetune.eval_every's learning curves: one panel per evaluation, each cell's mean loss over its seeds
     against steps (a marker at its lowest point), select_by's evaluation first."""
-    curves = [c for c in evaluation.get("curves") or [] if isinstance(c, dict)]
+    curves = [c for c in map(CellCurve.from_dict, evaluation.get("curves") or []) if c is not None]
     main = Measure.of_evaluation(evaluation).evaluation
-    names = sorted({c["evaluation"] for c in curves}, key=lambda n: (n != main, n))
+    names = sorted({c.evaluation for c in curves}, key=lambda n: (n != main, n))
     fig = _figure(6.5 * min(len(names), 2), 4.0 * -(-len(names) // 2))
     axes = fig.subplots(-(-len(names) // 2), min(len(names), 2), squeeze=False).ravel()
     for ax, name in zip(axes, names):
-        for c in (c for c in curves if c["evaluation"] == name):
-            cell = label_of(c["method"]) + (f" k={c['k']}" if c.get("k") is not None else "")
-            line = ax.plot(c["steps"], c["mean"], linewidth=1.4 if c["method"] in ("kmm", "target_only") else 0.9,
-                           linestyle="--" if c["method"] == "target_only" else "-", label=cell)[0]
-            ax.plot([c["best_step"]], [c["best"]], marker="o", color=line.get_color())
+        for c in (c for c in curves if c.evaluation == name):
+            line = ax.plot(c.steps, c.mean, linewidth=1.4 if c.method in ("kmm", "target_only") else 0.9,
+                           linestyle="--" if c.method == "target_only" else "-", label=c.label)[0]
+            if c.best_step is not None:
+                ax.plot([c.best_step], [c.best], marker="o", color=line.get_color())
         ax.set_xlabel("step")
         ax.set_ylabel("loss (lower is better)")
         ax.set_title(f"loss on {name} during training" + (" — select_by" if name == main else ""), fontsize=9)

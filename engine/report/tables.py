@@ -7,11 +7,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from convalue.engine.data.examples import Group
+from convalue.engine.protocol.curves import CellCurve
 from convalue.engine.protocol.evaluate import CellLoss, label_of
 from convalue.engine.protocol.measures import Measure
 from convalue.engine.protocol.summaries import summarise_measure
 from convalue.engine.protocol.verdict import verdict_from_evaluation
 from convalue.engine.selection.select import ranks
+from convalue.engine.store.finetunes import curve_is_valid
 
 
 def scores_table(names: list[str], n_examples: list[int], n_preview: list[int], w: np.ndarray,
@@ -128,8 +130,8 @@ def evaluation_table(rows: list[dict]) -> pa.Table:
               for n, v in (r.get("evaluations") or {}).items()] for r in rows], EVALUATIONS_TYPE))
     if any(r.get("curve") for r in rows):  # finetune.eval_every: each fine-tune's learning curve
         table = table.append_column("curve", pa.array(
-            [[{"step": p["step"], "evaluation": n, "loss": v} for p in r.get("curve") or []
-              for n, v in p["losses"].items()] for r in rows], CURVE_TYPE))
+            [[{"step": p["step"], "evaluation": n, "loss": v} for p in r["curve"] for n, v in p["losses"].items()]
+             if curve_is_valid(r.get("curve")) else None for r in rows], CURVE_TYPE))
     return table
 
 
@@ -200,23 +202,23 @@ def format_evaluation(rows: list[dict], evaluation: dict | None) -> str:
     if tuned is not None:
         about, head, body = tuned
         lines += [about, "  " + " | ".join(head), *("  " + " | ".join(r) for r in body)]
-    lines += curve_lines(evaluation)
+    lines += curve_lines(evaluation, main.evaluation)
     return "\n".join(lines + _bought_lines(rows, bool(len(evaluation.get("seeds") or []) > 1)))
 
 
-def curve_lines(evaluation: dict) -> list[str]:
-    """finetune.eval_every's learning curves on select_by's evaluation, one line per cell: the step of its lowest
-    mean loss, that loss and the loss at its last common step (none where no curve was measured)."""
-    where = Measure.of_evaluation(evaluation).evaluation
-    curves = [c for c in evaluation.get("curves") or [] if isinstance(c, dict) and c.get("evaluation") == where
-              and c.get("steps") and isinstance(c.get("mean"), list) and isinstance(c.get("best"), (int, float))]
+def curve_lines(evaluation: dict, where: str) -> list[str]:
+    """finetune.eval_every's learning curves on evaluation `where`, one line per cell: the step of its lowest mean
+    loss, that loss, and the loss at the last step all its seeds measured (none where no curve was measured; a
+    damaged entry is left out)."""
+    listed = evaluation.get("curves")
+    curves = [c for c in map(CellCurve.from_dict, listed if isinstance(listed, list) else [])
+              if c is not None and c.evaluation == where and c.best_step is not None]
     if not curves:
         return []
     lines = [f"learning curves: loss on {where} against steps (mean over seeds); where each cell's is lowest"]
     for c in curves:
-        cell = label_of(c["method"]) + (f" k={c['k']}" if c.get("k") is not None else "")
-        lines.append(f"  {cell:<24} lowest {c['best']:.4f} at step {c['best_step']} of {c['steps'][-1]} "
-                     f"(at {c['steps'][-1]}: {c['mean'][-1]:.4f})")
+        lines.append(f"  {c.label:<24} lowest {c.best:.4f} at step {c.best_step}; at step {c.steps[-1]}, the last "
+                     f"all {c.seeds} seed(s) measured: {c.mean[-1]:.4f}")
     return lines
 
 

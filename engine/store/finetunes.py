@@ -27,8 +27,6 @@ NOT_IN_KEY = ("enabled", "baselines", "ks", "repeats", "random_orders", "mixture
 #: settings an SFT fine-tune does not read: left out of its key, so SFT keys are those of before `objective` existed
 SFT_IGNORES = ("objective", "grpo_reward", "grpo_reward_signature", "grpo_reward_column", "grpo_generations",
                "grpo_max_new_tokens", "grpo_temperature", "grpo_top_p", "grpo_kl_coef")
-#: eval_every 0 (no learning curve) is left out too: keys of before the curve existed; a curve's key holds it, so a
-#: stored fine-tune without one never serves a run that asks for it
 #: budget `fixed` is left out of every key (keys of before `budget` existed), and so is `additive` where a run buys
 #: nothing: the target-only run is the same fine-tune under both
 FIXED_BUDGET = "fixed"
@@ -36,9 +34,19 @@ RESULT_FIELDS = {"label": str, "groups": list, "steps": int, "target_steps": int
                  "val_loss": float, "first_train_loss": float, "last_train_loss": float, "seconds": float}
 
 
+def curve_is_valid(curve: Any) -> bool:
+    """Whether a fine-tune record's `curve` is a list of {step: int, losses: {evaluation: number}}."""
+    return isinstance(curve, list) and all(
+        isinstance(p, dict) and isinstance(p.get("step"), int) and not isinstance(p["step"], bool)
+        and isinstance(p.get("losses"), dict) and all(isinstance(n, str) and isinstance(v, (int, float))
+                                                      for n, v in p["losses"].items()) for p in curve)
+
+
 def job_settings(spec: ReplicaSpec) -> dict:
     """What a fine-tune's result depends on besides its data: model, LoRA, training settings, device, threads,
-    and the versions of the packages that compute it."""
+    and the versions of the packages that compute it. finetune.eval_every 0 (no learning curve) is left out, as
+    budget `fixed` is: keys of before the curve existed stand; a curve's N is in its key, so a stored fine-tune
+    without one (or with another N) never serves a run that asks for one."""
     versions = package_versions(("torch", "transformers", "peft"))
     return {"model": spec.model.source, "model_digest": spec.model_digest, "dtype": spec.model.dtype,
             "pad_id": spec.pad_id, "lora": asdict(spec.lora), "device": spec.device,
@@ -99,7 +107,8 @@ class FinetuneStore:
             record = json.loads(self.root.read_text(name))
             ok = isinstance(record, dict) and record.get("key") == key and all(
                 isinstance(record.get(f), t) and not isinstance(record.get(f), bool)
-                and (t is not float or math.isfinite(record[f])) for f, t in fields.items())
+                and (t is not float or math.isfinite(record[f])) for f, t in fields.items()) and (
+                record.get("curve") is None or curve_is_valid(record["curve"]))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             ok = False
         if not ok:

@@ -28,7 +28,7 @@ STAGING = ".staging"
 SWAP = "SWAP.json"
 #: every file a run, a re-solve or an analysis may leave in the folder: replaced together, never mixed
 RESULT_FILES = ("scores.parquet", "path.parquet", "path.png", "gram.npy", "beta.npy", "costs.npy", "clusters.parquet",
-                "examples.parquet", "bootstrap.parquet", "evaluation.parquet", "scores.png", "evaluation.png",
+                "examples.parquet", "bootstrap.parquet", "evaluation.parquet", "scores.png", "evaluation.png", "curves.png",
                 "faithfulness.parquet", "faithfulness.png", "transfer.parquet", "transfer.png", "valuation.npz",
                 *(f"{kind}-{tag}.npy" for tag in ("one_step", "tv", "grpo") for kind in ("gram", "beta")))
 #: views of the record, rendered again at will (`convalue report`): present, not checksummed

@@ -14,6 +14,9 @@ the markdown table of every cell in it (docs/paper-results.md's regime map) and 
 
     .venv/bin/python bench/selection_pays.py --sizes 8 --steps 24 --budgets additive fixed
     .venv/bin/python bench/selection_pays.py --table
+
+`--eval-every N` keeps each cell's learning curves (finetune.eval_every) in its line: where the target alone and
+KMM's selection are lowest under that step budget.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pathlib import Path
 import convalue
 from convalue.engine.protocol.measures import Measure
 from convalue.engine.protocol.summaries import paired_differences
+from convalue.engine.report.tables import curve_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("target_only", "cosine", "random")
@@ -54,7 +58,8 @@ def cell(config: str, pool: str, size: int, steps: int, budget: str, args) -> di
     overrides = [f"name=selection-pays-{stem}-{pool}-n{size or 'all'}", f"out={args.out}",
                  f"finetune.steps={steps}", f"finetune.budget={budget}", f"finetune.repeats={args.repeats}",
                  f"finetune.ks=[{args.k}]", f"finetune.baselines=[{','.join(METHODS)}]", "finetune.enabled=true",
-                 "bootstrap.samples=0", *pool_override(config, pool, args.language, args.same_topics)]
+                 "bootstrap.samples=0", f"finetune.eval_every={args.eval_every}",
+                 *pool_override(config, pool, args.language, args.same_topics)]
     if size:
         overrides.append(f"data.target_train_size={size}")
     cfg = convalue.load_config(config, overrides)
@@ -78,7 +83,8 @@ def cell(config: str, pool: str, size: int, steps: int, budget: str, args) -> di
             if (v := measure.value(r)) is not None:
                 means.setdefault(r["method"], []).append(v)
         per_eval[ev] = {"mean_loss": {m: sum(v) / len(v) for m, v in means.items()},
-                        "kmm_minus": [d.to_dict() for d in paired_differences(rows, [args.k], "kmm", measure)]}
+                        "kmm_minus": [d.to_dict() for d in paired_differences(rows, [args.k], "kmm", measure)],
+                        "curves": [c for c in summary.evaluation.get("curves") or [] if c["evaluation"] == ev]}
     kmm_rows = [r for r in rows if r["method"] == "kmm"]
     return {"config": stem, "pool": pool, "target_train": summary.data["target_train"], "steps": steps,
             "budget": budget, "k": args.k, "seeds": summary.evaluation["seeds"],
@@ -138,6 +144,9 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=3, help="the budget k of every method (default 3)")
     ap.add_argument("--out", default=str(ROOT / "runs"), help="runs folder (default runs/)")
     ap.add_argument("--jsonl", default=str(ROOT / "runs" / "selection-pays.jsonl"), help="cells are appended here")
+    ap.add_argument("--eval-every", type=int, default=0,
+                    help="finetune.eval_every: each fine-tune's learning curve, kept in the cell (default 0: none; "
+                         "a curve keys the fine-tunes apart from those without one)")
     ap.add_argument("--table", action="store_true", help="print the table of --jsonl's cells and exit")
     args = ap.parse_args()
     if args.table:
@@ -160,6 +169,8 @@ def main() -> None:
                         for d in e["kmm_minus"]:
                             print(f"    KMM minus {d['method']}: {diff_text(d)}, KMM lower in "
                                   f"{d['reference_lower']} of {d['seeds']}: {verdict(d)}", flush=True)
+                        for line in curve_lines({"curves": e["curves"]}, ev)[1:]:
+                            print(f"    curve: {line.strip()}", flush=True)
 
 
 if __name__ == "__main__":

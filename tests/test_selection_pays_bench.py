@@ -27,7 +27,7 @@ def test_each_budget_is_a_cell_read_on_every_evaluation(tmp_path, tiny_model_dir
     bench = [sys.executable, str(ROOT / "bench" / "selection_pays.py"), "--config", str(config), "--jsonl", str(jsonl),
              "--out", str(tmp_path / "runs")]
     proc = subprocess.run([*bench, "--sizes", "4", "--steps", "4", "--budgets", "additive", "fixed", "--repeats",
-                           "2", "--k", "1"], timeout=900, capture_output=True, text=True)
+                           "2", "--k", "1", "--eval-every", "2"], timeout=900, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-4000:]
     cells = [json.loads(line) for line in jsonl.read_text().splitlines()]
     assert [(c["budget"], c["target_train"], c["steps"]) for c in cells] == [("additive", 4, 4), ("fixed", 4, 4)]
@@ -35,8 +35,11 @@ def test_each_budget_is_a_cell_read_on_every_evaluation(tmp_path, tiny_model_dir
     assert fixed["kmm_total_steps"] == [4] and all(t > 4 for t in additive["kmm_total_steps"])
     for c in cells:
         assert set(c["evals"]) == {"heldout", "target_val"} and len(c["seeds"]) == 2
-        for e in c["evals"].values():
+        for ev, e in c["evals"].items():
             assert {d["method"] for d in e["kmm_minus"]} == {"target_only", "cosine", "random"}
+            alone = next(x for x in e["curves"] if x["method"] == "target_only")  # --eval-every 2: its curve
+            assert alone["evaluation"] == ev and alone["steps"] == [2, 4] and alone["seeds"] == 2
+    assert "curve: target only" in proc.stdout
     # the target alone is one fine-tune under both budgets: the same losses
     assert additive["evals"]["heldout"]["mean_loss"]["target_only"] == fixed["evals"]["heldout"]["mean_loss"][
         "target_only"]

@@ -99,3 +99,28 @@ def test_a_job_s_curve_holds_every_evaluation_every_n_steps_and_leaves_the_train
     assert curved.evaluations["held"].loss == pytest.approx(plain.evaluations["held"].loss, rel=1e-6)
     record = json.loads(json.dumps(curved.to_dict()))  # as the fine-tune store keeps it
     assert record["curve"][1] == {"step": 4, "losses": curved.curve[1].losses}
+
+
+def test_the_curve_table_pairs_the_selection_with_the_target_alone_at_every_step(tmp_path):
+    """bench/curve_table.py on a summary written by hand: each cell's mean per step with its lowest in bold, and
+    KMM minus the target alone paired by seed at each step (here KMM is 0.1 lower at step 4 in every seed)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    rows = [_row("kmm", 3, s, {2: 3.0 + 0.01 * s, 4: 2.0 + 0.01 * s}) for s in range(3)] + [
+        _row("target_only", None, s, {2: 2.9 + 0.02 * s, 4: 2.1 + 0.01 * s}) for s in range(3)]
+    evaluation = {"select_by": "held:loss", "curves": [c.to_dict() for c in cell_curves(rows, ["held"])]}
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "complete", "finetune": rows,
+                                                       "evaluation": evaluation}))
+    bench = [sys.executable, str(Path(__file__).parents[1] / "bench" / "curve_table.py")]
+    out = subprocess.run([*bench, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("loss on held,") and "| step | KMM k=3 | target only | kmm k=3 − target only |" in lines
+    step4 = next(line for line in lines if line.startswith("| 4 |"))
+    assert step4.startswith("| 4 | **2.0100** | **2.1100** | **-0.1000 [")  # resolved: the same gap in every seed
+    assert any(line.startswith("loss on target_val,") for line in lines)  # select_by's evaluation came first
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "complete", "finetune": rows, "evaluation": {}}))
+    refused = subprocess.run([*bench, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "no learning curves" in refused.stderr

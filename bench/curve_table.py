@@ -1,0 +1,92 @@
+"""Print a run's learning curves (finetune.eval_every) as docs/paper-results.md shows them: per evaluation, each
+cell's mean loss over its seeds at every measured step (bold: the cell's lowest), and the reference method's loss
+minus the target alone's at each step, paired by seed with its 95 % t-interval.
+
+    .venv/bin/python bench/curve_table.py runs/regime-curves-n6
+
+Reads only the run folder's summary.json: the rows' curves, paired by the run's own code
+(engine.protocol.summaries), at the steps every fine-tune of the two cells measured."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from convalue.engine.protocol.curves import cell_curves
+from convalue.engine.protocol.measures import Measure
+from convalue.engine.protocol.summaries import paired_differences
+
+
+def _diff(d) -> str:
+    """One paired difference: mean [95 % interval], bold where the interval excludes 0."""
+    if d.ci95 is None:
+        return f"{d.mean:+.4f}"
+    text = f"{d.mean:+.4f} [{d.ci95[0]:+.4f}, {d.ci95[1]:+.4f}]"
+    return f"**{text}**" if d.ci95[0] > 0 or d.ci95[1] < 0 else text
+
+
+def at_step(rows: list[dict], step: int, evaluation: str) -> list[dict]:
+    """The rows as they stood at `step`: each one's loss on `evaluation` there (rows that did not measure it left
+    out), shaped as paired_differences reads a row."""
+    out = []
+    for r in rows:
+        point = next((p for p in r.get("curve") or [] if p["step"] == step), None)
+        if point is not None and point["losses"].get(evaluation) is not None:
+            out.append(r | {"evaluations": {evaluation: {"loss": point["losses"][evaluation]}}})
+    return out
+
+
+def table(summary: dict, reference: str) -> str:
+    """The markdown tables of one run's curves, select_by's evaluation first."""
+    rows, ev = summary["finetune"], summary["evaluation"]
+    main = Measure.parse(ev["select_by"]).evaluation
+    names = sorted({p_name for r in rows for p in r.get("curve") or [] for p_name in p["losses"]},
+                   key=lambda n: (n != main, n))
+    out = []
+    for name in names:
+        curves = cell_curves(rows, [name])
+        steps = sorted({s for c in curves for s in c.steps})
+        head = [c.label for c in curves]
+        ks = sorted({c.k for c in curves if c.method == reference and c.k is not None})
+        out += [f"loss on {name}, mean over seeds at each step (bold: each cell's lowest); {reference} minus the "
+                "target alone, paired by seed (95 % t-interval; negative: the selection better):", "",
+                "| step | " + " | ".join(head) + "".join(f" | {reference} k={k} − target only" for k in ks) + " |",
+                "| --- |" + " --- |" * (len(head) + len(ks))]
+        for s in steps:
+            cells = []
+            for c in curves:
+                v = c.mean[c.steps.index(s)] if s in c.steps else None
+                cells.append("–" if v is None else f"**{v:.4f}**" if s == c.best_step else f"{v:.4f}")
+            there = at_step(rows, s, name)
+            both = {r["method"] for r in there} >= {reference, "target_only"}
+            diffs = {d.k: d for d in paired_differences(there, ks, reference, Measure(name, "loss"))
+                     if d.method == "target_only"} if both else {}
+            out.append(f"| {s} | " + " | ".join(cells)
+                       + "".join(f" | {_diff(diffs[k]) if k in diffs else '–'}" for k in ks) + " |")
+        out.append("")
+    return "\n".join(out).rstrip()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run_dir", type=Path, help="a finished run folder with learning curves (finetune.eval_every)")
+    ap.add_argument("--reference", default="kmm", help="the method compared with the target alone (default kmm)")
+    args = ap.parse_args(argv)
+    path = args.run_dir / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        print(f"curve_table: error: {path}: {exc}", file=sys.stderr)
+        return 2
+    if summary.get("status") != "complete" or not (summary.get("evaluation") or {}).get("curves"):
+        print(f"curve_table: error: {path}: status {summary.get('status')!r}, no learning curves (run with "
+              "finetune.eval_every)", file=sys.stderr)
+        return 2
+    print(table(summary, args.reference))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -83,8 +83,8 @@ def path_on_actor(K: np.ndarray, beta: np.ndarray, normalize: str, points: int) 
         return ray.get(pool.actors[0].path.remote(ray.put(K), beta, normalize, points))
 
 
-def _dispatch(method: str, request: EvaluationRequest, progress: Any, outcome: FinetuneOutcome, stage: str,
-              *args: Any) -> Any:
+def _dispatch(method: str, request: EvaluationRequest, progress: Any, outcome: FinetuneOutcome,
+              stages: tuple[str, ...], *args: Any) -> Any:
     """Call a SolverActor's fine-tune dispatch `method` and await it, logging how far it got (its own log lines
     stay on its node): on the driver's node (a local run folder is there), holding no CPU while its jobs hold
     theirs. On a failure `outcome` gets the fine-tunes done so far and rho_k where it was tuned."""
@@ -96,15 +96,10 @@ def _dispatch(method: str, request: EvaluationRequest, progress: Any, outcome: F
     with ActorPool(SolverActor, 1, options=options) as pool:
         actor = pool.actors[0]
         try:
-            ref, seen = getattr(actor, method).remote(request, progress.actor, *args), None
+            ref, seen = getattr(actor, method).remote(request, progress.actor, *args), {}
             while not ray.wait([ref], timeout=2.0)[0]:
-                now = progress.follow(stage)
-                if now != seen and now[1] is not None:
-                    if seen is None:
-                        log.info("%d fine-tunes (%s), %d stored; dispatched by the solver actor", now[1], stage, now[0])
-                    else:
-                        log.info("fine-tunes (%s): %d of %d done", stage, *now)
-                    seen = now
+                for line in progress_news(stages, progress.follow, seen):
+                    log.info("%s", line)
             return ray.get(ref)
         except BaseException:
             try:
@@ -115,10 +110,25 @@ def _dispatch(method: str, request: EvaluationRequest, progress: Any, outcome: F
             raise
 
 
+def progress_news(stages: tuple[str, ...], follow: Callable[[str], tuple[int | None, int | None]],
+                  seen: dict[str, tuple]) -> list[str]:
+    """The log lines of the stages' (done, total) that changed since `seen` (updated): the first sight of a stage
+    says how many fine-tunes it dispatches, later ones how far it got. rho_k's tuning ("tune") comes before the
+    reported fine-tunes ("finetune"), each its own stage."""
+    lines = []
+    for stage in stages:
+        now = follow(stage)
+        if now != seen.get(stage) and now[1] is not None:
+            lines.append(f"{now[1]} fine-tunes ({stage}), {now[0]} stored; dispatched by the solver actor"
+                         if stage not in seen else f"fine-tunes ({stage}): {now[0]} of {now[1]} done")
+            seen[stage] = now
+    return lines
+
+
 def evaluate_on_actor(request: EvaluationRequest, progress: Any, outcome: FinetuneOutcome) -> FinetuneOutcome:
     """The solver actor dispatches the protocol's fine-tunes and reports their results; this driver starts it and
     awaits. `outcome` gets the rows, or on a failure the fine-tunes finished so far (and rho_k, once tuned)."""
-    done = _dispatch("evaluate", request, progress, outcome, "finetune")
+    done = _dispatch("evaluate", request, progress, outcome, ("tune", "finetune"))
     outcome.rows, outcome.evaluation, outcome.finished, outcome.tuning = (done.rows, done.evaluation, done.finished,
                                                                          done.tuning)
     return outcome
@@ -128,7 +138,7 @@ def subsets_on_actor(request: EvaluationRequest, subsets: list[tuple[str, ...]],
                      outcome: FinetuneOutcome, stage: str) -> tuple[dict, float, float | None]:
     """actors.evaluation.run_subsets on a solver actor: ({S: validation loss of target + S}, target-only loss,
     base loss)."""
-    return _dispatch("subsets", request, progress, outcome, stage, subsets, stage)
+    return _dispatch("subsets", request, progress, outcome, (stage,), subsets, stage)
 
 
 def bootstrap_on_actors(examples: dict[str, np.ndarray], names: list[str], spec: SolveSpec, k: int, samples: int,

@@ -27,6 +27,7 @@ from convalue.engine.data.prepare import TARGET_KEY, PreparedData, prepare
 from convalue.engine.driver import signals
 from convalue.engine.driver.checks import check_projection, make_run_folder
 from convalue.engine.driver.featurize import fingerprint
+from convalue.engine.driver.live import LivePolicy, LiveProgress
 from convalue.engine.driver.prior import load_prior
 from convalue.engine.driver.session import RaySession, check_reachable, cluster_address
 from convalue.engine.driver.stages import (
@@ -208,10 +209,11 @@ class RunContext:
 def execute(cfg: RunConfig, command: str, precheck: Callable[[RunConfig], None],
             check: Callable[[RunConfig, PreparedData], None], body: Callable[[RunContext], None], *,
             address: str | None = None, overwrite: bool = False, runners: Runners | None = None,
-            always_finetune: bool = False) -> RunSummary:
+            always_finetune: bool = False, live: LivePolicy | None = None) -> RunSummary:
     """Run a command: precheck(cfg) before anything, check(cfg, data) after the data stage (both raise before any
     work), then body(ctx) with Ray up and the summary open; returns the summary (also <out>/<name>/summary.json).
-    always_finetune: the command fine-tunes whatever finetune.enabled says (which switches a run's evaluation)."""
+    always_finetune: the command fine-tunes whatever finetune.enabled says (which switches a run's evaluation);
+    live: how often the running summary is refreshed with each stage's progress."""
     precheck(cfg)
     joined = cluster_address(cfg, address)
     if joined:
@@ -219,14 +221,15 @@ def execute(cfg: RunConfig, command: str, precheck: Callable[[RunConfig], None],
             check_reachable(*joined)  # before the model and data stages, not after them
     session = RaySession(cfg, joined[0] if joined else None)
     try:
-        return _execute(cfg, command, check, body, session, overwrite, runners or Runners(), always_finetune)
+        return _execute(cfg, command, check, body, session, overwrite, runners or Runners(), always_finetune,
+                        live or LivePolicy())
     finally:
         session.close()
 
 
 def _execute(cfg: RunConfig, command: str, check: Callable[[RunConfig, PreparedData], None],
              body: Callable[[RunContext], None], session: RaySession, overwrite: bool, runners: Runners,
-             always_finetune: bool) -> RunSummary:
+             always_finetune: bool, live: LivePolicy) -> RunSummary:
     timer = Timer(lambda: session.progress)
     t_start = time.perf_counter()
     if cfg.model.dtype == "bfloat16" and cfg.ray.gpus_per_worker == 0:
@@ -284,19 +287,23 @@ def _execute(cfg: RunConfig, command: str, check: Callable[[RunConfig, PreparedD
         ctx = RunContext(cfg=cfg, tokenizer=tokenizer, data=data, costs=costs, record=record, stores=stores,
                          session=session, timer=timer, records=[start], runners=runners, train_spec=train_spec)
         end = EndRecord(status="complete")
+        refresh = LiveProgress(lambda: session.progress.snapshot(timeout=5) if session.progress is not None else None,
+                               lambda stages: record.begin(assemble([start, EndRecord("running", progress=stages)])),
+                               live)
         try:
-            if embed is not None:
-                embed.save(lambda X, path: write_npy(X, path.parent, path.name))  # a cache, not a result
-            if clusters is not None:  # a flat pool's clusters: which example went where (before featurisation)
-                record.write_parquet("clusters.parquet", clusters)
-            record.write_parquet("examples.parquet",
-                                 examples_table(data.target, data.candidates, target_key=TARGET_KEY))
-            if not session.connected:  # a flat pool connected before the data stage
-                with timer.stage("ray_init"):
-                    session.up()
-            ctx.add(AttemptRecord(attempt=session.progress.attempt))  # the metrics' `attempt` tag
-            ctx.replica = ReplicaSpec.from_config(cfg, model_dir, tokenizer.pad_token_id, digest)
-            body(ctx)
+            with refresh:  # stopped before the final summary below
+                if embed is not None:
+                    embed.save(lambda X, path: write_npy(X, path.parent, path.name))  # a cache, not a result
+                if clusters is not None:  # a flat pool's clusters: which example went where (before featurisation)
+                    record.write_parquet("clusters.parquet", clusters)
+                record.write_parquet("examples.parquet",
+                                     examples_table(data.target, data.candidates, target_key=TARGET_KEY))
+                if not session.connected:  # a flat pool connected before the data stage
+                    with timer.stage("ray_init"):
+                        session.up()
+                ctx.add(AttemptRecord(attempt=session.progress.attempt))  # the metrics' `attempt` tag
+                ctx.replica = ReplicaSpec.from_config(cfg, model_dir, tokenizer.pad_token_id, digest)
+                body(ctx)
         except BaseException as exc:
             error, signal_name = f"{type(exc).__name__}: {exc}", None
             if (stopped := signals.received()) is not None:

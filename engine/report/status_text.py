@@ -42,6 +42,9 @@ def format_status(status: RunStatus) -> str:
     if status.attempt is not None:
         a = status.attempt
         why = f" in stage {a.get('failed_stage')}: {a.get('error')}" if a.get("status") == "failed" else ""
+        stages = [f"{s} {stage_progress(p)}" for s, p in (a.get("progress") or {}).items()
+                  if isinstance(p, dict) and p.get("total")]
+        why += f"; {', '.join(stages)}" if stages and a.get("status") == "running" else ""
         lines.append(f"note: a later attempt ({a.get('status')}{why}) did not replace these results; they are "
                      "those of the last complete run")
     v = status.vectors
@@ -55,7 +58,7 @@ def format_status(status: RunStatus) -> str:
         if stage == "featurize" and v is not None:
             continue  # the vectors line above counts what is stored, not what the summary last said
         if isinstance(p, dict) and p.get("total"):
-            lines.append(f"  {stage}: {p.get('done')} of {p['total']} in {p.get('seconds', 0):.1f} s")
+            lines.append(f"  {stage}: {stage_progress(p)}")
     if status.timings_s:
         lines.append(timings_line(status.timings_s))
     if status.selected is not None:
@@ -67,6 +70,13 @@ def format_status(status: RunStatus) -> str:
     if status.finetune_stale:
         lines.append(f"note: {status.finetune_stale}")
     return "\n".join(lines)
+
+
+def stage_progress(p: dict) -> str:
+    """One stage's progress: `22 of 60 in 31.5 s`, or `22 of 60 so far` while it runs (no time yet)."""
+    seconds = p.get("seconds")
+    took = f"in {seconds:.1f} s" if isinstance(seconds, (int, float)) else "so far"
+    return f"{p.get('done')} of {p['total']} {took}"
 
 
 def best_k_measure(best: dict) -> str:

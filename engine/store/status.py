@@ -167,7 +167,7 @@ def _attempt(folder: RunFolder, summary: RunSummary) -> dict | None:
     except (StoreError, OSError):
         return {"status": "unreadable"}
     return {"status": staged.status, "failed_stage": staged.failed_stage, "error": staged.error,
-            "signal": staged.signal}
+            "signal": staged.signal, "progress": staged.progress}
 
 
 def _records(root: RunFolder) -> int:

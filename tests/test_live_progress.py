@@ -1,0 +1,54 @@
+"""A running command's summary.json refreshed with each stage's progress (engine.driver.live), and `convalue
+status` reading it: no Ray, a plain thread and summaries written by hand."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+from convalue.engine.driver.live import LivePolicy, LiveProgress
+from convalue.engine.report.status_text import format_status
+from convalue.engine.store.status import run_status
+
+
+def test_the_running_summary_is_rewritten_when_the_progress_moves_and_never_after_stop():
+    states = [None, {"stages": {"tune": {"done": 0, "total": 4, "seconds": None}}},
+              {"stages": {"tune": {"done": 0, "total": 4, "seconds": None}}},  # unchanged: not written again
+              RuntimeError("the progress actor is gone"),  # a refresh that fails is skipped, not fatal
+              {"stages": {"tune": {"done": 4, "total": 4, "seconds": 9.5}}}]
+    written, two = [], threading.Event()
+
+    def snapshot():
+        state = states.pop(0) if states else {"stages": {"tune": {"done": 4, "total": 4, "seconds": 9.5}}}
+        if isinstance(state, Exception):
+            raise state
+        return state
+
+    def write(stages):
+        written.append(json.loads(json.dumps(stages)))
+        if len(written) == 2:
+            two.set()
+
+    with LiveProgress(snapshot, write, LivePolicy(every_s=0.01)) as live:
+        assert two.wait(timeout=60)
+    assert written == [{"tune": {"done": 0, "total": 4, "seconds": None}},
+                       {"tune": {"done": 4, "total": 4, "seconds": 9.5}}]
+    live.stop()  # again: harmless
+    count = len(written)
+    assert not live._thread.is_alive() and len(written) == count
+    quiet = LiveProgress(snapshot, write, LivePolicy(every_s=0))
+    with quiet:
+        assert not quiet._thread.is_alive()  # every_s 0: no refreshes at all
+
+
+def test_status_shows_a_running_stage_so_far_and_a_later_attempt_s_progress(tmp_path):
+    progress = {"tune": {"done": 22, "total": 57, "seconds": None}, "finetune": {"done": 0, "total": 60,
+                                                                                   "seconds": None}}
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "running", "progress": progress}))
+    text = format_status(run_status(tmp_path))
+    assert "tune: 22 of 57 so far" in text and "finetune: 0 of 60 so far" in text
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "complete"}))
+    (tmp_path / ".staging").mkdir()
+    (tmp_path / ".staging" / "summary.json").write_text(json.dumps({"status": "running", "progress": progress}))
+    text = format_status(run_status(tmp_path))
+    assert "a later attempt (running; tune 22 of 57 so far, finetune 0 of 60 so far) did not replace" in text

@@ -191,13 +191,14 @@ class Progress:
             log.warning("recovery record of the run unavailable: %s", exc)
             return {}
 
-    def snapshot(self, timeout: float = 10.0) -> dict | None:
-        """The actor's state once every call sent before has been applied; None (with a warning) if it cannot
-        answer within `timeout` seconds (say, the cluster went away with the run's failure)."""
+    def snapshot(self, timeout: float = 10.0, quiet: bool = False) -> dict | None:
+        """The actor's state once every call sent before has been applied; None (with a warning, or quiet: a debug
+        line, for a caller that asks every few seconds) if it cannot answer within `timeout` seconds (say, the
+        cluster went away with the run's failure)."""
         try:
             return ray.get(self.actor.snapshot.remote(), timeout=timeout)
         except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as exc:
-            log.warning("progress of the run unavailable: %s", exc)
+            (log.debug if quiet else log.warning)("progress of the run unavailable: %s", exc)
             return None
 
     def follow(self, stage: str) -> tuple[int | None, int | None]:

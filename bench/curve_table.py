@@ -1,11 +1,11 @@
-"""Print a run's learning curves (finetune.eval_every) as docs/paper-results.md shows them: per evaluation, each
-cell's mean loss over its seeds at every measured step (bold: the cell's lowest), and the reference method's loss
-minus the target alone's at each step, paired by seed with its 95 % t-interval.
+"""Print a run's learning curves (finetune.eval_every) as markdown tables: per evaluation, each cell's mean loss
+over its seeds at every measured step (bold: the cell's lowest), and the reference method's loss minus the target
+alone's at each step where both measured it, paired by seed with its 95 % t-interval.
 
     .venv/bin/python bench/curve_table.py runs/regime-curves-n6
 
-Reads only the run folder's summary.json: the rows' curves, paired by the run's own code
-(engine.protocol.summaries), at the steps every fine-tune of the two cells measured."""
+Reads only the run folder's summary.json: the rows' curves, paired seed by seed by the run's own code
+(engine.protocol.summaries)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from convalue.engine.protocol.curves import cell_curves
+from convalue.engine.protocol.curves import cell_curves, cell_label
 from convalue.engine.protocol.measures import Measure
 from convalue.engine.protocol.summaries import paired_differences
 
@@ -27,21 +27,23 @@ def _diff(d) -> str:
     return f"**{text}**" if d.ci95[0] > 0 or d.ci95[1] < 0 else text
 
 
-def at_step(rows: list[dict], step: int, evaluation: str) -> list[dict]:
-    """The rows as they stood at `step`: each one's loss on `evaluation` there (rows that did not measure it left
-    out), shaped as paired_differences reads a row."""
+def at_step(rows: list[dict], step: int, evaluation: str, methods: set[str]) -> list[dict]:
+    """The rows of `methods` as they stood at `step`: bare rows holding only their loss on `evaluation` there
+    (target_val's in `val_loss`, where Measure reads it; rows that did not measure the step left out)."""
     out = []
     for r in rows:
         point = next((p for p in r.get("curve") or [] if p["step"] == step), None)
-        if point is not None and point["losses"].get(evaluation) is not None:
-            out.append(r | {"evaluations": {evaluation: {"loss": point["losses"][evaluation]}}})
+        if r["method"] in methods and point is not None and point["losses"].get(evaluation) is not None:
+            loss = point["losses"][evaluation]
+            out.append({"method": r["method"], "k": r.get("k"), "seed": r.get("seed"), "val_loss": loss,
+                        "evaluations": {evaluation: {"loss": loss}}})
     return out
 
 
 def table(summary: dict, reference: str) -> str:
     """The markdown tables of one run's curves, select_by's evaluation first."""
     rows, ev = summary["finetune"], summary["evaluation"]
-    main = Measure.parse(ev["select_by"]).evaluation
+    main = Measure.of_evaluation(ev).evaluation
     names = sorted({p_name for r in rows for p in r.get("curve") or [] for p_name in p["losses"]},
                    key=lambda n: (n != main, n))
     out = []
@@ -52,17 +54,18 @@ def table(summary: dict, reference: str) -> str:
         ks = sorted({c.k for c in curves if c.method == reference and c.k is not None})
         out += [f"loss on {name}, mean over seeds at each step (bold: each cell's lowest); {reference} minus the "
                 "target alone, paired by seed (95 % t-interval; negative: the selection better):", "",
-                "| step | " + " | ".join(head) + "".join(f" | {reference} k={k} − target only" for k in ks) + " |",
+                "| step | " + " | ".join(head) + "".join(f" | {cell_label(reference, k)} − target only" for k in ks)
+                + " |",
                 "| --- |" + " --- |" * (len(head) + len(ks))]
         for s in steps:
             cells = []
             for c in curves:
                 v = c.mean[c.steps.index(s)] if s in c.steps else None
                 cells.append("–" if v is None else f"**{v:.4f}**" if s == c.best_step else f"{v:.4f}")
-            there = at_step(rows, s, name)
-            both = {r["method"] for r in there} >= {reference, "target_only"}
-            diffs = {d.k: d for d in paired_differences(there, ks, reference, Measure(name, "loss"))
-                     if d.method == "target_only"} if both else {}
+            there = at_step(rows, s, name, {reference, "target_only"})
+            present = {(r["method"], r["k"]) for r in there}
+            paired = [k for k in ks if (reference, k) in present] if ("target_only", None) in present else []
+            diffs = {d.k: d for d in paired_differences(there, paired, reference, Measure(name, "loss"))}
             out.append(f"| {s} | " + " | ".join(cells)
                        + "".join(f" | {_diff(diffs[k]) if k in diffs else '–'}" for k in ks) + " |")
         out.append("")

@@ -117,10 +117,12 @@ def test_the_curve_table_pairs_the_selection_with_the_target_alone_at_every_step
     out = subprocess.run([*bench, str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0].startswith("loss on held,") and "| step | KMM k=3 | target only | kmm k=3 − target only |" in lines
+    assert lines[0].startswith("loss on held,") and "| step | KMM k=3 | target only | KMM k=3 − target only |" in lines
     step4 = next(line for line in lines if line.startswith("| 4 |"))
     assert step4.startswith("| 4 | **2.0100** | **2.1100** | **-0.1000 [")  # resolved: the same gap in every seed
-    assert any(line.startswith("loss on target_val,") for line in lines)  # select_by's evaluation came first
+    val = lines[next(i for i, line in enumerate(lines) if line.startswith("loss on target_val,")):]  # after held
+    step2 = next(line for line in val if line.startswith("| 2 |"))
+    assert step2.startswith("| 2 | 4.0100 | 3.9200 | **+0.0900 [")  # step 2's difference, not the end's (-0.1)
     (tmp_path / "summary.json").write_text(json.dumps({"status": "complete", "finetune": rows, "evaluation": {}}))
     refused = subprocess.run([*bench, str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "no learning curves" in refused.stderr

@@ -52,3 +52,44 @@ def test_status_shows_a_running_stage_so_far_and_a_later_attempt_s_progress(tmp_
     (tmp_path / ".staging" / "summary.json").write_text(json.dumps({"status": "running", "progress": progress}))
     text = format_status(run_status(tmp_path))
     assert "a later attempt (running; tune 22 of 57 so far, finetune 0 of 60 so far) did not replace" in text
+
+
+def test_the_driver_logs_the_tuning_s_progress_before_the_reported_fine_tunes():
+    """The dispatch's log follows rho_k's tuning (`tune`) as well as the reported fine-tunes (`finetune`): an hour
+    of tuning used to pass without a line."""
+    from convalue.actors.solver import progress_news
+
+    states = iter([{"tune": (0, 57)}, {"tune": (0, 57)}, {"tune": (3, 57)}, {"tune": (57, 57), "finetune": (2, 60)}])
+    seen: dict = {}
+    lines = []
+    for state in states:
+        lines += progress_news(("tune", "finetune"), lambda stage, s=state: s.get(stage, (None, None)), seen)
+    assert lines == ["57 fine-tunes (tune), 0 stored; dispatched by the solver actor",
+                     "fine-tunes (tune): 3 of 57 done", "fine-tunes (tune): 57 of 57 done",
+                     "60 fine-tunes (finetune), 2 stored; dispatched by the solver actor"]
+
+
+def test_stop_waits_for_a_write_under_way_and_none_follows_it():
+    """The final summary is written after stop(): a refresh under way ends first, and none starts after."""
+    import itertools
+
+    started, release, written = threading.Event(), threading.Event(), []
+
+    def write(stages):
+        written.append(stages)
+        started.set()
+        release.wait(timeout=60)
+
+    counts = itertools.count()
+    live = LiveProgress(lambda: {"stages": {"finetune": {"done": next(counts), "total": 100}}}, write,
+                        LivePolicy(every_s=0.01))
+    with live:
+        assert started.wait(timeout=60)
+        stopper = threading.Thread(target=live.stop)
+        stopper.start()
+        stopper.join(timeout=0.5)
+        assert stopper.is_alive()  # blocked behind the write under way
+        release.set()
+        stopper.join(timeout=60)
+        assert not stopper.is_alive()
+    assert len(written) == 1 and not live._thread.is_alive()

@@ -188,17 +188,3 @@ def test_a_run_that_fails_after_tuning_keeps_the_chosen_rho_k(ray_session, tiny_
     html = (run_dir / "report.html").read_text(encoding="utf-8")
     assert "This run FAILED" in html and "rho_k had been tuned on target_val:loss before the failure" in html
 
-
-def test_the_driver_logs_the_tuning_s_progress_before_the_reported_fine_tunes():
-    """The dispatch's log follows rho_k's tuning (`tune`) as well as the reported fine-tunes (`finetune`): an hour
-    of tuning used to pass without a line."""
-    from convalue.actors.solver import progress_news
-
-    states = iter([{"tune": (0, 57)}, {"tune": (0, 57)}, {"tune": (3, 57)}, {"tune": (57, 57), "finetune": (2, 60)}])
-    seen: dict = {}
-    lines = []
-    for state in states:
-        lines += progress_news(("tune", "finetune"), lambda stage, s=state: s.get(stage, (None, None)), seen)
-    assert lines == ["57 fine-tunes (tune), 0 stored; dispatched by the solver actor",
-                     "fine-tunes (tune): 3 of 57 done", "fine-tunes (tune): 57 of 57 done",
-                     "60 fine-tunes (finetune), 2 stored; dispatched by the solver actor"]

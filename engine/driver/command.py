@@ -287,7 +287,7 @@ def _execute(cfg: RunConfig, command: str, check: Callable[[RunConfig, PreparedD
         ctx = RunContext(cfg=cfg, tokenizer=tokenizer, data=data, costs=costs, record=record, stores=stores,
                          session=session, timer=timer, records=[start], runners=runners, train_spec=train_spec)
         end = EndRecord(status="complete")
-        refresh = LiveProgress(lambda: session.progress.snapshot(timeout=5) if session.progress is not None else None,
+        refresh = LiveProgress(lambda: session.progress.snapshot(timeout=5, quiet=True) if session.progress else None,
                                lambda stages: record.begin(assemble([start, EndRecord("running", progress=stages)])),
                                live)
         try:
@@ -315,6 +315,7 @@ def _execute(cfg: RunConfig, command: str, check: Callable[[RunConfig, PreparedD
                             finetune_tuning=ctx.outcome.tuning if in_finetunes else None)
             raise
         finally:
+            refresh.stop()  # again: a signal between the body and here must not let a running summary follow
             snap = session.progress.snapshot() if session.progress is not None else None
             end = dataclasses.replace(end, timings_s=timer.seconds | {"total": round(time.perf_counter() - t_start, 3)},
                                       progress=snap["stages"] if snap is not None else None,  # how far each got

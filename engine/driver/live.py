@@ -1,6 +1,6 @@
-"""While a command works, its running summary.json says how far each stage got, refreshed every few seconds from
-the run's progress actor: `convalue status` and report.html then show "finetune: 22 of 60" instead of a bare
-"running" through an hour of fine-tunes."""
+"""While a command on a config works (`run`, `faithfulness`, `transfer`), its running summary.json says how far
+each stage got, refreshed from the run's progress actor once Ray is up and whenever the counts moved: `convalue
+status` then shows "finetune: 22 of 60 so far" instead of a bare "running" through an hour of fine-tunes."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ class LiveProgress:
                  policy: LivePolicy | None = None):
         self.snapshot, self.write, self.policy = snapshot, write, policy or LivePolicy()
         self._stop = threading.Event()
+        self._writing = threading.Lock()  # held around each write: stop() waits for one under way, then no more
         self._thread = threading.Thread(target=self._loop, name="convalue-live-progress", daemon=True)
         self._last: dict | None = None
 
@@ -39,18 +40,24 @@ class LiveProgress:
         self.stop()
 
     def stop(self) -> None:
-        """End the refreshes; no write happens after this returns."""
+        """End the refreshes; no write happens after this returns (a signal cannot cut it short the way it can a
+        thread's join: the lock is taken after the flag is set, so a write under way ends first and none follows)."""
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
+        with self._writing:
+            pass
+        if self._thread.is_alive():  # let a snapshot under way end before Ray shuts down (at most its timeout)
+            self._thread.join(timeout=30)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.policy.every_s):
             try:
                 snap = self.snapshot()
                 stages = snap.get("stages") if isinstance(snap, dict) else None
-                if stages and stages != self._last and not self._stop.is_set():
-                    self.write(stages)
-                    self._last = {k: dict(v) for k, v in stages.items()}
+                with self._writing:
+                    if self._stop.is_set():
+                        return
+                    if stages and stages != self._last:
+                        self.write(stages)
+                        self._last = {k: dict(v) for k, v in stages.items()}
             except Exception as exc:  # a refresh is a courtesy: the run itself never fails for it
                 log.debug("running summary not refreshed: %s", exc)

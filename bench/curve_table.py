@@ -10,21 +10,13 @@ Reads only the run folder's summary.json: the rows' curves, paired seed by seed 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
+
+from main_table import diff_text, finished_summary  # bench/main_table.py, beside this script
 
 from convalue.engine.protocol.curves import cell_curves, cell_label
 from convalue.engine.protocol.measures import Measure
 from convalue.engine.protocol.summaries import paired_differences
-
-
-def _diff(d) -> str:
-    """One paired difference: mean [95 % interval], bold where the interval excludes 0."""
-    if d.ci95 is None:
-        return f"{d.mean:+.4f}"
-    text = f"{d.mean:+.4f} [{d.ci95[0]:+.4f}, {d.ci95[1]:+.4f}]"
-    return f"**{text}**" if d.ci95[0] > 0 or d.ci95[1] < 0 else text
 
 
 def at_step(rows: list[dict], step: int, evaluation: str, methods: set[str]) -> list[dict]:
@@ -67,7 +59,7 @@ def table(summary: dict, reference: str) -> str:
             paired = [k for k in ks if (reference, k) in present] if ("target_only", None) in present else []
             diffs = {d.k: d for d in paired_differences(there, paired, reference, Measure(name, "loss"))}
             out.append(f"| {s} | " + " | ".join(cells)
-                       + "".join(f" | {_diff(diffs[k]) if k in diffs else '–'}" for k in ks) + " |")
+                       + "".join(f" | {diff_text(diffs[k]) if k in diffs else '–'}" for k in ks) + " |")
         out.append("")
     return "\n".join(out).rstrip()
 
@@ -77,15 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("run_dir", type=Path, help="a finished run folder with learning curves (finetune.eval_every)")
     ap.add_argument("--reference", default="kmm", help="the method compared with the target alone (default kmm)")
     args = ap.parse_args(argv)
-    path = args.run_dir / "summary.json"
-    try:
-        summary = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        print(f"curve_table: error: {path}: {exc}", file=sys.stderr)
-        return 2
-    if summary.get("status") != "complete" or not (summary.get("evaluation") or {}).get("curves"):
-        print(f"curve_table: error: {path}: status {summary.get('status')!r}, no learning curves (run with "
-              "finetune.eval_every)", file=sys.stderr)
+    summary = finished_summary(args.run_dir, "curve_table", "curves",
+                               "no learning curves (run with finetune.eval_every)")
+    if summary is None:
         return 2
     print(table(summary, args.reference))
     return 0

@@ -20,7 +20,7 @@ from convalue.engine.protocol.measures import Measure
 from convalue.engine.protocol.summaries import paired_differences, summarise_measure
 
 
-def _diff(d) -> str:
+def diff_text(d) -> str:
     """One paired difference: mean [95 % interval], bold where the interval excludes 0."""
     if d is None:
         return "–"
@@ -60,12 +60,12 @@ def table(summary: dict, reference: str) -> str:
             f"{label_of(reference)} better), on " + " / on ".join(ms.evaluation for ms in measures) + ":", "",
             "| against | " + " | ".join(f"k = {k}" for k in ks) + " |", "| --- |" + " --- |" * len(ks)]
     for m in [m for m in ("one_step", "cosine", "random", "target_only") if (m, ks[0]) in diffs[main]]:
-        out.append(f"| {label_of(m)} | " + " | ".join(" / ".join(_diff(diffs[ms].get((m, k))) for ms in measures)
+        out.append(f"| {label_of(m)} | " + " | ".join(" / ".join(diff_text(diffs[ms].get((m, k))) for ms in measures)
                                                      for k in ks) + " |")
     if {"tv", "tv+kmm"} <= set(s.methods):
         tv = {ms: {d.k: d for d in paired_differences(rows, ks, "tv+kmm", ms) if d.method == "tv"}
               for ms in measures}
-        out.append("| TV + KMM − TV | " + " | ".join(" / ".join(_diff(tv[ms].get(k)) for ms in measures)
+        out.append("| TV + KMM − TV | " + " | ".join(" / ".join(diff_text(tv[ms].get(k)) for ms in measures)
                                                      for k in ks) + " |")
     verdict = ev.get("verdict") or {}
     out += ["", f"verdict: {verdict.get('kind')} — {verdict.get('sentence')}"]
@@ -77,17 +77,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("run_dir", type=Path, help="a finished run folder (its summary.json)")
     ap.add_argument("--reference", default="kmm", help="the method whose differences are shown (default kmm)")
     args = ap.parse_args(argv)
-    path = args.run_dir / "summary.json"
-    try:
-        summary = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        print(f"main_table: error: {path}: {exc}", file=sys.stderr)
-        return 2
-    if summary.get("status") != "complete" or not summary.get("evaluation"):
-        print(f"main_table: error: {path}: status {summary.get('status')!r}, no finished evaluation", file=sys.stderr)
+    summary = finished_summary(args.run_dir, "main_table", "evaluation", "no finished evaluation")
+    if summary is None:
         return 2
     print(table(summary, args.reference))
     return 0
+
+
+def finished_summary(run_dir: Path, tool: str, field: str, missing: str) -> dict | None:
+    """A complete run's summary.json whose evaluation holds `field`, or None after one `TOOL: error:` line."""
+    path = run_dir / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        print(f"{tool}: error: {path}: {exc}", file=sys.stderr)
+        return None
+    evaluation = summary.get("evaluation") or {}
+    if summary.get("status") != "complete" or not (evaluation if field == "evaluation" else evaluation.get(field)):
+        print(f"{tool}: error: {path}: status {summary.get('status')!r}, {missing}", file=sys.stderr)
+        return None
+    return summary
 
 
 if __name__ == "__main__":

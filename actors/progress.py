@@ -201,16 +201,19 @@ class Progress:
             (log.debug if quiet else log.warning)("progress of the run unavailable: %s", exc)
             return None
 
-    def follow(self, stage: str) -> tuple[int | None, int | None]:
-        """(done, total) of a stage another worker advances (the fine-tunes a solver actor dispatches), read back
-        and shown on the stage's bar."""
-        stage_state = (self.snapshot() or {"stages": {}})["stages"].get(stage) or {}
-        done, total = stage_state.get("done"), stage_state.get("total")
-        if total is not None:
-            if stage not in self.bars.bars:
-                self.bars.total(stage, total)
-            self.bars.set(stage, done or 0)
-        return done, total
+    def follow(self, stages: tuple[str, ...]) -> dict[str, tuple[int | None, int | None]]:
+        """{stage: (done, total)} of stages another worker advances (the fine-tunes a solver actor dispatches),
+        read back from one snapshot and shown on each stage's bar."""
+        states = (self.snapshot(quiet=True) or {"stages": {}})["stages"]
+        now = {}
+        for stage in stages:
+            state = states.get(stage) or {}
+            done, total = now[stage] = state.get("done"), state.get("total")
+            if total is not None:
+                if stage not in self.bars.bars:
+                    self.bars.total(stage, total)
+                self.bars.set(stage, done or 0)
+        return now
 
     def close(self, linger_s: float = LINGER_S) -> None:
         """Stop the actor: at once on a cluster this run started (it ends with it), after linger_s on a cluster it

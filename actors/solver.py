@@ -110,14 +110,14 @@ def _dispatch(method: str, request: EvaluationRequest, progress: Any, outcome: F
             raise
 
 
-def progress_news(stages: tuple[str, ...], follow: Callable[[str], tuple[int | None, int | None]],
+def progress_news(stages: tuple[str, ...],
+                  follow: Callable[[tuple[str, ...]], dict[str, tuple[int | None, int | None]]],
                   seen: dict[str, tuple]) -> list[str]:
     """The log lines of the stages' (done, total) that changed since `seen` (updated): the first sight of a stage
     says how many fine-tunes it dispatches, later ones how far it got. rho_k's tuning ("tune") comes before the
     reported fine-tunes ("finetune"), each its own stage."""
     lines = []
-    for stage in stages:
-        now = follow(stage)
+    for stage, now in follow(stages).items():
         if now != seen.get(stage) and now[1] is not None:
             lines.append(f"{now[1]} fine-tunes ({stage}), {now[0]} stored; dispatched by the solver actor"
                          if stage not in seen else f"fine-tunes ({stage}): {now[0]} of {now[1]} done")

@@ -13,6 +13,7 @@ from convalue.engine.protocol.evaluate import (
     borda_points,
     distinct_jobs,
     given_weights,
+    label_of,
     method_scores,
     mix_runs,
     plan_runs,
@@ -168,6 +169,14 @@ def test_weighted_schedule_draws_groups_by_their_weights():
 def test_unknown_method_is_refused():
     with pytest.raises(ValueError, match="unknown valuation method 'datamodel'"):
         method_scores(["datamodel"], np.zeros(2), np.zeros(2), np.zeros(2), seed=0)
+
+
+@pytest.mark.parametrize(("method", "label"), [
+    ("kmm", "KMM"), ("target_only", "target only"), ("cosine", "one-step cosine"), ("one_step", "One-Step"),
+    ("one_step+kmm", "One-Step + KMM"), ("tv", "TV"), ("tv+kmm", "TV + KMM"), ("grpo+kmm", "GRPO + KMM"),
+    ("datamodel", "datamodel"), ("odd+kmm+x", "odd+kmm+x")])
+def test_methods_are_printed_as_the_paper_names_them(method, label):
+    assert label_of(method) == label
 
 
 def test_borda_reproduces_the_papers_thai_table():

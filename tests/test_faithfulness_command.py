@@ -63,7 +63,7 @@ def test_faithfulness_writes_u_ft_surrogates_and_agreements(faith_run):
     f = summary.evaluation["faithfulness"]
     assert f["subsets"] == 10 and f["k"] == 2 and f["fine_tunes"] == {"trained": 11, "reused": 0}
     assert [(a["method"], a["subsets"], a["top"]) for a in f["agreement"]] == [
-        ("One-Step", 10, 3), ("One-Step+KMM", 10, 3), ("TV", 10, 3), ("TV+KMM", 10, 3)]
+        ("One-Step", 10, 3), ("One-Step + KMM", 10, 3), ("TV", 10, 3), ("TV + KMM", 10, 3)]
     table = pq.read_table(run_dir / "faithfulness.parquet").to_pylist()
     assert len(table) == 10 and set(table[0]) == {"subset", "u_ft", "one_step_additive", "one_step_kmm",
                                                   "tv_additive", "tv_kmm", "val_loss"}
@@ -98,7 +98,7 @@ def test_faithfulness_writes_u_ft_surrogates_and_agreements(faith_run):
             a = next(a for a in f["agreement"] if (a["representation"], a["surrogate"]) == (tag, surrogate))
             assert (a["spearman_rho"], a["p_value"], a["top_overlap"]) == pytest.approx((rho, p, overlap))
     text = format_faithfulness(summary)
-    assert "TV+KMM" in text and "11 trained, 0 read back" in text
+    assert "TV + KMM" in text and "11 trained, 0 read back" in text
 
 
 def test_a_rerun_trains_nothing_new_and_gives_the_same_table(faith_run):

@@ -63,7 +63,8 @@ def test_the_driver_logs_the_tuning_s_progress_before_the_reported_fine_tunes():
     seen: dict = {}
     lines = []
     for state in states:
-        lines += progress_news(("tune", "finetune"), lambda stage, s=state: s.get(stage, (None, None)), seen)
+        lines += progress_news(("tune", "finetune"),
+                               lambda stages, s=state: {g: s.get(g, (None, None)) for g in stages}, seen)
     assert lines == ["57 fine-tunes (tune), 0 stored; dispatched by the solver actor",
                      "fine-tunes (tune): 3 of 57 done", "fine-tunes (tune): 57 of 57 done",
                      "60 fine-tunes (finetune), 2 stored; dispatched by the solver actor"]

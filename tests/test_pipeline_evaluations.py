@@ -62,7 +62,7 @@ def test_two_representations_meet_in_one_evaluation(evaluation_config, shared_ru
     methods = summary.evaluation["methods"]
     assert {"kmm", "one_step", "tv", "tv+kmm"} <= set(methods) and set(summary.evaluation["borda"]) == set(methods)
     labels = {r["label"] for r in summary.finetune}
-    assert "target + tv + KMM top-1" in labels and "target + one_step top-1" in labels
+    assert "target + TV + KMM top-1" in labels and "target + One-Step top-1" in labels
     manifest = json.loads((tmp / "runs" / "two" / "vectors-task_vector" / "manifest.json").read_text())
     assert manifest["fingerprint"]["features"]["representation"] == "task_vector"
     assert manifest["fingerprint"]["features"]["tv_data"] == "group"

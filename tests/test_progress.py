@@ -43,6 +43,8 @@ def test_progress_keeps_each_stage_and_exports_it_as_ray_metrics(ray_session):
         assert snap == {"stage": "finetune", "tokens": 500,
                         "stages": {"featurize": {"done": 7, "total": 10, "seconds": 1.5},
                                    "finetune": {"done": 1, "total": 2, "seconds": None}}}
+        # the fine-tunes a solver actor dispatches are followed stage by stage from that one state
+        assert progress.follow(("finetune", "tune")) == {"finetune": (1, 2), "tune": (None, None)}
         found = _scrape(ray_session, ["ray_convalue_items_done_total", "ray_convalue_items_total",
                                       "ray_convalue_stage_running", "ray_convalue_stage_seconds",
                                       "ray_convalue_tokens_featurised_total"], "t-progress")

@@ -22,6 +22,7 @@ from convalue.engine.data.tokenize import tokenize_examples
 from convalue.engine.driver.checks import solver_space
 from convalue.engine.driver.command import RunContext
 from convalue.engine.driver.featurize import FeaturizeResult
+from convalue.engine.protocol.evaluate import label_of
 from convalue.engine.selection.blocked import panels_of
 
 
@@ -106,6 +107,5 @@ def require_gram_space(cfg: RunConfig, n: int, command: str) -> None:
 
 
 def agreement_label(tag: str, surrogate: str) -> str:
-    """A representation's surrogate as the paper names it: One-Step, One-Step+KMM, TV, TV+KMM."""
-    name = {"one_step": "One-Step", "tv": "TV", "grpo": "GRPO"}.get(tag, tag)
-    return name + ("+KMM" if surrogate == "kmm" else "")
+    """A representation's surrogate as the paper names it: One-Step, One-Step + KMM, TV, TV + KMM."""
+    return label_of(tag + ("+kmm" if surrogate == "kmm" else ""))

@@ -29,6 +29,8 @@ __all__ = ["BASELINE_METHODS", "LABELS", "MIXTURES", "CellLoss", "PlannedRun", "
 BASELINE_METHODS = ("alignment", "cosine", "random")  # ranked like KMM, at every k
 LABELS = {"kmm": "KMM", "alignment": "alignment", "cosine": "one-step cosine", "random": "random",
           "target_only": "target only"}
+#: a representation's method tag as the paper names it (`one_step+kmm` is One-Step + KMM)
+REPRESENTATION_LABELS = {"one_step": "One-Step", "tv": "TV", "grpo": "GRPO"}
 #: finetune.mixture's values, read from the config's type so the two cannot drift apart
 MIXTURES = typing.get_args(typing.get_type_hints(FinetuneConfig)["mixture"])
 
@@ -58,8 +60,14 @@ class PlannedRun:
 
 
 def label_of(method: str) -> str:
-    """A method's name in tables and plots (LABELS, or a representation's `tv`, `tv+kmm`, ... as written)."""
-    return LABELS.get(method) or method.replace("+kmm", " + KMM")
+    """A method's name in tables and plots: LABELS, or a representation's tag as the paper names it (`tv+kmm` is
+    TV + KMM); any other name as written."""
+    if method in LABELS:
+        return LABELS[method]
+    tag, kmm, rest = method.partition("+kmm")
+    if rest:
+        return method
+    return REPRESENTATION_LABELS.get(tag, tag) + (" + KMM" if kmm else "")
 
 
 def method_scores(methods: list[str], w: np.ndarray, beta: np.ndarray, cos: np.ndarray,

@@ -21,8 +21,8 @@ from convalue.engine.config.settings import (
     FinetuneConfig,
     RayConfig,
     SelectConfig,
-    SolverConfig,
 )
+from convalue.engine.config.solver import SolverConfig
 
 __all__ = [
     "BUILTIN_EMBEDDINGS",

@@ -20,8 +20,8 @@ from convalue.engine.config.settings import (
     FinetuneConfig,
     RayConfig,
     SelectConfig,
-    SolverConfig,
 )
+from convalue.engine.config.solver import SolverConfig
 from convalue.engine.config.sources import TARGET_VAL
 
 

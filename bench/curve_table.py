@@ -15,6 +15,7 @@ from pathlib import Path
 from main_table import diff_text, finished_summary  # bench/main_table.py, beside this script
 
 from convalue.engine.protocol.curves import cell_curves, cell_label
+from convalue.engine.protocol.evaluate import label_of
 from convalue.engine.protocol.measures import Measure
 from convalue.engine.protocol.summaries import paired_differences
 
@@ -44,7 +45,7 @@ def table(summary: dict, reference: str) -> str:
         steps = sorted({s for c in curves for s in c.steps})
         head = [c.label for c in curves]
         ks = sorted({c.k for c in curves if c.method == reference and c.k is not None})
-        out += [f"loss on {name}, mean over seeds at each step (bold: each cell's lowest); {reference} minus the "
+        out += [f"loss on {name}, mean over seeds at each step (bold: each cell's lowest); {label_of(reference)} minus the "
                 "target alone, paired by seed (95 % t-interval; negative: the selection better):", "",
                 "| step | " + " | ".join(head) + "".join(f" | {cell_label(reference, k)} − target only" for k in ks)
                 + " |",

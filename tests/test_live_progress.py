@@ -1,11 +1,16 @@
 """A running command's summary.json refreshed with each stage's progress (engine.driver.live), and `convalue
-status` reading it: no Ray, a plain thread and summaries written by hand."""
+status` reading it: a plain thread and summaries written by hand, and once through a real command on Ray."""
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 
+from conftest import tiny_run_config
+
+from convalue.engine.config import config_from_dict
+from convalue.engine.driver.command import RunContext, execute
 from convalue.engine.driver.live import LivePolicy, LiveProgress
 from convalue.engine.report.status_text import format_status
 from convalue.engine.store.status import run_status
@@ -94,3 +99,29 @@ def test_stop_waits_for_a_write_under_way_and_none_follows_it():
         stopper.join(timeout=60)
         assert not stopper.is_alive()
     assert len(written) == 1 and not live._thread.is_alive()
+
+
+def test_a_command_s_running_summary_follows_its_progress_actor(ray_session, tiny_model_dir, target_jsonl,
+                                                                pool_jsonl, tmp_path):
+    """The wiring in execute(): what a stage reports to the run's progress actor reaches the running summary.json
+    while the command works (seen by `convalue status`), and the final summary replaces it."""
+    cfg = config_from_dict(tiny_run_config(tmp_path, tiny_model_dir, target_jsonl, pool_jsonl, name="live"))
+    run_dir = tmp_path / "runs" / "live"
+    seen: list[str] = []
+
+    def body(ctx: RunContext) -> None:
+        progress = ctx.session.progress
+        progress.begin("finetune")
+        progress.total("finetune", 60)
+        progress.advance("finetune", 22)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not seen:
+            if "22 of 60 so far" in (text := format_status(run_status(run_dir))):
+                seen.append(text)
+            time.sleep(0.05)
+        progress.end("finetune", 1.0)
+
+    summary = execute(cfg, "run", lambda cfg: None, lambda cfg, data: None, body, live=LivePolicy(every_s=0.05))
+    assert seen and "finetune: 22 of 60 so far" in seen[0], seen
+    assert summary.status == "complete"
+    assert "so far" not in format_status(run_status(run_dir))

@@ -9,6 +9,7 @@ import json
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from conftest import chatterbot_pairs, tiny_run_config, write_jsonl
 
 from convalue.engine.config import (
     ConfigError,
@@ -23,7 +24,6 @@ from convalue.engine.data.sources import split_target
 from convalue.engine.protocol.measures import Measure
 from convalue.engine.protocol.summaries import summarise_measure
 from convalue.engine.report.tables import evaluation_table, format_evaluation
-from tests.conftest import chatterbot_pairs, tiny_run_config, write_jsonl
 
 pytestmark = pytest.mark.heavy  # whole runs: scheduled before the light modules (conftest.py)
 

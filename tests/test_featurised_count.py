@@ -7,12 +7,12 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from conftest import tiny_run_config
 
 from convalue.engine.config import ConfigError, FeaturesConfig, LoraConfig, config_from_dict
 from convalue.engine.driver.checks import check_projection
 from convalue.engine.features.replica import featurised_parameters
 from convalue.engine.model.loading import featurised_count, load_model
-from tests.conftest import tiny_run_config
 
 
 @pytest.mark.parametrize(("parameters", "representation", "targets"), [

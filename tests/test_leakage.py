@@ -5,13 +5,13 @@ group; a group left with nothing is dropped; the run records what went."""
 from __future__ import annotations
 
 import pytest
+from conftest import write_jsonl
 
 from convalue.engine.config import DataConfig, SourceConfig
 from convalue.engine.data.examples import DataError, Example, Group
 from convalue.engine.data.leakage import ProtectedSet, drop_leaks, example_key, normalise_text
 from convalue.engine.data.prepare import prepare
 from convalue.engine.data.sources import load_source, split_target
-from tests.conftest import write_jsonl
 
 
 def _ex(prompt: str, response: str) -> Example:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import chatterbot_pairs, tiny_run_config, write_jsonl
 from test_finetune_store import AUX, SPEC, _store, _with
 
 from convalue.engine.config import ConfigError, FinetuneConfig, config_from_dict
 from convalue.engine.protocol.curves import cell_curves
 from convalue.engine.report.tables import curve_lines
-from tests.conftest import chatterbot_pairs, tiny_run_config, write_jsonl
 
 
 def _row(method: str, k: int | None, seed: int, points: dict[int, float], where: str = "held") -> dict:

@@ -9,12 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import chatterbot_pairs, tiny_run_config, write_jsonl
 
 from convalue.engine.config import ConfigError, config_from_dict
 from convalue.engine.protocol.measures import Measure
 from convalue.engine.protocol.tuning import choose_rho
 from convalue.engine.report.tables import format_evaluation, tuning_table
-from tests.conftest import chatterbot_pairs, tiny_run_config, write_jsonl
 
 pytestmark = pytest.mark.heavy  # one whole run: scheduled before the light modules (conftest.py)
 

@@ -1,6 +1,8 @@
 """Print a run's learning curves (finetune.eval_every) as markdown tables: per evaluation, each cell's mean loss
 over its seeds at every measured step (bold: the cell's lowest), and the reference method's loss minus the target
-alone's at each step where both measured it, paired by seed with its 95 % t-interval.
+alone's at each step where both measured it, paired by seed with its 95 % t-interval. Then every cell stopped at
+its own best step, the lowest of its mean curve on one evaluation (`--choose-on`, default target_val), read on
+every evaluation there: the comparison of a user who tunes the number of steps on data they hold out.
 
     .venv/bin/python bench/curve_table.py runs/regime-curves-n6
 
@@ -17,7 +19,7 @@ from main_table import diff_text, finished_summary  # bench/main_table.py, besid
 from convalue.engine.protocol.curves import cell_curves, cell_label
 from convalue.engine.protocol.evaluate import label_of
 from convalue.engine.protocol.measures import Measure
-from convalue.engine.protocol.summaries import paired_differences
+from convalue.engine.protocol.summaries import mean_sd, paired_differences
 
 
 def at_step(rows: list[dict], step: int, evaluation: str, methods: set[str]) -> list[dict]:
@@ -65,16 +67,74 @@ def table(summary: dict, reference: str) -> str:
     return "\n".join(out).rstrip()
 
 
+def stopped_at_best(rows: list[dict], choose_on: str) -> list[dict]:
+    """Every fine-tune of a cell read at the cell's best step: the lowest point of its mean `choose_on` curve over
+    the seeds (one step per cell, as the paper tunes the steps per budget). Bare rows with that `step`, each
+    seed's own lowest `choose_on` step (`own_step`, for the record) and every evaluation's loss at the step."""
+    best = {(c.method, c.k): c.best_step for c in cell_curves(rows, [choose_on])}
+    out = []
+    for r in rows:
+        step = best.get((r["method"], r.get("k")))
+        points = [p for p in r.get("curve") or [] if p["losses"].get(choose_on) is not None]
+        there = next((p for p in points if p["step"] == step), None)
+        if there is None:
+            continue
+        own = min(points, key=lambda p: (p["losses"][choose_on], p["step"]))["step"]
+        out.append({"method": r["method"], "k": r.get("k"), "seed": r.get("seed"), "step": step, "own_step": own,
+                    "val_loss": there["losses"].get("target_val"),
+                    "evaluations": {n: {"loss": v} for n, v in there["losses"].items() if v is not None}})
+    return out
+
+
+def best_step_table(summary: dict, reference: str, choose_on: str) -> str:
+    """Every cell stopped at its best `choose_on` step: the step, the mean loss there on each evaluation, and the
+    reference minus every other cell, paired by seed."""
+    best = stopped_at_best(summary["finetune"], choose_on)
+    if not best:
+        return f"(no curve measured {choose_on}: no step to choose)"
+    main = Measure.of_evaluation(summary["evaluation"]).evaluation
+    names = sorted({n for r in best for n in r["evaluations"]}, key=lambda n: (n != main, n != choose_on, n))
+    cells: dict[tuple, list[dict]] = {}
+    for r in best:
+        cells.setdefault((r["method"], r["k"]), []).append(r)
+    out = [f"each cell stopped at the lowest step of its mean {choose_on} curve, read there on every evaluation "
+           "(mean over seeds; in brackets each seed's own lowest step):", "",
+           "| cell | step (by seed) | " + " | ".join(names) + " |", "| --- | --- |" + " --- |" * len(names)]
+    for (m, k), rs in cells.items():
+        rs = sorted(rs, key=lambda r: (r["seed"] is None, r["seed"]))
+        means = [mean_sd([r["evaluations"][n]["loss"] for r in rs if n in r["evaluations"]] or [float("nan")])[0]
+                 for n in names]
+        out.append(f"| {cell_label(m, k)} | {rs[0]['step']} (" + ", ".join(str(r["own_step"]) for r in rs) + ") | "
+                   + " | ".join(f"{v:.4f}" for v in means) + " |")
+    ks = sorted({k for m, k in cells if m == reference and k is not None})
+    diffs = {n: {(d.method, d.k): d for d in paired_differences(best, ks, reference, Measure(n, "loss"))}
+             for n in names}
+    pairs = list(dict.fromkeys(key for n in names for key in diffs[n]))
+    if pairs:
+        out += ["", f"{label_of(reference)} minus each, both at their cells' steps, paired by seed (95 % "
+                "t-interval; negative: the reference better):", "",
+                "| against | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
+        for m, k in pairs:
+            against = cell_label(m, None if m == "target_only" else k)
+            out.append(f"| {cell_label(reference, k)} − {against} | "
+                       + " | ".join(diff_text(diffs[n].get((m, k))) for n in names) + " |")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir", type=Path, help="a finished run folder with learning curves (finetune.eval_every)")
     ap.add_argument("--reference", default="kmm", help="the method compared with the target alone (default kmm)")
+    ap.add_argument("--choose-on", default="target_val",
+                    help="the evaluation each fine-tune's best step is chosen on (default target_val)")
     args = ap.parse_args(argv)
     summary = finished_summary(args.run_dir, "curve_table", "curves",
                                "no learning curves (run with finetune.eval_every)")
     if summary is None:
         return 2
     print(table(summary, args.reference))
+    print()
+    print(best_step_table(summary, args.reference, args.choose_on))
     return 0
 
 

@@ -126,3 +126,26 @@ def test_the_curve_table_pairs_the_selection_with_the_target_alone_at_every_step
     (tmp_path / "summary.json").write_text(json.dumps({"status": "complete", "finetune": rows, "evaluation": {}}))
     refused = subprocess.run([*bench, str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "no learning curves" in refused.stderr
+
+
+def test_the_curve_table_stops_each_cell_at_its_own_best_step(tmp_path):
+    """bench/curve_table.py's last table: each cell read at the lowest step of its mean target_val curve (KMM's at
+    step 4, the target alone's at step 2, one seed's own lowest elsewhere), paired by seed there."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    rows = [_row("kmm", 3, s, {2: 3.0, 4: 2.0 + 0.01 * s, 6: 2.5 if s else 1.9}) for s in range(3)] + [
+        _row("target_only", None, s, {2: 2.2 + 0.01 * s, 4: 2.6, 6: 3.0}) for s in range(3)]
+    evaluation = {"select_by": "held:loss", "curves": [c.to_dict() for c in cell_curves(rows, ["held"])]}
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "complete", "finetune": rows,
+                                                       "evaluation": evaluation}))
+    bench = [sys.executable, str(Path(__file__).parents[1] / "bench" / "curve_table.py")]
+    out = subprocess.run([*bench, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert "| cell | step (by seed) | held | target_val |" in lines
+    assert "| KMM k=3 | 4 (6, 4, 4) | 2.0100 | 3.0100 |" in lines  # seed 0's own lowest (6) is not its cell's
+    assert "| target only | 2 (2, 2, 2) | 2.2100 | 3.2100 |" in lines
+    diff = next(line for line in lines if line.startswith("| KMM k=3 − target only |"))
+    assert diff.startswith("| KMM k=3 − target only | **-0.2000 [")  # step 4 against step 2 in every seed

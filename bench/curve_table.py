@@ -12,6 +12,7 @@ Reads only the run folder's summary.json: the rows' curves, paired seed by seed 
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from main_table import diff_text, finished_summary  # bench/main_table.py, beside this script
@@ -19,7 +20,8 @@ from main_table import diff_text, finished_summary  # bench/main_table.py, besid
 from convalue.engine.protocol.curves import cell_curves, cell_label
 from convalue.engine.protocol.evaluate import label_of
 from convalue.engine.protocol.measures import Measure
-from convalue.engine.protocol.summaries import mean_sd, paired_differences
+from convalue.engine.protocol.summaries import PairedDifference, mean_sd, paired_differences
+from convalue.engine.store.finetunes import curve_is_valid
 
 
 def at_step(rows: list[dict], step: int, evaluation: str, methods: set[str]) -> list[dict]:
@@ -75,14 +77,27 @@ def stopped_at_best(rows: list[dict], choose_on: str) -> list[dict]:
     out = []
     for r in rows:
         step = best.get((r["method"], r.get("k")))
-        points = [p for p in r.get("curve") or [] if p["losses"].get(choose_on) is not None]
+        if step is None or not curve_is_valid(r.get("curve")):
+            continue
+        points = [p for p in r["curve"] if math.isfinite(p["losses"].get(choose_on, math.nan))]
         there = next((p for p in points if p["step"] == step), None)
         if there is None:
             continue
         own = min(points, key=lambda p: (p["losses"][choose_on], p["step"]))["step"]
         out.append({"method": r["method"], "k": r.get("k"), "seed": r.get("seed"), "step": step, "own_step": own,
                     "val_loss": there["losses"].get("target_val"),
-                    "evaluations": {n: {"loss": v} for n, v in there["losses"].items() if v is not None}})
+                    "evaluations": {n: {"loss": v} for n, v in there["losses"].items() if math.isfinite(v)}})
+    return out
+
+
+def paired_at_each_k(rows: list[dict], ks: list[int], reference: str, measure: Measure) -> list[PairedDifference]:
+    """paired_differences k by k over the cells present at each (a method not run at some k, or without the
+    measure there, is left out of that k instead of failing the table)."""
+    out = []
+    for k in ks:
+        there = [r for r in rows if (r["k"] == k or r["method"] == "target_only") and measure.value(r) is not None]
+        if any((r["method"], r["k"]) == (reference, k) for r in there):
+            out += paired_differences(there, [k], reference, measure)
     return out
 
 
@@ -107,7 +122,7 @@ def best_step_table(summary: dict, reference: str, choose_on: str) -> str:
         out.append(f"| {cell_label(m, k)} | {rs[0]['step']} (" + ", ".join(str(r["own_step"]) for r in rs) + ") | "
                    + " | ".join(f"{v:.4f}" for v in means) + " |")
     ks = sorted({k for m, k in cells if m == reference and k is not None})
-    diffs = {n: {(d.method, d.k): d for d in paired_differences(best, ks, reference, Measure(n, "loss"))}
+    diffs = {n: {(d.method, d.k): d for d in paired_at_each_k(best, ks, reference, Measure(n, "loss"))}
              for n in names}
     pairs = list(dict.fromkeys(key for n in names for key in diffs[n]))
     if pairs:

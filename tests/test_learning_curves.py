@@ -4,6 +4,9 @@ training as it was; the cells' mean curves and where each is lowest."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from conftest import chatterbot_pairs, tiny_run_config, write_jsonl
@@ -104,10 +107,6 @@ def test_a_job_s_curve_holds_every_evaluation_every_n_steps_and_leaves_the_train
 def test_the_curve_table_pairs_the_selection_with_the_target_alone_at_every_step(tmp_path):
     """bench/curve_table.py on a summary written by hand: each cell's mean per step with its lowest in bold, and
     KMM minus the target alone paired by seed at each step (here KMM is 0.1 lower at step 4 in every seed)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     rows = [_row("kmm", 3, s, {2: 3.0 + 0.01 * s, 4: 2.0 + 0.01 * s}) for s in range(3)] + [
         _row("target_only", None, s, {2: 2.9 + 0.02 * s, 4: 2.1 + 0.01 * s}) for s in range(3)]
     evaluation = {"select_by": "held:loss", "curves": [c.to_dict() for c in cell_curves(rows, ["held"])]}
@@ -128,15 +127,21 @@ def test_the_curve_table_pairs_the_selection_with_the_target_alone_at_every_step
     assert refused.returncode == 2 and "no learning curves" in refused.stderr
 
 
-def test_the_curve_table_stops_each_cell_at_its_own_best_step(tmp_path):
-    """bench/curve_table.py's last table: each cell read at the lowest step of its mean target_val curve (KMM's at
-    step 4, the target alone's at step 2, one seed's own lowest elsewhere), paired by seed there."""
-    import subprocess
-    import sys
-    from pathlib import Path
+def _curve_row(method: str, k: int | None, seed: int, held: dict[int, float], val: dict[int, float]) -> dict:
+    return {"method": method, "k": k, "seed": seed,
+            "curve": [{"step": s, "losses": {"held": held[s], "target_val": val[s]}} for s in held]}
 
-    rows = [_row("kmm", 3, s, {2: 3.0, 4: 2.0 + 0.01 * s, 6: 2.5 if s else 1.9}) for s in range(3)] + [
-        _row("target_only", None, s, {2: 2.2 + 0.01 * s, 4: 2.6, 6: 3.0}) for s in range(3)]
+
+def test_the_curve_table_stops_each_cell_at_its_own_best_step(tmp_path):
+    """bench/curve_table.py's last table: each cell read at the lowest step of its mean curve on --choose-on
+    (target_val by default: KMM's at step 4, the target alone's at step 2; on `held` both at 6), one seed's own
+    lowest elsewhere, paired by seed there; a method not run at every k leaves that k's pair out."""
+    held = {2: 3.0, 4: 2.5, 6: 2.0}
+    rows = [_curve_row("kmm", 3, s, held, {2: 3.0, 4: 2.0 + 0.01 * s, 6: 2.5 if s else 1.9}) for s in range(3)] + [
+        _curve_row("kmm", 6, s, held, {2: 3.0, 4: 2.1, 6: 2.4}) for s in range(3)] + [
+        _curve_row("random", 3, s, held, {2: 2.9, 4: 2.8, 6: 2.7}) for s in range(3)] + [
+        _curve_row("target_only", None, s, {2: 2.6, 4: 2.4, 6: 2.1 + 0.01 * s},
+                   {2: 2.2 + 0.01 * s, 4: 2.6, 6: 3.0}) for s in range(3)]
     evaluation = {"select_by": "held:loss", "curves": [c.to_dict() for c in cell_curves(rows, ["held"])]}
     (tmp_path / "summary.json").write_text(json.dumps({"status": "complete", "finetune": rows,
                                                        "evaluation": evaluation}))
@@ -145,7 +150,15 @@ def test_the_curve_table_stops_each_cell_at_its_own_best_step(tmp_path):
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert "| cell | step (by seed) | held | target_val |" in lines
-    assert "| KMM k=3 | 4 (6, 4, 4) | 2.0100 | 3.0100 |" in lines  # seed 0's own lowest (6) is not its cell's
-    assert "| target only | 2 (2, 2, 2) | 2.2100 | 3.2100 |" in lines
+    assert "| KMM k=3 | 4 (6, 4, 4) | 2.5000 | 2.0100 |" in lines  # seed 0's own lowest (6) is not its cell's
+    assert "| target only | 2 (2, 2, 2) | 2.6000 | 2.2100 |" in lines
     diff = next(line for line in lines if line.startswith("| KMM k=3 − target only |"))
-    assert diff.startswith("| KMM k=3 − target only | **-0.2000 [")  # step 4 against step 2 in every seed
+    assert diff.startswith("| KMM k=3 − target only | **-0.1000 [-0.1000, -0.1000]** | **-0.2000 [")  # 4 vs 2
+    assert any(line.startswith("| KMM k=6 − target only |") for line in lines)
+    assert not any(line.startswith("| KMM k=6 − random") for line in lines)  # random ran at k = 3 only
+    on_held = subprocess.run([*bench, str(tmp_path), "--choose-on", "held"], capture_output=True, text=True,
+                             timeout=120)
+    assert on_held.returncode == 0, on_held.stderr
+    lines = on_held.stdout.splitlines()
+    assert "| KMM k=3 | 6 (6, 6, 6) | 2.0000 | 2.3000 |" in lines
+    assert "| target only | 6 (6, 6, 6) | 2.1100 | 3.0000 |" in lines

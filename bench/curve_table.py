@@ -24,16 +24,32 @@ from convalue.engine.protocol.summaries import PairedDifference, mean_sd, paired
 from convalue.engine.store.finetunes import curve_is_valid
 
 
+def point_row(row: dict, step: int, losses: dict[str, float]) -> dict:
+    """A bare protocol row of `row` as it stood at `step`, holding only `losses` (target_val's in `val_loss`, where
+    Measure reads it; every other evaluation's in `evaluations`)."""
+    return {"method": row["method"], "k": row.get("k"), "seed": row.get("seed"), "step": step,
+            "val_loss": losses.get("target_val"), "evaluations": {n: {"loss": v} for n, v in losses.items()}}
+
+
 def at_step(rows: list[dict], step: int, evaluation: str, methods: set[str]) -> list[dict]:
-    """The rows of `methods` as they stood at `step`: bare rows holding only their loss on `evaluation` there
-    (target_val's in `val_loss`, where Measure reads it; rows that did not measure the step left out)."""
+    """The rows of `methods` as they stood at `step`, holding only their loss on `evaluation` there (rows that did
+    not measure the step left out)."""
     out = []
     for r in rows:
         point = next((p for p in r.get("curve") or [] if p["step"] == step), None)
         if r["method"] in methods and point is not None and point["losses"].get(evaluation) is not None:
-            loss = point["losses"][evaluation]
-            out.append({"method": r["method"], "k": r.get("k"), "seed": r.get("seed"), "val_loss": loss,
-                        "evaluations": {evaluation: {"loss": loss}}})
+            out.append(point_row(r, step, {evaluation: point["losses"][evaluation]}))
+    return out
+
+
+def paired_at_each_k(rows: list[dict], ks: list[int], reference: str, measure: Measure) -> list[PairedDifference]:
+    """paired_differences k by k over the cells present at each (a method not run at some k, or without the
+    measure there, is left out of that k instead of failing the table)."""
+    out = []
+    for k in ks:
+        there = [r for r in rows if (r["k"] == k or r["method"] == "target_only") and measure.value(r) is not None]
+        if any((r["method"], r["k"]) == (reference, k) for r in there):
+            out += paired_differences(there, [k], reference, measure)
     return out
 
 
@@ -60,9 +76,7 @@ def table(summary: dict, reference: str) -> str:
                 v = c.mean[c.steps.index(s)] if s in c.steps else None
                 cells.append("–" if v is None else f"**{v:.4f}**" if s == c.best_step else f"{v:.4f}")
             there = at_step(rows, s, name, {reference, "target_only"})
-            present = {(r["method"], r["k"]) for r in there}
-            paired = [k for k in ks if (reference, k) in present] if ("target_only", None) in present else []
-            diffs = {d.k: d for d in paired_differences(there, paired, reference, Measure(name, "loss"))}
+            diffs = {d.k: d for d in paired_at_each_k(there, ks, reference, Measure(name, "loss"))}
             out.append(f"| {s} | " + " | ".join(cells)
                        + "".join(f" | {diff_text(diffs[k]) if k in diffs else '–'}" for k in ks) + " |")
         out.append("")
@@ -84,20 +98,8 @@ def stopped_at_best(rows: list[dict], choose_on: str) -> list[dict]:
         if there is None:
             continue
         own = min(points, key=lambda p: (p["losses"][choose_on], p["step"]))["step"]
-        out.append({"method": r["method"], "k": r.get("k"), "seed": r.get("seed"), "step": step, "own_step": own,
-                    "val_loss": there["losses"].get("target_val"),
-                    "evaluations": {n: {"loss": v} for n, v in there["losses"].items() if math.isfinite(v)}})
-    return out
-
-
-def paired_at_each_k(rows: list[dict], ks: list[int], reference: str, measure: Measure) -> list[PairedDifference]:
-    """paired_differences k by k over the cells present at each (a method not run at some k, or without the
-    measure there, is left out of that k instead of failing the table)."""
-    out = []
-    for k in ks:
-        there = [r for r in rows if (r["k"] == k or r["method"] == "target_only") and measure.value(r) is not None]
-        if any((r["method"], r["k"]) == (reference, k) for r in there):
-            out += paired_differences(there, [k], reference, measure)
+        finite = {n: v for n, v in there["losses"].items() if math.isfinite(v)}
+        out.append(point_row(r, step, finite) | {"own_step": own})
     return out
 
 

@@ -16,10 +16,17 @@ from convalue.engine.config import ConfigError, FinetuneConfig, config_from_dict
 from convalue.engine.protocol.curves import cell_curves
 from convalue.engine.report.tables import curve_lines
 
+CURVE_TABLE = Path(__file__).parents[1] / "bench" / "curve_table.py"
 
-def _row(method: str, k: int | None, seed: int, points: dict[int, float], where: str = "held") -> dict:
+
+def _curve_row(method: str, k: int | None, seed: int, held: dict[int, float], val: dict[int, float]) -> dict:
     return {"method": method, "k": k, "seed": seed,
-            "curve": [{"step": s, "losses": {where: v, "target_val": v + 1}} for s, v in points.items()]}
+            "curve": [{"step": s, "losses": {"held": held[s], "target_val": val[s]}} for s in held]}
+
+
+def _row(method: str, k: int | None, seed: int, points: dict[int, float]) -> dict:
+    """A row whose target_val curve is its `held` curve plus 1."""
+    return _curve_row(method, k, seed, points, {s: v + 1 for s, v in points.items()})
 
 
 def test_a_cell_s_curve_is_the_mean_over_its_seeds_at_the_steps_all_of_them_measured():
@@ -104,16 +111,21 @@ def test_a_job_s_curve_holds_every_evaluation_every_n_steps_and_leaves_the_train
     assert record["curve"][1] == {"step": 4, "losses": curved.curve[1].losses}
 
 
+def _curve_table(tmp_path: Path, rows: list[dict], *args: str) -> subprocess.CompletedProcess:
+    """bench/curve_table.py on a complete summary of `rows` (select_by held:loss) written to tmp_path."""
+    evaluation = {"select_by": "held:loss", "curves": [c.to_dict() for c in cell_curves(rows, ["held"])]}
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "complete", "finetune": rows,
+                                                       "evaluation": evaluation}))
+    return subprocess.run([sys.executable, str(CURVE_TABLE), str(tmp_path), *args], capture_output=True, text=True,
+                          timeout=120)
+
+
 def test_the_curve_table_pairs_the_selection_with_the_target_alone_at_every_step(tmp_path):
     """bench/curve_table.py on a summary written by hand: each cell's mean per step with its lowest in bold, and
     KMM minus the target alone paired by seed at each step (here KMM is 0.1 lower at step 4 in every seed)."""
     rows = [_row("kmm", 3, s, {2: 3.0 + 0.01 * s, 4: 2.0 + 0.01 * s}) for s in range(3)] + [
         _row("target_only", None, s, {2: 2.9 + 0.02 * s, 4: 2.1 + 0.01 * s}) for s in range(3)]
-    evaluation = {"select_by": "held:loss", "curves": [c.to_dict() for c in cell_curves(rows, ["held"])]}
-    (tmp_path / "summary.json").write_text(json.dumps({"status": "complete", "finetune": rows,
-                                                       "evaluation": evaluation}))
-    bench = [sys.executable, str(Path(__file__).parents[1] / "bench" / "curve_table.py")]
-    out = subprocess.run([*bench, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    out = _curve_table(tmp_path, rows)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0].startswith("loss on held,") and "| step | KMM k=3 | target only | KMM k=3 − target only |" in lines
@@ -123,13 +135,9 @@ def test_the_curve_table_pairs_the_selection_with_the_target_alone_at_every_step
     step2 = next(line for line in val if line.startswith("| 2 |"))
     assert step2.startswith("| 2 | 4.0100 | 3.9200 | **+0.0900 [")  # step 2's difference, not the end's (-0.1)
     (tmp_path / "summary.json").write_text(json.dumps({"status": "complete", "finetune": rows, "evaluation": {}}))
-    refused = subprocess.run([*bench, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    refused = subprocess.run([sys.executable, str(CURVE_TABLE), str(tmp_path)], capture_output=True, text=True,
+                             timeout=120)
     assert refused.returncode == 2 and "no learning curves" in refused.stderr
-
-
-def _curve_row(method: str, k: int | None, seed: int, held: dict[int, float], val: dict[int, float]) -> dict:
-    return {"method": method, "k": k, "seed": seed,
-            "curve": [{"step": s, "losses": {"held": held[s], "target_val": val[s]}} for s in held]}
 
 
 def test_the_curve_table_stops_each_cell_at_its_own_best_step(tmp_path):
@@ -142,11 +150,7 @@ def test_the_curve_table_stops_each_cell_at_its_own_best_step(tmp_path):
         _curve_row("random", 3, s, held, {2: 2.9, 4: 2.8, 6: 2.7}) for s in range(3)] + [
         _curve_row("target_only", None, s, {2: 2.6, 4: 2.4, 6: 2.1 + 0.01 * s},
                    {2: 2.2 + 0.01 * s, 4: 2.6, 6: 3.0}) for s in range(3)]
-    evaluation = {"select_by": "held:loss", "curves": [c.to_dict() for c in cell_curves(rows, ["held"])]}
-    (tmp_path / "summary.json").write_text(json.dumps({"status": "complete", "finetune": rows,
-                                                       "evaluation": evaluation}))
-    bench = [sys.executable, str(Path(__file__).parents[1] / "bench" / "curve_table.py")]
-    out = subprocess.run([*bench, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    out = _curve_table(tmp_path, rows)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert "| cell | step (by seed) | held | target_val |" in lines
@@ -156,8 +160,7 @@ def test_the_curve_table_stops_each_cell_at_its_own_best_step(tmp_path):
     assert diff.startswith("| KMM k=3 − target only | **-0.1000 [-0.1000, -0.1000]** | **-0.2000 [")  # 4 vs 2
     assert any(line.startswith("| KMM k=6 − target only |") for line in lines)
     assert not any(line.startswith("| KMM k=6 − random") for line in lines)  # random ran at k = 3 only
-    on_held = subprocess.run([*bench, str(tmp_path), "--choose-on", "held"], capture_output=True, text=True,
-                             timeout=120)
+    on_held = _curve_table(tmp_path, rows, "--choose-on", "held")
     assert on_held.returncode == 0, on_held.stderr
     lines = on_held.stdout.splitlines()
     assert "| KMM k=3 | 6 (6, 6, 6) | 2.0000 | 2.3000 |" in lines
